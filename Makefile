@@ -1,0 +1,47 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+# Both bootstrap .venv from the committed uv.lock, installing uv into .tools/
+# with pip when it is not on PATH.
+
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test lint types pytest bench bootstrap clean help
+
+help:
+	@echo "make run    start a Pingo server on the embedded default (SQLite, local executor)"
+	@echo "make test   lint, type-check and run the whole test suite"
+	@echo "make bench  run the benchmarks and write bench/results/latest.json"
+
+.tools/bin/uv:
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv
+
+$(VENV)/.synced: uv.lock pyproject.toml | $(UV)
+	$(UV) sync --frozen --all-extras
+	@touch $@
+
+bootstrap: $(VENV)/.synced
+
+run: bootstrap
+	$(BIN)/pingo server
+
+lint: bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: bootstrap
+	$(BIN)/mypy
+
+pytest: bootstrap
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: lint types pytest
+
+bench: bootstrap
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

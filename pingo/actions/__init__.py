@@ -1,0 +1,1 @@
+"""Scraper, submitters and executors: how READY actions get run."""

@@ -1,0 +1,1 @@
+"""The HTTP API: create_app(settings), routes, auth, problem+json."""

@@ -1,0 +1,1 @@
+"""Callback logic: running, success, failed, killed (routes live in pingo.api)."""

@@ -1,0 +1,171 @@
+"""Settings: read once at start-up from `PINGO_*` variables, overridden by CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from pingo import errors
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3, "KB": 10**3, "KIB": 2**10,
+    "M": 10**6, "MB": 10**6, "MIB": 2**20,
+    "G": 10**9, "GB": 10**9, "GIB": 2**30,
+    "T": 10**12, "TB": 10**12, "TIB": 2**40,
+    "P": 10**15, "PB": 10**15, "PIB": 2**50,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse `500GB`, `1.5TiB` or a plain byte count into bytes (SI and IEC units)."""
+    match = _SIZE_RE.match(text)
+    if match is None or match.group(2).upper() not in _SIZE_UNITS:
+        raise errors.ConfigurationError(f"not a size: {text!r} (try 500GB, 2TiB or 1000000)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+
+
+def default_home() -> Path:
+    """Pingo's per-user directory (e.g. ~/.local/share/pingo on Linux)."""
+    return Path(platformdirs.user_data_dir("pingo", appauthor=False))
+
+
+def _default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a Pingo node is configured with."""
+
+    home: Path = field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: int = 8642
+    #: `sqlite:///path/pingo.db` (default under `home`) or `mongodb://…`.
+    store_url: str = ""
+    #: Where datasets live: a local directory (default under `home`) or an fsspec URL.
+    data_root: str = ""
+    #: The first admin's token; generated and written to `home/admin.token` when unset.
+    admin_token: str | None = None
+    #: URL the cluster uses to reach this node's callbacks (default from host and port).
+    public_url: str = ""
+    #: `server` (everyone shares datasets) or `user` (each user is their own scope).
+    sharing_scope: str = "server"
+    #: Storage budget in bytes for retention; None means unlimited.
+    storage_capacity_bytes: int | None = None
+    retention_policy: str = "cost-benefit"
+    high_water: float = 0.90
+    low_water: float = 0.75
+    retention_interval_s: float = 5.0
+    #: This node's identity in leases and claims.
+    node_id: str = field(default_factory=_default_node_id)
+    poll_interval_s: float = 1.0
+    lease_s: float = 30.0
+    queue_size: int = 256
+    claim_batch: int = 64
+    submitters: int = 8
+    #: Concurrent local subprocesses (default: CPU count).
+    local_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Per-action-type concurrency limits; types not named are unlimited.
+    executor_limits: Mapping[str, int] = field(default_factory=dict)
+    retry_backoff_s: float = 1.0
+    deletor_interval_s: float = 1.0
+    max_body_bytes: int = 16 * 2**20
+    max_actions: int = 100_000
+    #: SQLite `synchronous` pragma: NORMAL survives process crashes (kill -9), FULL power loss.
+    sqlite_synchronous: str = "NORMAL"
+    #: MongoDB write concern `w` (an int or "majority").
+    mongo_write_concern: str = "majority"
+    hadoop_bin: str = "hadoop"
+    spark_submit_bin: str = "spark-submit"
+    spark_master: str = "local[*]"
+    spark_deploy_mode: str = "client"
+    #: Grace added to a lease before reconciliation asks an executor for an action's status.
+    reconcile_grace_s: float = 30.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        # Defaults that derive from other fields are resolved here so every
+        # reader sees concrete values.
+        home = Path(self.home).expanduser()
+        object.__setattr__(self, "home", home)
+        if not self.store_url:
+            object.__setattr__(self, "store_url", f"sqlite:///{home / 'pingo.db'}")
+        if not self.data_root:
+            object.__setattr__(self, "data_root", str(home / "datasets"))
+        if not self.public_url:
+            object.__setattr__(self, "public_url", f"http://{self.host}:{self.port}")
+        if self.sharing_scope not in ("server", "user"):
+            raise errors.ConfigurationError(
+                f"sharing scope must be 'server' or 'user', not {self.sharing_scope!r}"
+            )
+        if not 0 < self.low_water <= self.high_water <= 1:
+            raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
+
+    @property
+    def base_url(self) -> str:
+        return self.public_url.rstrip("/")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes` applied (None values are ignored, as unset CLI flags)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read `PINGO_*` variables, then apply `overrides` (CLI flags; None means unset)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"PINGO_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _convert(f.name, raw)
+        # Documented alias: PINGO_STORAGE_CAPACITY accepts sizes such as 500GB.
+        if env.get("PINGO_STORAGE_CAPACITY"):
+            values["storage_capacity_bytes"] = parse_size(env["PINGO_STORAGE_CAPACITY"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+_INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
+         "max_actions"}  # fmt: skip
+_FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
+           "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
+
+
+def _convert(name: str, raw: str) -> Any:
+    try:
+        if name in _INTS:
+            return int(raw)
+        if name in _FLOATS:
+            return float(raw)
+    except ValueError as exc:
+        raise errors.ConfigurationError(f"PINGO_{name.upper()}: not a number: {raw!r}") from exc
+    if name == "home":
+        return Path(raw)
+    if name == "storage_capacity_bytes":
+        return parse_size(raw)
+    if name == "executor_limits":
+        # "spark=2,mapreduce-v2=4"
+        limits: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            key, _, value = part.partition("=")
+            try:
+                limits[key.strip()] = int(value)
+            except ValueError as exc:
+                raise errors.ConfigurationError(
+                    f"PINGO_EXECUTOR_LIMITS: expected type=N pairs, got {part!r}"
+                ) from exc
+        return limits
+    return raw

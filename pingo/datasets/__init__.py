@@ -1,0 +1,1 @@
+"""Dataset lifecycle: storage through fsspec, the deletor, accounting."""

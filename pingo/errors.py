@@ -1,0 +1,97 @@
+"""Pingo's exception hierarchy.
+
+Only `pingo.api` maps these to HTTP status codes; driver exceptions never leave
+`pingo.store`. Each class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class PingoError(Exception):
+    """Pingo failed."""
+
+    #: Stable machine-readable code, returned by the API as-is.
+    code: str = "INTERNAL"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.code).strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class NotFound(PingoError):
+    """The requested resource does not exist."""
+
+    code = "NOT_FOUND"
+
+
+class Conflict(PingoError):
+    """The resource is not in a state that allows this request."""
+
+    code = "CONFLICT"
+
+
+class InvalidTransition(Conflict):
+    """The state machine does not allow this transition."""
+
+    code = "INVALID_TRANSITION"
+
+
+class Unauthorized(PingoError):
+    """Missing or invalid credentials."""
+
+    code = "UNAUTHORIZED"
+
+
+class Forbidden(PingoError):
+    """The credentials do not allow this request."""
+
+    code = "FORBIDDEN"
+
+
+class StoreUnavailable(PingoError):
+    """The state store cannot be reached."""
+
+    code = "STORE_UNAVAILABLE"
+
+
+class ConfigurationError(PingoError):
+    """The configuration is invalid."""
+
+    code = "CONFIGURATION"
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationIssue:
+    """One problem found in a submitted document."""
+
+    code: str
+    message: str
+    #: RFC 6901 JSON pointer to the offending element ("" is the whole document).
+    pointer: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "pointer": self.pointer}
+
+
+class ValidationFailed(PingoError):
+    """The workflow document is invalid."""
+
+    code = "VALIDATION_FAILED"
+
+    def __init__(self, issues: Sequence[ValidationIssue], message: str | None = None) -> None:
+        self.issues: tuple[ValidationIssue, ...] = tuple(issues)
+        if message is None and self.issues:
+            first = self.issues[0]
+            more = f" (and {len(self.issues) - 1} more)" if len(self.issues) > 1 else ""
+            message = f"{first.code} at '{first.pointer}': {first.message}{more}"
+        super().__init__(message)
+        # A document that is not JSON at all has its own code, which the API keeps.
+        if len(self.issues) == 1 and self.issues[0].code == "MALFORMED_JSON":
+            self.code = "MALFORMED_JSON"

@@ -1,0 +1,485 @@
+"""The `Store` protocol: every read and write of Pingo's state, in domain verbs.
+
+Backends (`sqlite`, `mongo`, `memory`) implement it and pass the one contract
+suite in `tests/contract/`. Records are frozen; a change goes through a
+compare-and-set that names the states it expects and returns the new record,
+or `None` when another writer won. Losing a race is not an error.
+
+Time: a store stamps `updated_at` and evaluates leases with the clock it was
+opened with (`open_store(..., clock=...)`), so the simulator can run the real
+components on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Generic, Protocol, Self, TypeVar
+
+from pingo.states import ActionState, DatasetState, WorkflowState
+
+Clock = Callable[[], datetime]
+"""Returns the current time as an aware UTC datetime."""
+
+T = TypeVar("T")
+
+
+class _Keep(enum.Enum):
+    KEEP = "KEEP"
+
+
+#: Marks a field of a `*Changes` object that the update leaves as it is.
+KEEP = _Keep.KEEP
+
+
+def claim_key(workflow_id: str, action_id: int) -> str:
+    """The key an action's claim on a dataset is recorded under."""
+    return f"{workflow_id}/{action_id}"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    id: str
+    name: str
+    owner: str
+    state: WorkflowState
+    #: The submitted document, as JSON.
+    document: Mapping[str, Any]
+    #: The sharing scope its dataset ids were computed in.
+    scope: str
+    #: "abort" or "continue".
+    on_failure: str
+    end_dataset_id: str | None
+    created_at: datetime
+    finished_at: datetime | None = None
+    idempotency_key: str | None = None
+    #: The workflow this one re-runs, if any.
+    rerun_of: str | None = None
+    error: str | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    workflow_id: str
+    action_id: int
+    name: str
+    type: str
+    state: ActionState
+    dataset_id: str
+    #: True when planning reused the dataset (or did not need it): never runs.
+    reused: bool
+    #: Why planning decided as it did ("absent", "forced", "reused", "DELETED", …).
+    reason: str
+    #: The action as submitted, as JSON.
+    definition: Mapping[str, Any]
+    #: Parent action id → the dataset id it reads (all parents, computed or reused).
+    inputs: Mapping[int, str]
+    #: Parent action ids this action still waits for.
+    waiting_on: tuple[int, ...]
+    #: Child action ids (those that compute) to release when this one finishes.
+    children: tuple[int, ...]
+    #: Secret-free id the cluster calls back with; unique across the store.
+    callback_id: str
+    created_at: datetime
+    updated_at: datetime
+    #: Submissions started so far; callbacks carry the attempt they belong to.
+    attempts: int = 0
+    max_attempts: int = 3
+    #: The node holding the lease (claim states and while an executor runs it).
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    #: Backoff: not claimable before this time.
+    not_before: datetime | None = None
+    #: The executor's id for the running work (pid, YARN application id, …).
+    external_id: str | None = None
+    error: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    #: Measured runtime of the successful attempt.
+    runtime_s: float | None = None
+    version: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.workflow_id, self.action_id)
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRecord:
+    id: str
+    state: DatasetState
+    #: Where its files are (under the data root, or the user's own path if unmanaged).
+    path: str
+    scope: str
+    action_type: str
+    #: The identity-relevant definition of the producing action, as JSON.
+    definition: Mapping[str, Any]
+    #: Dataset ids of the inputs it was computed from (its lineage).
+    parents: tuple[str, ...]
+    producer_workflow_id: str
+    producer_action_id: int
+    is_managed: bool
+    created_at: datetime
+    updated_at: datetime
+    #: Claim keys (`claim_key`) of actions that will read it; a claimed dataset is never deleted.
+    claims: tuple[str, ...] = ()
+    size_bytes: int | None = None
+    #: Measured runtime of the action that produced it.
+    compute_s: float | None = None
+    use_count: int = 0
+    last_used_at: datetime | None = None
+    stored_at: datetime | None = None
+    pinned: bool = False
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """Something worth remembering: a dataset used, a retention decision, …"""
+
+    seq: int
+    kind: str
+    at: datetime
+    dataset_id: str | None = None
+    workflow_id: str | None = None
+    payload: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    name: str
+    #: sha256 hex of the bearer token; tokens themselves are never stored.
+    token_hash: str
+    is_admin: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: tuple[T, ...]
+    #: Opaque; pass it back to get the next page. None on the last page.
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------ writes and changes
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPlan:
+    """A dataset that a planned workflow will compute.
+
+    Persisting creates it in `state`, or, when it exists, moves it to `state`
+    if it is DELETED or being computed with a weaker target
+    (TO_DELETE < TO_STORE < TO_LEAF), and otherwise leaves its state alone.
+    `claims` are added either way.
+    """
+
+    id: str
+    state: DatasetState
+    path: str
+    scope: str
+    action_type: str
+    definition: Mapping[str, Any]
+    parents: tuple[str, ...]
+    producer_workflow_id: str
+    producer_action_id: int
+    is_managed: bool
+    claims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPlan:
+    """Everything planning decided, persisted by `Store.create_workflow` in one call."""
+
+    workflow: WorkflowRecord
+    actions: tuple[ActionRecord, ...]
+    datasets: tuple[DatasetPlan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Changes:
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """The fields to set, skipping those left as `KEEP`."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not KEEP:
+                yield f.name, value
+
+
+@dataclass(frozen=True, slots=True)
+class ActionChanges(_Changes):
+    attempts: int | _Keep = KEEP
+    owner: str | _Keep | None = KEEP
+    lease_expires_at: datetime | _Keep | None = KEEP
+    not_before: datetime | _Keep | None = KEEP
+    external_id: str | _Keep | None = KEEP
+    error: str | _Keep | None = KEEP
+    started_at: datetime | _Keep | None = KEEP
+    finished_at: datetime | _Keep | None = KEEP
+    runtime_s: float | _Keep | None = KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetChanges(_Changes):
+    size_bytes: int | _Keep | None = KEEP
+    compute_s: float | _Keep | None = KEEP
+    stored_at: datetime | _Keep | None = KEEP
+    path: str | _Keep = KEEP
+    producer_workflow_id: str | _Keep = KEEP
+    producer_action_id: int | _Keep = KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowChanges(_Changes):
+    finished_at: datetime | _Keep | None = KEEP
+    error: str | _Keep | None = KEEP
+
+
+# -------------------------------------------------------------------------- protocol
+
+
+class Store(Protocol):
+    """Pingo's state store. Open it with `pingo.store.open_store` as an async context manager."""
+
+    clock: Clock
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def ping(self) -> None:
+        """Return when the store answers; raise `StoreUnavailable` otherwise."""
+        ...
+
+    # ---- workflows
+
+    async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        """Persist a planned workflow: its record, its actions, its datasets, their claims.
+
+        Raises `Conflict` when the owner already has a workflow with the same idempotency key.
+        """
+        ...
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow, or None."""
+        ...
+
+    async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
+        """The owner's workflow submitted with `key`, or None."""
+        ...
+
+    async def list_workflows(
+        self,
+        *,
+        owner: str | None = None,
+        state: WorkflowState | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[WorkflowRecord]:
+        """Workflows matching every filter given, newest first."""
+        ...
+
+    async def transition_workflow(
+        self,
+        workflow_id: str,
+        expected: Collection[WorkflowState],
+        new: WorkflowState,
+        changes: WorkflowChanges = WorkflowChanges(),
+    ) -> WorkflowRecord | None:
+        """Compare-and-set: move the workflow to `new` if its state is in `expected`."""
+        ...
+
+    # ---- actions
+
+    async def get_action(self, workflow_id: str, action_id: int) -> ActionRecord | None:
+        """The action, or None."""
+        ...
+
+    async def get_action_by_callback(self, callback_id: str) -> ActionRecord | None:
+        """The action whose callback id is `callback_id`, or None."""
+        ...
+
+    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
+        """Every action of the workflow, in ascending action id."""
+        ...
+
+    async def list_actions_in_states(
+        self,
+        states: Collection[ActionState],
+        *,
+        lease_expired: bool = False,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        """Actions in any of `states` (with a lease that expired, if asked), oldest update first."""
+        ...
+
+    async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:
+        """How many of the workflow's actions are in each state (states with none omitted)."""
+        ...
+
+    async def transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = ActionChanges(),
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
+        """Compare-and-set on state (and owner, attempt when given); None when another won."""
+        ...
+
+    async def transition_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = ActionChanges(),
+    ) -> list[ActionRecord]:
+        """Move every action of the workflow in `expected` to `new`, each by its own CAS."""
+        ...
+
+    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+        """Claim up to `limit` actions for `node_id`, oldest first, each by CAS.
+
+        Claimable: READY whose `not_before` has passed, or PROCESSING whose lease
+        expired. Claimed actions are PROCESSING, owned by `node_id`, leased for `lease_s`.
+        """
+        ...
+
+    async def renew_leases(
+        self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
+    ) -> int:
+        """Extend the leases `node_id` holds on `keys`; return how many it still held."""
+        ...
+
+    async def release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
+        """Remove a finished parent from each child's waiting set, atomically per child.
+
+        Children left with nothing to wait for move WAITING → READY; those are returned.
+        Releasing twice changes nothing the second time.
+        """
+        ...
+
+    # ---- datasets
+
+    async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
+        """The dataset, or None."""
+        ...
+
+    async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
+        """The datasets that exist among `dataset_ids`, by id."""
+        ...
+
+    async def list_datasets(
+        self,
+        *,
+        state: DatasetState | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[DatasetRecord]:
+        """Datasets (in `state`, if given), newest first."""
+        ...
+
+    async def transition_dataset(
+        self,
+        dataset_id: str,
+        expected: Collection[DatasetState],
+        new: DatasetState,
+        changes: DatasetChanges = DatasetChanges(),
+        *,
+        if_unclaimed: bool = False,
+    ) -> DatasetRecord | None:
+        """Compare-and-set on state (and on having no claims, if asked)."""
+        ...
+
+    async def add_dataset_claim(
+        self, dataset_id: str, claim: str, allowed: Collection[DatasetState]
+    ) -> DatasetRecord | None:
+        """Add `claim` if the dataset is in an `allowed` state; None when it moved on."""
+        ...
+
+    async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        """Remove `claim` (idempotent); None when the dataset does not exist."""
+        ...
+
+    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+        """Count one more use of the dataset, now."""
+        ...
+
+    async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
+        """Pin (never evicted by retention) or unpin the dataset; None when it does not exist."""
+        ...
+
+    async def list_deletable_datasets(
+        self, stale_s: float, limit: int = 100
+    ) -> list[DatasetRecord]:
+        """For the deletor: STORED_TO_DELETE with no claims, and PROCESSING or
+        DELETING not updated for `stale_s` (a deletor died)."""
+        ...
+
+    async def list_retention_candidates(self) -> list[DatasetRecord]:
+        """For retention: every STORED dataset (pinned and claimed included; the caller filters)."""
+        ...
+
+    async def bytes_by_state(self) -> dict[DatasetState, int]:
+        """Total `size_bytes` per dataset state (states with no dataset omitted)."""
+        ...
+
+    # ---- events
+
+    async def append_event(
+        self,
+        kind: str,
+        *,
+        dataset_id: str | None = None,
+        workflow_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        """Record an event, stamped now."""
+        ...
+
+    async def list_events(
+        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+    ) -> list[EventRecord]:
+        """Events (of `kind`, about `dataset_id`, if given), newest first."""
+        ...
+
+    # ---- users
+
+    async def create_user(self, user: UserRecord) -> UserRecord:
+        """Create the user; raise `Conflict` if the name is taken."""
+        ...
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        """The user, or None."""
+        ...
+
+    async def get_user_by_token_hash(self, token_hash: str) -> UserRecord | None:
+        """The user whose token hashes to `token_hash`, or None."""
+        ...
+
+    async def list_users(self) -> list[UserRecord]:
+        """Every user, by name."""
+        ...
+
+    async def delete_user(self, name: str) -> bool:
+        """Delete the user; False when there was none."""
+        ...

@@ -1,0 +1,1 @@
+"""The workflow language (parse, validate), provenance dataset ids, and planning."""
