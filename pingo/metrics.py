@@ -1,0 +1,42 @@
+"""Prometheus metrics, in one registry that `/metrics` serves.
+
+Components record here; only `pingo.api` exposes them over HTTP.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+SUBMISSIONS = Counter(
+    "pingo_workflow_submissions", "Workflows submitted.", ["outcome"], registry=REGISTRY
+)
+ACTION_TRANSITIONS = Counter(
+    "pingo_action_transitions", "Action state changes made by this node.", ["state"],
+    registry=REGISTRY,
+)  # fmt: skip
+DISPATCH_SECONDS = Histogram(
+    "pingo_dispatch_seconds",
+    "Time from an action becoming READY to its executor starting it.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+CALLBACK_SECONDS = Histogram(
+    "pingo_callback_seconds", "Time to handle a callback.", ["kind"], registry=REGISTRY
+)
+STORE_SECONDS = Histogram(
+    "pingo_store_operation_seconds",
+    "Latency of store operations.",
+    ["operation"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1),
+    registry=REGISTRY,
+)
+RECONCILIATIONS = Counter(
+    "pingo_reconciliations", "Actions resolved by reconciliation.", ["outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
+RETENTION_EVICTIONS = Counter(
+    "pingo_retention_evictions", "Datasets evicted by the retention policy.", ["policy"],
+    registry=REGISTRY,
+)  # fmt: skip
