@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 from pingo import errors
 
@@ -161,7 +162,7 @@ DATASET_COMPUTING: frozenset[DatasetState] = frozenset({D.TO_STORE, D.TO_LEAF, D
 #: Workflow states from which the workflow will not move again.
 WORKFLOW_TERMINAL: frozenset[WorkflowState] = frozenset({W.SUCCEEDED, W.FAILED, W.KILLED})
 
-_TABLES: Mapping[type[enum.Enum], Mapping[tuple[object, object], frozenset[Trigger]]] = {
+_TABLES: Mapping[type[enum.Enum], Mapping[tuple[Any, Any], frozenset[Trigger]]] = {
     ActionState: ACTION_TRANSITIONS,
     DatasetState: DATASET_TRANSITIONS,
     WorkflowState: WORKFLOW_TRANSITIONS,
@@ -204,7 +205,7 @@ def sources(
     """
     table = _TABLES[type(new)]
     return frozenset(
-        src  # type: ignore[misc]
+        src
         for (src, dst), triggers in table.items()
         if dst == new and (trigger is None or trigger in triggers)
     )
