@@ -20,7 +20,7 @@ help:
 	.tools/bin/pip install --quiet --disable-pip-version-check uv
 
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
-	$(UV) sync --frozen --all-extras
+	$(UV) sync --frozen --all-extras --all-groups
 	@touch $@
 
 bootstrap: $(VENV)/.synced
