@@ -1,0 +1,91 @@
+"""MapReduce v1 and v2 actions through the `hadoop` command line.
+
+`hadoop jar JAR MAINCLASS -D key=value … ARGUMENTS`: the action's
+`configuration` becomes `-D` properties, `queue` the queue property of its
+generation, and the job-end notification URL points at Pingo's signed GET
+callback with `$jobStatus` left for Hadoop to fill in. The job writes to the
+staging path (`{output}`); the success callback promotes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pingo.actions.executors import placeholders
+from pingo.actions.executors.base import Reporter, Submission
+from pingo.actions.executors.client import ClientProcessExecutor, find_program
+from pingo.config import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What differs between MapReduce v1 (JobTracker) and v2 (YARN) job properties."""
+
+    action_type: str
+    queue_property: str
+    notification_property: str
+
+
+MR1 = Generation("mapreduce-v1", "mapred.job.queue.name", "job.end.notification.url")
+MR2 = Generation("mapreduce-v2", "mapreduce.job.queuename", "mapreduce.job.end-notification.url")
+
+
+def notification_url(submission: Submission) -> str:
+    """Pingo's GET callback for this attempt; Hadoop substitutes `$jobStatus`."""
+    return (
+        f"{submission.callback_url}?attempt={submission.attempt}"
+        f"&token={submission.callback_token}&status=$jobStatus"
+    )
+
+
+def hadoop_command(hadoop: str, generation: Generation, submission: Submission) -> list[str]:
+    """The `hadoop jar` argv for one attempt of a MapReduce action."""
+    action: Mapping[str, Any] = submission.definition
+    output, inputs = submission.output_path, submission.inputs
+    properties: dict[str, str] = {
+        key: placeholders.resolve_argument(str(value), output, inputs)
+        for key, value in sorted(action.get("configuration", {}).items())
+    }
+    if action.get("queue"):
+        properties[generation.queue_property] = str(action["queue"])
+    properties[generation.notification_property] = notification_url(submission)
+    argv = [hadoop, "jar", str(action["jar"]), str(action["mainClass"])]
+    for key, value in properties.items():
+        argv += ["-D", f"{key}={value}"]
+    argv += placeholders.resolve_argv([str(a) for a in action.get("arguments", [])], output, inputs)
+    return argv
+
+
+class HadoopExecutor(ClientProcessExecutor):
+    """Runs MapReduce jobs of one generation through `hadoop jar`."""
+
+    kind = "hadoop"
+
+    def __init__(self, settings: Settings, reporter: Reporter, generation: Generation) -> None:
+        super().__init__(settings, reporter)
+        self.generation = generation
+
+    def build_command(self, submission: Submission) -> list[str]:
+        return hadoop_command(find_program(self.settings.hadoop_bin), self.generation, submission)
+
+    async def on_exit(self, submission: Submission, returncode: int) -> None:
+        # A client that fails never got a job to the cluster, so no notification
+        # will come. Reporting is idempotent if Hadoop notifies FAILED as well.
+        if returncode != 0:
+            await self.reporter.failed(
+                submission.callback_id,
+                submission.attempt,
+                f"hadoop exited with status {returncode}; see the action's log",
+            )
+
+
+def create_v1(settings: Settings, reporter: Reporter) -> HadoopExecutor:
+    """Entry point for `mapreduce-v1` actions."""
+    return HadoopExecutor(settings, reporter, MR1)
+
+
+def create_v2(settings: Settings, reporter: Reporter) -> HadoopExecutor:
+    """Entry point for `mapreduce-v2` actions."""
+    return HadoopExecutor(settings, reporter, MR2)

@@ -1,0 +1,79 @@
+"""Spark actions through `spark-submit`, reporting through the callbacks by a wrapper.
+
+Master and deploy mode come from the server's settings (`local[*]` on the
+embedded setup; `yarn` or `k8s://…` in production); the action's `conf`
+becomes `--conf` pairs. The wrapper (`pingo.actions.executors.spark_wrapper`)
+runs spark-submit and calls Pingo's signed callbacks: running at start,
+success or failed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pingo.actions.executors import placeholders
+from pingo.actions.executors.base import Reporter, Submission
+from pingo.actions.executors.client import (
+    ClientProcessExecutor,
+    client_environment,
+    find_program,
+)
+from pingo.config import Settings
+
+
+def spark_submit_command(
+    spark_submit: str, master: str, deploy_mode: str, submission: Submission
+) -> list[str]:
+    """The spark-submit argv for one attempt of a Spark action."""
+    action: Mapping[str, Any] = submission.definition
+    output, inputs = submission.output_path, submission.inputs
+    argv = [
+        spark_submit,
+        "--master", master,
+        "--deploy-mode", deploy_mode,
+        "--name", f"pingo-{submission.workflow_id}-{submission.action_id}",
+    ]  # fmt: skip
+    for key, value in sorted(action.get("conf", {}).items()):
+        argv += ["--conf", f"{key}={placeholders.resolve_argument(str(value), output, inputs)}"]
+    if action.get("mainClass"):
+        argv += ["--class", str(action["mainClass"])]
+    argv.append(placeholders.resolve_argument(str(action["application"]), output, inputs))
+    argv += placeholders.resolve_argv([str(a) for a in action.get("arguments", [])], output, inputs)
+    return argv
+
+
+def wrapped_command(submission: Submission, command: list[str]) -> list[str]:
+    """`command` run under the callback wrapper."""
+    return [
+        sys.executable, "-m", "pingo.actions.executors.spark_wrapper",
+        "--callback-url", submission.callback_url,
+        "--attempt", str(submission.attempt),
+        "--token", submission.callback_token,
+        "--", *command,
+    ]  # fmt: skip
+
+
+class SparkExecutor(ClientProcessExecutor):
+    """Runs Spark applications with spark-submit under the callback wrapper."""
+
+    kind = "spark"
+
+    def build_command(self, submission: Submission) -> list[str]:
+        spark_submit = find_program(self.settings.spark_submit_bin)
+        command = spark_submit_command(
+            spark_submit, self.settings.spark_master, self.settings.spark_deploy_mode, submission
+        )
+        return wrapped_command(submission, command)
+
+    def build_environment(self, submission: Submission) -> dict[str, str]:
+        # PySpark applications run with this Python unless the operator chose another.
+        extra = {} if "PYSPARK_PYTHON" in os.environ else {"PYSPARK_PYTHON": sys.executable}
+        return client_environment(submission, extra)
+
+
+def create(settings: Settings, reporter: Reporter) -> SparkExecutor:
+    """Entry point for `spark` actions."""
+    return SparkExecutor(settings, reporter)
