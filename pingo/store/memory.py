@@ -1,0 +1,678 @@
+"""An in-memory `Store`: the simulator's real store, and the reference backend.
+
+Every method is a coroutine that never awaits, so under asyncio each call runs
+to completion without interleaving: a compare-and-set is atomic without a
+lock. It is not thread-safe, and nothing survives the process.
+
+Records are frozen dataclasses kept as they are returned (no copying); a
+change replaces the record. Actions and datasets are also indexed by state, in
+the order of their last update, so the scraper and the deletor do not scan the
+whole store on every pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+from pingo import errors, states
+from pingo.states import ActionState, DatasetState, WorkflowState
+from pingo.store import _cursor, utcnow
+from pingo.store.protocol import (
+    ActionChanges,
+    ActionRecord,
+    Clock,
+    DatasetChanges,
+    DatasetPlan,
+    DatasetRecord,
+    EventRecord,
+    Page,
+    UserRecord,
+    WorkflowChanges,
+    WorkflowPlan,
+    WorkflowRecord,
+)
+
+logger = logging.getLogger(__name__)
+
+_NO_ACTION_CHANGES = ActionChanges()
+_NO_DATASET_CHANGES = DatasetChanges()
+_NO_WORKFLOW_CHANGES = WorkflowChanges()
+
+ActionKey = tuple[str, int]
+K = TypeVar("K")
+S = TypeVar("S")
+R = TypeVar("R")
+
+#: Targets of a dataset being computed, weakest first (DatasetPlan's upgrade rule).
+_TARGET_RANK: Mapping[DatasetState, int] = {
+    DatasetState.TO_DELETE: 0,
+    DatasetState.TO_STORE: 1,
+    DatasetState.TO_LEAF: 2,
+}
+
+
+def plan_upgrades(existing: DatasetState, planned: DatasetState) -> bool:
+    """Whether persisting a plan moves an existing dataset to the planned state."""
+    if existing is DatasetState.DELETED:
+        return True
+    old, new = _TARGET_RANK.get(existing), _TARGET_RANK.get(planned)
+    return old is not None and new is not None and new > old
+
+
+def is_lease_expired(expires_at: datetime | None, now: datetime) -> bool:
+    """A lease is expired from its expiry instant on; no lease never expires."""
+    return expires_at is not None and expires_at <= now
+
+
+def _merge_claims(existing: tuple[str, ...], added: Iterable[str]) -> tuple[str, ...]:
+    merged = dict.fromkeys(existing)
+    merged.update(dict.fromkeys(added))
+    return tuple(merged)
+
+
+def _action_age(record: ActionRecord) -> tuple[datetime, str, int]:
+    return (record.updated_at, record.workflow_id, record.action_id)
+
+
+def _dataset_age(record: DatasetRecord) -> tuple[datetime, str]:
+    return (record.updated_at, record.id)
+
+
+class _StateIndex(Generic[K, S]):
+    """Keys by state, each state's keys in the order they were last updated.
+
+    The order is the `updated_at` order as long as the clock never goes back;
+    when it does (a test's clock), the state is marked unordered and readers sort.
+    """
+
+    __slots__ = ("_keys", "_last", "_ordered")
+
+    def __init__(self) -> None:
+        self._keys: dict[S, dict[K, None]] = {}
+        self._last: dict[S, datetime] = {}
+        self._ordered: dict[S, bool] = {}
+
+    def add(self, state: S, key: K, updated_at: datetime) -> None:
+        keys = self._keys.get(state)
+        if keys is None:
+            keys = self._keys[state] = {}
+            self._ordered[state] = True
+            self._last[state] = updated_at
+        elif updated_at >= self._last[state]:
+            self._last[state] = updated_at
+        else:
+            self._ordered[state] = False
+        keys[key] = None
+
+    def remove(self, state: S, key: K) -> None:
+        keys = self._keys[state]
+        del keys[key]
+        if not keys:
+            del self._keys[state], self._last[state], self._ordered[state]
+
+    def keys(self, state: S) -> Collection[K]:
+        return self._keys.get(state, {}).keys()
+
+    def ordered(self, state: S) -> bool:
+        return self._ordered.get(state, True)
+
+    def count(self, state: S) -> int:
+        return len(self._keys.get(state, ()))
+
+
+class MemoryStore:
+    """The whole `Store` protocol in dictionaries."""
+
+    def __init__(self, clock: Clock = utcnow) -> None:
+        self.clock = clock
+        self._workflows: dict[str, WorkflowRecord] = {}
+        self._idempotency: dict[tuple[str, str], str] = {}
+        self._actions: dict[ActionKey, ActionRecord] = {}
+        self._actions_by_workflow: dict[str, list[int]] = {}
+        self._callbacks: dict[str, ActionKey] = {}
+        self._action_states: _StateIndex[ActionKey, ActionState] = _StateIndex()
+        self._datasets: dict[str, DatasetRecord] = {}
+        self._dataset_states: _StateIndex[str, DatasetState] = _StateIndex()
+        self._events: list[EventRecord] = []
+        self._users: dict[str, UserRecord] = {}
+        self._token_hashes: dict[str, str] = {}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def ping(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ internals
+
+    def _put_action(self, old: ActionRecord | None, new: ActionRecord) -> ActionRecord:
+        key = new.key
+        if old is not None:
+            self._action_states.remove(old.state, key)
+        self._action_states.add(new.state, key, new.updated_at)
+        self._actions[key] = new
+        return new
+
+    def _put_dataset(self, old: DatasetRecord | None, new: DatasetRecord) -> DatasetRecord:
+        if old is not None:
+            self._dataset_states.remove(old.state, new.id)
+        self._dataset_states.add(new.state, new.id, new.updated_at)
+        self._datasets[new.id] = new
+        return new
+
+    def _oldest_actions(
+        self, state: ActionState, keep: Callable[[ActionRecord], bool], limit: int
+    ) -> list[ActionRecord]:
+        records = (self._actions[k] for k in self._action_states.keys(state))
+        matching = (r for r in records if keep(r))
+        if self._action_states.ordered(state):
+            return list(itertools.islice(matching, limit))
+        return heapq.nsmallest(limit, matching, key=_action_age)
+
+    def _oldest_datasets(
+        self, state: DatasetState, keep: Callable[[DatasetRecord], bool], limit: int | None
+    ) -> list[DatasetRecord]:
+        records = (self._datasets[k] for k in self._dataset_states.keys(state))
+        matching = (r for r in records if keep(r))
+        if self._dataset_states.ordered(state):
+            return list(itertools.islice(matching, limit))
+        found = sorted(matching, key=_dataset_age)
+        return found if limit is None else found[:limit]
+
+    @staticmethod
+    def _page(
+        records: Iterable[R],
+        created_at: Callable[[R], datetime],
+        item_id: Callable[[R], str],
+        limit: int,
+        cursor: str | None,
+    ) -> Page[R]:
+        if cursor is not None:
+            position = _cursor.decode_cursor(cursor)
+            records = (r for r in records if _cursor.is_after(created_at(r), item_id(r), position))
+        found = heapq.nlargest(limit + 1, records, key=lambda r: (created_at(r), item_id(r)))
+        items = tuple(found[:limit])
+        more = len(found) > limit and items
+        next_cursor = (
+            _cursor.encode_cursor(created_at(items[-1]), item_id(items[-1])) if more else None
+        )
+        return Page(items=items, next_cursor=next_cursor)
+
+    # ------------------------------------------------------------------ workflows
+
+    async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        workflow = plan.workflow
+        # Check everything before writing anything: the plan is persisted whole or not at all.
+        if workflow.id in self._workflows:
+            raise errors.Conflict(f"workflow {workflow.id} already exists")
+        idem = (
+            (workflow.owner, workflow.idempotency_key)
+            if workflow.idempotency_key is not None
+            else None
+        )
+        if idem is not None and idem in self._idempotency:
+            raise errors.Conflict(
+                f"{workflow.owner} already submitted a workflow with idempotency key "
+                f"{workflow.idempotency_key!r}"
+            )
+        callbacks = {a.callback_id for a in plan.actions}
+        if len(callbacks) != len(plan.actions) or not callbacks.isdisjoint(self._callbacks):
+            raise errors.Conflict("an action's callback id is already in use")
+        if len({a.action_id for a in plan.actions}) != len(plan.actions) or any(
+            a.workflow_id != workflow.id for a in plan.actions
+        ):
+            raise errors.Conflict("the plan's actions do not have unique keys in the workflow")
+
+        self._workflows[workflow.id] = workflow
+        if idem is not None:
+            self._idempotency[idem] = workflow.id
+        for action in sorted(plan.actions, key=lambda a: a.action_id):
+            self._put_action(None, action)
+            self._callbacks[action.callback_id] = action.key
+        self._actions_by_workflow[workflow.id] = sorted(a.action_id for a in plan.actions)
+        now = self.clock()
+        for dataset in plan.datasets:
+            self._persist_dataset(dataset, now)
+        logger.info(
+            "workflow %s created with %d actions",
+            workflow.id,
+            len(plan.actions),
+            extra={"event": "workflow_created", "workflow_id": workflow.id},
+        )
+        return workflow
+
+    def _persist_dataset(self, plan: DatasetPlan, now: datetime) -> None:
+        old = self._datasets.get(plan.id)
+        if old is None:
+            self._put_dataset(
+                None,
+                DatasetRecord(
+                    id=plan.id,
+                    state=plan.state,
+                    path=plan.path,
+                    scope=plan.scope,
+                    action_type=plan.action_type,
+                    definition=plan.definition,
+                    parents=plan.parents,
+                    producer_workflow_id=plan.producer_workflow_id,
+                    producer_action_id=plan.producer_action_id,
+                    is_managed=plan.is_managed,
+                    created_at=now,
+                    updated_at=now,
+                    claims=_merge_claims((), plan.claims),
+                ),
+            )
+            return
+        if plan_upgrades(old.state, plan.state):
+            revived = old.state is DatasetState.DELETED
+            new = replace(
+                old,
+                state=plan.state,
+                claims=_merge_claims(old.claims, plan.claims),
+                updated_at=now,
+                version=old.version + 1,
+            )
+            if revived:
+                # This plan's action now produces it, wherever and however it says.
+                new = replace(
+                    new,
+                    path=plan.path,
+                    producer_workflow_id=plan.producer_workflow_id,
+                    producer_action_id=plan.producer_action_id,
+                    is_managed=plan.is_managed,
+                    size_bytes=None,
+                    stored_at=None,
+                )
+            self._put_dataset(old, new)
+        elif not set(plan.claims).issubset(old.claims):
+            self._put_dataset(
+                old,
+                replace(
+                    old,
+                    claims=_merge_claims(old.claims, plan.claims),
+                    updated_at=now,
+                    version=old.version + 1,
+                ),
+            )
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        return self._workflows.get(workflow_id)
+
+    async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
+        workflow_id = self._idempotency.get((owner, key))
+        return None if workflow_id is None else self._workflows[workflow_id]
+
+    async def list_workflows(
+        self,
+        *,
+        owner: str | None = None,
+        state: WorkflowState | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[WorkflowRecord]:
+        records: Iterable[WorkflowRecord] = self._workflows.values()
+        if owner is not None:
+            records = (w for w in records if w.owner == owner)
+        if state is not None:
+            records = (w for w in records if w.state is state)
+        if name is not None:
+            records = (w for w in records if w.name == name)
+        return self._page(records, lambda w: w.created_at, lambda w: w.id, limit, cursor)
+
+    async def transition_workflow(
+        self,
+        workflow_id: str,
+        expected: Collection[WorkflowState],
+        new: WorkflowState,
+        changes: WorkflowChanges = _NO_WORKFLOW_CHANGES,
+    ) -> WorkflowRecord | None:
+        old = self._workflows.get(workflow_id)
+        if old is None or old.state not in expected:
+            logger.debug(
+                "workflow %s not moved to %s: not in %s",
+                workflow_id,
+                new,
+                sorted(expected),
+                extra={"event": "cas_lost", "workflow_id": workflow_id},
+            )
+            return None
+        record = replace(old, state=new, version=old.version + 1, **dict(changes.items()))
+        self._workflows[workflow_id] = record
+        return record
+
+    # -------------------------------------------------------------------- actions
+
+    async def get_action(self, workflow_id: str, action_id: int) -> ActionRecord | None:
+        return self._actions.get((workflow_id, action_id))
+
+    async def get_action_by_callback(self, callback_id: str) -> ActionRecord | None:
+        key = self._callbacks.get(callback_id)
+        return None if key is None else self._actions[key]
+
+    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
+        ids = self._actions_by_workflow.get(workflow_id, ())
+        return [self._actions[(workflow_id, i)] for i in ids]
+
+    async def list_actions_in_states(
+        self,
+        states: Collection[ActionState],
+        *,
+        lease_expired: bool = False,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        now = self.clock()
+
+        def keep(record: ActionRecord) -> bool:
+            return not lease_expired or is_lease_expired(record.lease_expires_at, now)
+
+        found = [r for s in set(states) for r in self._oldest_actions(s, keep, limit)]
+        return heapq.nsmallest(limit, found, key=_action_age)
+
+    async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:
+        counts: dict[ActionState, int] = {}
+        for record in await self.list_actions(workflow_id):
+            counts[record.state] = counts.get(record.state, 0) + 1
+        return counts
+
+    async def transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
+        old = self._actions.get((workflow_id, action_id))
+        if (
+            old is None
+            or old.state not in expected
+            or (if_owner is not None and old.owner != if_owner)
+            or (if_attempt is not None and old.attempts != if_attempt)
+        ):
+            logger.debug(
+                "action %s/%s not moved to %s: lost the compare-and-set",
+                workflow_id,
+                action_id,
+                new,
+                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+            )
+            return None
+        record = replace(
+            old,
+            state=new,
+            updated_at=self.clock(),
+            version=old.version + 1,
+            **dict(changes.items()),
+        )
+        return self._put_action(old, record)
+
+    async def transition_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+    ) -> list[ActionRecord]:
+        moved = []
+        for action_id in self._actions_by_workflow.get(workflow_id, ()):
+            record = await self.transition_action(workflow_id, action_id, expected, new, changes)
+            if record is not None:
+                moved.append(record)
+        return moved
+
+    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        now = self.clock()
+        ready = self._oldest_actions(
+            ActionState.READY, lambda r: r.not_before is None or r.not_before <= now, limit
+        )
+        expired = self._oldest_actions(
+            ActionState.PROCESSING, lambda r: is_lease_expired(r.lease_expires_at, now), limit
+        )
+        chosen = heapq.nsmallest(limit, ready + expired, key=_action_age)
+        lease = now + timedelta(seconds=lease_s)
+        claimed = []
+        for old in chosen:
+            record = replace(
+                old,
+                state=ActionState.PROCESSING,
+                owner=node_id,
+                lease_expires_at=lease,
+                updated_at=now,
+                version=old.version + 1,
+            )
+            claimed.append(self._put_action(old, record))
+        return claimed
+
+    async def renew_leases(
+        self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
+    ) -> int:
+        now = self.clock()
+        lease = now + timedelta(seconds=lease_s)
+        held = 0
+        for key in keys:
+            old = self._actions.get(key)
+            if old is None or old.owner != node_id or old.state not in states.ACTION_ACTIVE:
+                continue
+            self._put_action(
+                old,
+                replace(old, lease_expires_at=lease, updated_at=now, version=old.version + 1),
+            )
+            held += 1
+        return held
+
+    async def release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
+        now = self.clock()
+        ready = []
+        for child_id in children:
+            old = self._actions.get((workflow_id, child_id))
+            if old is None or parent_action_id not in old.waiting_on:
+                continue
+            waiting_on = tuple(p for p in old.waiting_on if p != parent_action_id)
+            becomes_ready = not waiting_on and old.state is ActionState.WAITING
+            record = self._put_action(
+                old,
+                replace(
+                    old,
+                    waiting_on=waiting_on,
+                    state=ActionState.READY if becomes_ready else old.state,
+                    updated_at=now,
+                    version=old.version + 1,
+                ),
+            )
+            if becomes_ready:
+                ready.append(record)
+        return ready
+
+    # ------------------------------------------------------------------- datasets
+
+    async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
+        return self._datasets.get(dataset_id)
+
+    async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
+        found = {}
+        for dataset_id in dataset_ids:
+            record = self._datasets.get(dataset_id)
+            if record is not None:
+                found[dataset_id] = record
+        return found
+
+    async def list_datasets(
+        self,
+        *,
+        state: DatasetState | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[DatasetRecord]:
+        records: Iterable[DatasetRecord]
+        if state is None:
+            records = self._datasets.values()
+        else:
+            records = (self._datasets[k] for k in self._dataset_states.keys(state))
+        return self._page(records, lambda d: d.created_at, lambda d: d.id, limit, cursor)
+
+    async def transition_dataset(
+        self,
+        dataset_id: str,
+        expected: Collection[DatasetState],
+        new: DatasetState,
+        changes: DatasetChanges = _NO_DATASET_CHANGES,
+        *,
+        if_unclaimed: bool = False,
+    ) -> DatasetRecord | None:
+        old = self._datasets.get(dataset_id)
+        if old is None or old.state not in expected or (if_unclaimed and old.claims):
+            logger.debug(
+                "dataset %s not moved to %s: lost the compare-and-set",
+                dataset_id,
+                new,
+                extra={"event": "cas_lost", "dataset_id": dataset_id},
+            )
+            return None
+        record = replace(
+            old,
+            state=new,
+            updated_at=self.clock(),
+            version=old.version + 1,
+            **dict(changes.items()),
+        )
+        return self._put_dataset(old, record)
+
+    def _update_dataset(self, old: DatasetRecord, **fields: Any) -> DatasetRecord:
+        record = replace(old, updated_at=self.clock(), version=old.version + 1, **fields)
+        return self._put_dataset(old, record)
+
+    async def add_dataset_claim(
+        self, dataset_id: str, claim: str, allowed: Collection[DatasetState]
+    ) -> DatasetRecord | None:
+        old = self._datasets.get(dataset_id)
+        if old is None or old.state not in allowed:
+            return None
+        if claim in old.claims:
+            return old
+        return self._update_dataset(old, claims=(*old.claims, claim))
+
+    async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        old = self._datasets.get(dataset_id)
+        if old is None or claim not in old.claims:
+            return old
+        return self._update_dataset(old, claims=tuple(c for c in old.claims if c != claim))
+
+    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+        old = self._datasets.get(dataset_id)
+        if old is None:
+            return None
+        return self._update_dataset(old, use_count=old.use_count + 1, last_used_at=self.clock())
+
+    async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
+        old = self._datasets.get(dataset_id)
+        if old is None:
+            return None
+        if old.pinned == pinned:
+            return old
+        return self._update_dataset(old, pinned=pinned)
+
+    async def list_deletable_datasets(
+        self, stale_s: float, limit: int = 100
+    ) -> list[DatasetRecord]:
+        stale_before = self.clock() - timedelta(seconds=stale_s)
+
+        def stale(record: DatasetRecord) -> bool:
+            return record.updated_at <= stale_before
+
+        found = [
+            *self._oldest_datasets(DatasetState.STORED_TO_DELETE, lambda r: not r.claims, limit),
+            *self._oldest_datasets(DatasetState.PROCESSING, stale, limit),
+            *self._oldest_datasets(DatasetState.DELETING, stale, limit),
+        ]
+        return heapq.nsmallest(limit, found, key=_dataset_age)
+
+    async def list_retention_candidates(self) -> list[DatasetRecord]:
+        return self._oldest_datasets(DatasetState.STORED, lambda r: True, None)
+
+    async def bytes_by_state(self) -> dict[DatasetState, int]:
+        totals: dict[DatasetState, int] = {}
+        for record in self._datasets.values():
+            totals[record.state] = totals.get(record.state, 0) + (record.size_bytes or 0)
+        return totals
+
+    # --------------------------------------------------------------------- events
+
+    async def append_event(
+        self,
+        kind: str,
+        *,
+        dataset_id: str | None = None,
+        workflow_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        event = EventRecord(
+            seq=len(self._events) + 1,
+            kind=kind,
+            at=self.clock(),
+            dataset_id=dataset_id,
+            workflow_id=workflow_id,
+            payload=payload,
+        )
+        self._events.append(event)
+        return event
+
+    async def list_events(
+        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+    ) -> list[EventRecord]:
+        events: Iterable[EventRecord] = reversed(self._events)
+        if kind is not None:
+            events = (e for e in events if e.kind == kind)
+        if dataset_id is not None:
+            events = (e for e in events if e.dataset_id == dataset_id)
+        return list(itertools.islice(events, limit))
+
+    # ---------------------------------------------------------------------- users
+
+    async def create_user(self, user: UserRecord) -> UserRecord:
+        if user.name in self._users:
+            raise errors.Conflict(f"user {user.name!r} already exists")
+        if user.token_hash in self._token_hashes:
+            raise errors.Conflict("another user has the same token")
+        self._users[user.name] = user
+        self._token_hashes[user.token_hash] = user.name
+        return user
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        return self._users.get(name)
+
+    async def get_user_by_token_hash(self, token_hash: str) -> UserRecord | None:
+        name = self._token_hashes.get(token_hash)
+        return None if name is None else self._users[name]
+
+    async def list_users(self) -> list[UserRecord]:
+        return [self._users[name] for name in sorted(self._users)]
+
+    async def delete_user(self, name: str) -> bool:
+        user = self._users.pop(name, None)
+        if user is None:
+            return False
+        del self._token_hashes[user.token_hash]
+        return True
