@@ -1,0 +1,480 @@
+"""The workflow language: parse and validate a document into a `WorkflowDefinition`.
+
+Validation reports every problem it finds, each as a `ValidationIssue` with a
+stable code and an RFC 6901 pointer:
+
+- the document's shape is checked against `schemas/workflow.schema.json`: the
+  top level with one validator, then each action with the validator compiled
+  for its type (so a bad `type` gives one `UNKNOWN_ACTION_TYPE` instead of an
+  unreadable dump of every type's schema);
+- the semantic rules (unique ids, known references, no cycle, the end action not
+  an ancestor of the start action, `outputPath` for unmanaged actions) are then
+  checked on whatever parts are well-formed enough to reason about.
+
+Everything is linear in the number of actions and parents: the 100,000-action
+limit is meant to be reachable.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import jsonschema
+import networkx as nx
+
+from pingo import errors
+from pingo.errors import ValidationIssue
+from pingo.workflows import _schema
+from pingo.workflows import types as action_types_mod
+from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
+
+logger = logging.getLogger(__name__)
+
+#: Stable error codes, returned by the API as they are.
+MALFORMED_JSON = "MALFORMED_JSON"
+SCHEMA_VIOLATION = "SCHEMA_VIOLATION"
+UNKNOWN_ACTION_TYPE = "UNKNOWN_ACTION_TYPE"
+NO_ACTIONS = "NO_ACTIONS"
+DUPLICATE_ACTION_ID = "DUPLICATE_ACTION_ID"
+UNKNOWN_ACTION_ID = "UNKNOWN_ACTION_ID"
+CYCLE = "CYCLE"
+END_BEFORE_START = "END_BEFORE_START"
+OUTPUT_PATH_REQUIRED = "OUTPUT_PATH_REQUIRED"
+TOO_LARGE = "TOO_LARGE"
+
+#: Every code `validate` may return.
+CODES: tuple[str, ...] = (
+    MALFORMED_JSON,
+    SCHEMA_VIOLATION,
+    UNKNOWN_ACTION_TYPE,
+    NO_ACTIONS,
+    DUPLICATE_ACTION_ID,
+    UNKNOWN_ACTION_ID,
+    CYCLE,
+    END_BEFORE_START,
+    OUTPUT_PATH_REQUIRED,
+    TOO_LARGE,
+)
+
+#: Key of `WorkflowDefinition.graph.graph` holding the action ids in a topological
+#: order (parents first), computed while checking for cycles and reused by `ids`.
+TOPOLOGICAL_ORDER = "topological_order"
+
+_Validator = jsonschema.Draft202012Validator
+
+
+def parse(
+    document: bytes | str | Mapping[str, Any],
+    *,
+    max_actions: int = 100_000,
+    action_types: Mapping[str, action_types_mod.ActionType] | None = None,
+) -> WorkflowDefinition:
+    """Parse and validate a workflow; raise `ValidationFailed` listing every issue."""
+    issues, definition = _analyse(document, max_actions, action_types)
+    if definition is None:
+        raise errors.ValidationFailed(issues)
+    return definition
+
+
+def validate(
+    document: bytes | str | Mapping[str, Any],
+    *,
+    max_actions: int = 100_000,
+    action_types: Mapping[str, action_types_mod.ActionType] | None = None,
+) -> list[ValidationIssue]:
+    """Every issue of a workflow document; an empty list means it is valid."""
+    issues, _ = _analyse(document, max_actions, action_types)
+    return issues
+
+
+# -- schema validators ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Validators:
+    """The compiled validators for one set of action types."""
+
+    top: Any
+    #: For an action whose type is missing or unknown: the common fields only.
+    common: Any
+    by_type: Mapping[str, Any]
+    types: Mapping[str, action_types_mod.ActionType]
+
+
+def _top_schema(root: Mapping[str, Any]) -> dict[str, Any]:
+    # Actions are validated one by one with their type's validator, so the top
+    # level only needs to know that `actions` is an array.
+    schema = dict(root)
+    schema["properties"] = {**root["properties"], "actions": {"type": "array"}}
+    return schema
+
+
+def _action_schema(root: Mapping[str, Any], atype: action_types_mod.ActionType) -> dict[str, Any]:
+    """The schema of a whole action of type `atype`: common fields plus the type's own."""
+    common = root["$defs"]["actionCommon"]
+    own = atype.schema
+    flat_keys = {"type", "properties", "required", "description", "title", "$comment"}
+    if set(own) <= flat_keys and own.get("type", "object") == "object":
+        # Flattened, so that unknown fields are caught by the fast
+        # `additionalProperties` rather than `unevaluatedProperties`.
+        return {
+            "$defs": root["$defs"],
+            "type": "object",
+            "required": [*common["required"], *own.get("required", [])],
+            "properties": {
+                **own.get("properties", {}),
+                **common["properties"],
+                "type": {"const": atype.name},
+            },
+            "additionalProperties": False,
+        }
+    return {
+        "$defs": root["$defs"],
+        "type": "object",
+        "allOf": [{"$ref": "#/$defs/actionCommon"}, dict(own)],
+        "properties": {"type": {"const": atype.name}},
+        "unevaluatedProperties": False,
+    }
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(types_key: tuple[action_types_mod.ActionType, ...]) -> _Validators:
+    root = _schema.workflow_schema()
+    common = {"$defs": root["$defs"], "$ref": "#/$defs/actionCommon"}
+    return _Validators(
+        top=_Validator(_top_schema(root)),
+        common=_Validator(common),
+        by_type={t.name: _Validator(_action_schema(root, t)) for t in types_key},
+        types={t.name: t for t in types_key},
+    )
+
+
+def _validators(types: Mapping[str, action_types_mod.ActionType] | None) -> _Validators:
+    if types is None:
+        types = action_types_mod.load_action_types()
+    return _compile(tuple(types[name] for name in sorted(types)))
+
+
+def _escape(token: object) -> str:
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def _pointer(base: str, path: Sequence[object]) -> str:
+    return base + "".join("/" + _escape(p) for p in path)
+
+
+def _schema_issues(validator: Any, instance: Any, base: str) -> Iterator[ValidationIssue]:
+    # The happy path only asks `is_valid`, which builds no error objects.
+    if validator.is_valid(instance):
+        return
+    for error in validator.iter_errors(instance):
+        where = _pointer(base, list(error.absolute_path))
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            # One issue per unknown field, pointing at the field itself.
+            known = error.schema.get("properties", {})
+            for key in error.instance:
+                if key not in known:
+                    yield ValidationIssue(
+                        SCHEMA_VIOLATION,
+                        f"unknown field {key!r} (free-form data belongs in an action's metadata)",
+                        f"{where}/{_escape(key)}",
+                    )
+            continue
+        yield ValidationIssue(SCHEMA_VIOLATION, error.message, where)
+
+
+# -- analysis --------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode(document: bytes | str | Mapping[str, Any]) -> tuple[Any, ValidationIssue | None]:
+    if isinstance(document, Mapping):
+        return document, None
+    try:
+        return json.loads(document, parse_constant=_reject_constant), None
+    except json.JSONDecodeError as exc:
+        return None, ValidationIssue(
+            MALFORMED_JSON, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", ""
+        )
+    except (ValueError, TypeError) as exc:  # bad encoding, NaN/Infinity, not text at all
+        return None, ValidationIssue(MALFORMED_JSON, f"not valid JSON: {exc}", "")
+
+
+def _as_id(value: Any) -> int | None:
+    """An action id as an int, or None when `value` is not one (JSON Schema's `integer`)."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
+def _analyse(
+    document: bytes | str | Mapping[str, Any],
+    max_actions: int,
+    types: Mapping[str, action_types_mod.ActionType] | None,
+) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
+    doc, malformed = _decode(document)
+    if malformed is not None:
+        return [malformed], None
+    if not isinstance(doc, Mapping):
+        kind = type(doc).__name__ if doc is not None else "null"
+        return [
+            ValidationIssue(SCHEMA_VIOLATION, f"a workflow is a JSON object, not {kind}", "")
+        ], None
+    actions = doc.get("actions")
+    # Checked first so that an oversized document costs nothing more.
+    if isinstance(actions, list) and len(actions) > max_actions:
+        return [
+            ValidationIssue(
+                TOO_LARGE,
+                f"{len(actions)} actions is over the limit of {max_actions}",
+                "/actions",
+            )
+        ], None
+
+    compiled = _validators(types)
+    issues: list[ValidationIssue] = list(_schema_issues(compiled.top, doc, ""))
+    if not isinstance(actions, list):
+        return issues, None  # the top-level schema already said so
+    if not actions:
+        issues.append(
+            ValidationIssue(NO_ACTIONS, "a workflow needs at least one action", "/actions")
+        )
+
+    known_types = compiled.types
+    by_type = compiled.by_type
+    for index, action in enumerate(actions):
+        base = f"/actions/{index}"
+        if not isinstance(action, dict):
+            issues.append(ValidationIssue(SCHEMA_VIOLATION, "an action is a JSON object", base))
+            continue
+        atype = action.get("type")
+        validator = by_type.get(atype) if isinstance(atype, str) else None
+        if validator is None:
+            if isinstance(atype, str) and atype:
+                issues.append(
+                    ValidationIssue(
+                        UNKNOWN_ACTION_TYPE,
+                        f"unknown action type {atype!r}; known types: "
+                        + ", ".join(sorted(known_types)),
+                        f"{base}/type",
+                    )
+                )
+            validator = compiled.common
+        issues.extend(_schema_issues(validator, action, base))
+
+    graph_issues, order, index_of = _check_graph(doc, actions)
+    issues.extend(graph_issues)
+    if issues:
+        return issues, None
+    assert order is not None  # no issue means no cycle
+    return [], _build(doc, actions, known_types, order, index_of)
+
+
+def _parents_of(action: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(position, parent id) of each well-formed `parentActions` entry."""
+    entries = action.get("parentActions")
+    if not isinstance(entries, list):
+        return []
+    found = []
+    for position, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            pid = _as_id(entry.get("id"))
+            if pid is not None:
+                found.append((position, pid))
+    return found
+
+
+def _check_graph(
+    doc: Mapping[str, Any], actions: list[Any]
+) -> tuple[list[ValidationIssue], list[int] | None, dict[int, int]]:
+    """The semantic rules; returns the issues, a topological order (None on a cycle),
+    and the index in `actions` of each action id."""
+    issues: list[ValidationIssue] = []
+    index_of: dict[int, int] = {}
+    for index, action in enumerate(actions):
+        if not isinstance(action, dict):
+            continue
+        aid = _as_id(action.get("id"))
+        if aid is None:
+            continue
+        first = index_of.setdefault(aid, index)
+        if first != index:
+            issues.append(
+                ValidationIssue(
+                    DUPLICATE_ACTION_ID,
+                    f"action id {aid} is already used by /actions/{first}",
+                    f"/actions/{index}/id",
+                )
+            )
+        if action.get("isManaged") is False and "outputPath" not in action:
+            issues.append(
+                ValidationIssue(
+                    OUTPUT_PATH_REQUIRED,
+                    f"action {aid} has isManaged false, so it needs an outputPath",
+                    f"/actions/{index}",
+                )
+            )
+
+    for key in ("startActionId", "endActionId"):
+        ref = _as_id(doc.get(key))
+        if ref is not None and ref not in index_of:
+            issues.append(ValidationIssue(UNKNOWN_ACTION_ID, f"no action has id {ref}", f"/{key}"))
+
+    # parents[id] lists the known parents of the first action with that id; the
+    # position of each entry is kept to point at the edge of a cycle.
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for index, action in enumerate(actions):
+        if not isinstance(action, dict):
+            continue
+        aid = _as_id(action.get("id"))
+        entries = _parents_of(action)
+        known: list[tuple[int, int]] = []
+        for position, pid in entries:
+            if pid in index_of:
+                known.append((position, pid))
+            else:
+                issues.append(
+                    ValidationIssue(
+                        UNKNOWN_ACTION_ID,
+                        f"parent action {pid} is not defined",
+                        f"/actions/{index}/parentActions/{position}/id",
+                    )
+                )
+        if aid is not None and index_of[aid] == index:
+            parents[aid] = known
+
+    order = _topological_order(parents)
+    if len(order) < len(parents):
+        issues.append(_cycle_issue(parents, set(order), index_of))
+        return issues, None, index_of
+
+    start, end = _as_id(doc.get("startActionId")), _as_id(doc.get("endActionId"))
+    if start in parents and end in parents and start != end and _is_ancestor(end, start, parents):
+        issues.append(
+            ValidationIssue(
+                END_BEFORE_START,
+                f"the end action {end} is an ancestor of the start action {start}",
+                "/endActionId",
+            )
+        )
+    return issues, order, index_of
+
+
+def _topological_order(parents: Mapping[int, list[tuple[int, int]]]) -> list[int]:
+    """Kahn's algorithm, parents first; actions on or behind a cycle are left out."""
+    pending = {aid: len({pid for _, pid in entries}) for aid, entries in parents.items()}
+    children: dict[int, list[int]] = {aid: [] for aid in parents}
+    for aid, entries in parents.items():
+        for pid in {pid for _, pid in entries}:
+            children[pid].append(aid)
+    ready = deque(aid for aid, count in pending.items() if count == 0)
+    order: list[int] = []
+    while ready:
+        aid = ready.popleft()
+        order.append(aid)
+        for child in children[aid]:
+            pending[child] -= 1
+            if pending[child] == 0:
+                ready.append(child)
+    return order
+
+
+def _cycle_issue(
+    parents: Mapping[int, list[tuple[int, int]]],
+    ordered: set[int],
+    index_of: Mapping[int, int],
+) -> ValidationIssue:
+    """One cycle among the actions Kahn's algorithm could not order."""
+    # Walking parent links from any action on or behind a cycle must reach the
+    # cycle: every such action keeps at least one parent that is itself stuck.
+    stuck = {aid for aid in parents if aid not in ordered}
+    current = min(stuck)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while current not in seen:
+        seen[current] = len(path)
+        path.append(current)
+        current = min(pid for _, pid in parents[current] if pid in stuck)
+    cycle = path[seen[current] :]  # each element's parent is the next one
+    cycle.reverse()  # now parent → child
+    child, parent = cycle[0], cycle[-1]
+    position = next(pos for pos, pid in parents[child] if pid == parent)
+    shown = " → ".join(str(a) for a in [*cycle, cycle[0]])
+    return ValidationIssue(
+        CYCLE,
+        f"actions {shown} form a cycle",
+        f"/actions/{index_of[child]}/parentActions/{position}/id",
+    )
+
+
+def _is_ancestor(candidate: int, of: int, parents: Mapping[int, list[tuple[int, int]]]) -> bool:
+    seen = {of}
+    stack = [of]
+    while stack:
+        for _, pid in parents[stack.pop()]:
+            if pid == candidate:
+                return True
+            if pid not in seen:
+                seen.add(pid)
+                stack.append(pid)
+    return False
+
+
+def _build(
+    doc: Mapping[str, Any],
+    actions: list[dict[str, Any]],
+    types: Mapping[str, action_types_mod.ActionType],
+    order: list[int],
+    index_of: Mapping[int, int],
+) -> WorkflowDefinition:
+    definitions: dict[int, ActionDefinition] = {}
+    edges: list[tuple[int, int]] = []
+    for aid in sorted(index_of):
+        raw = actions[index_of[aid]]
+        parent_ids = tuple(sorted({pid for _, pid in _parents_of(raw)}))
+        edges.extend((pid, aid) for pid in parent_ids)
+        timeout = raw.get("timeoutSeconds")
+        attempts = raw.get("maxAttempts")
+        definitions[aid] = ActionDefinition(
+            id=aid,
+            name=raw["name"],
+            type=raw["type"],
+            parents=parent_ids,
+            force_computation=bool(raw.get("forceComputation", False)),
+            is_managed=bool(raw.get("isManaged", True)),
+            output_path=raw.get("outputPath"),
+            timeout_s=float(timeout) if timeout is not None else None,
+            max_attempts=int(attempts) if attempts is not None else None,
+            metadata=MappingProxyType(raw.get("metadata", {})),
+            spec=MappingProxyType(types[raw["type"]].spec(raw)),
+            raw=MappingProxyType(raw),
+        )
+    graph = nx.DiGraph()
+    graph.add_nodes_from(definitions)
+    graph.add_edges_from(edges)
+    graph.graph[TOPOLOGICAL_ORDER] = tuple(order)
+    start = _as_id(doc["startActionId"])
+    end = _as_id(doc["endActionId"])
+    assert start is not None and end is not None  # the schema said they are integers
+    return WorkflowDefinition(
+        name=doc["name"],
+        description=doc.get("description"),
+        start_action_id=start,
+        end_action_id=end,
+        on_failure=doc.get("onFailure", "abort"),
+        actions=MappingProxyType(definitions),
+        graph=graph,
+        document=doc,
+    )
