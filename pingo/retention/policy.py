@@ -1,0 +1,289 @@
+"""The retention plug-in API: what a policy sees, what it decides, and how it is loaded.
+
+A policy is a small object with a `name`, a `select_evictions` method (given the
+STORED datasets that may be evicted and how many bytes must go, return which to
+evict and why) and a `keep_new` method (asked at planning time whether a new
+intermediate is worth keeping at all). Policies only decide: the retention loop
+performs the compare-and-set and the deletor removes the files, just as a retry
+strategy returns a decision and the worker acts on it.
+
+Policies register through the entry-point group `pingo.retention_policies`; each
+entry point names a zero-argument factory (usually the class). `load_policy`
+builds a fresh instance per call, so stateful policies (GDSF's inflation value)
+never share state between loops or simulations.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from pingo import errors, states
+from pingo.store.protocol import DatasetRecord, Store
+from pingo.workflows.planner import KeepHook, NewDatasetInfo
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "EVICT_EVENT",
+    "Candidate",
+    "Eviction",
+    "KeepHook",
+    "NewDatasetInfo",
+    "RetentionPolicy",
+    "available_policies",
+    "build_candidates",
+    "keep_hook",
+    "load_policy",
+    "recent_decisions",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "pingo.retention_policies"
+#: The event kind every eviction is recorded under.
+EVICT_EVENT = "retention.evict"
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A STORED dataset that the policy may choose to evict."""
+
+    dataset_id: str
+    #: Measured size on disk (0 when unknown).
+    size_bytes: int
+    #: Measured runtime of the action that produced it (0 when unknown).
+    compute_s: float
+    #: `compute_s` plus the runtime of every ancestor that is not on disk any more:
+    #: what evicting it would cost the next reader, lineage included.
+    recompute_cost_s: float
+    created_at: datetime
+    #: How many times planning reused it.
+    use_count: int
+    #: Last reuse (None if never reused).
+    last_used_at: datetime | None
+    #: Dataset ids of its inputs (its lineage, one level up).
+    parents: tuple[str, ...]
+    #: Pinned and claimed datasets are never evicted; the loop hands policies only
+    #: candidates with both False, the fields are here for tools that list them all.
+    pinned: bool = False
+    claimed: bool = False
+    action_type: str = ""
+    stored_at: datetime | None = None
+
+    @property
+    def last_touched_at(self) -> datetime:
+        """Last reuse, or creation when never reused."""
+        return self.last_used_at or self.created_at
+
+    @property
+    def evictable(self) -> bool:
+        return not self.pinned and not self.claimed
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A policy's decision: evict `dataset_id`, because `reason`."""
+
+    dataset_id: str
+    reason: str
+
+
+@runtime_checkable
+class RetentionPolicy(Protocol):
+    """A retention algorithm. Decides; never deletes."""
+
+    #: The name it is selected by (`PINGO_RETENTION_POLICY`, `--policy`).
+    name: str
+
+    def select_evictions(
+        self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+    ) -> list[Eviction]:
+        """Which candidates to evict, in order, to free at least `bytes_to_free` bytes."""
+        ...
+
+    def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
+        """Whether a new intermediate is worth keeping once computed (False: TO_DELETE)."""
+        ...
+
+
+PolicyFactory = Callable[[], RetentionPolicy]
+
+
+def _builtin_factories() -> dict[str, PolicyFactory]:
+    # Imported lazily: builtin imports this module for the dataclasses.
+    from pingo.retention import builtin
+
+    return dict(builtin.BUILTINS)
+
+
+def load_policy_factories() -> dict[str, PolicyFactory]:
+    """Policy name → factory, from the entry points (the built-ins always included).
+
+    A plug-in that fails to load is logged and skipped.
+    """
+    factories = _builtin_factories()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            factory = ep.load()
+        except Exception:
+            logger.exception(
+                "retention policy plug-in %s failed to load; skipped",
+                ep.name,
+                extra={"event": "retention_policy_load_failed", "policy": ep.name},
+            )
+            continue
+        if not callable(factory):
+            logger.error(
+                "retention policy plug-in %s is not callable; skipped",
+                ep.name,
+                extra={"event": "retention_policy_load_failed", "policy": ep.name},
+            )
+            continue
+        factories[ep.name] = factory
+    return factories
+
+
+def available_policies() -> list[str]:
+    """Names of every policy that loads, sorted."""
+    return sorted(load_policy_factories())
+
+
+def load_policy(name: str) -> RetentionPolicy:
+    """A fresh instance of the policy registered as `name`.
+
+    Raises `ConfigurationError` when no policy of that name loads, or when the
+    factory does not build a `RetentionPolicy`.
+    """
+    factories = load_policy_factories()
+    factory = factories.get(name)
+    if factory is None:
+        raise errors.ConfigurationError(
+            f"unknown retention policy {name!r}; available: {', '.join(sorted(factories))}"
+        )
+    try:
+        policy = factory()
+    except Exception as exc:
+        raise errors.ConfigurationError(f"retention policy {name!r} failed to start") from exc
+    if not isinstance(policy, RetentionPolicy):
+        raise errors.ConfigurationError(
+            f"retention policy {name!r} lacks name, select_evictions or keep_new"
+        )
+    return policy
+
+
+def keep_hook(policy: RetentionPolicy, store: Store) -> KeepHook:
+    """The planner's keep hook for `policy`, asking it with the store's clock."""
+
+    async def hook(dataset: NewDatasetInfo) -> bool:
+        keep = policy.keep_new(dataset, store.clock())
+        if not keep:
+            logger.info(
+                "retention: %s will not keep %s",
+                policy.name,
+                dataset.dataset_id,
+                extra={
+                    "event": "retention_drop_new",
+                    "policy": policy.name,
+                    "dataset_id": dataset.dataset_id,
+                },
+            )
+        return keep
+
+    return hook
+
+
+# ------------------------------------------------------------------------- candidates
+
+
+async def build_candidates(
+    store: Store, records: Collection[DatasetRecord] | None = None
+) -> list[Candidate]:
+    """Candidates for every managed STORED dataset (pinned and claimed included, flagged).
+
+    `recompute_cost_s` walks the lineage through the store: an ancestor that is
+    not STORED or LEAF (evicted, being deleted, being computed) would have to be
+    recomputed too, so its runtime is added and its own parents are walked.
+    Each ancestor counts once per candidate, even when several paths reach it.
+    """
+    if records is None:
+        records = await store.list_retention_candidates()
+    stored = [r for r in records if r.state == states.DatasetState.STORED and r.is_managed]
+    known: dict[str, DatasetRecord] = {r.id: r for r in stored}
+    costs = await _recompute_costs(store, stored, known)
+    return [
+        Candidate(
+            dataset_id=r.id,
+            size_bytes=r.size_bytes or 0,
+            compute_s=r.compute_s or 0.0,
+            recompute_cost_s=costs[r.id],
+            created_at=r.created_at,
+            use_count=r.use_count,
+            last_used_at=r.last_used_at,
+            parents=r.parents,
+            pinned=r.pinned,
+            claimed=bool(r.claims),
+            action_type=r.action_type,
+            stored_at=r.stored_at,
+        )
+        for r in stored
+    ]
+
+
+async def _recompute_costs(
+    store: Store, stored: Sequence[DatasetRecord], known: dict[str, DatasetRecord]
+) -> dict[str, float]:
+    # Fetch the lineage level by level, in batches, sharing what one candidate's
+    # walk fetched with the others: most candidates of a workflow share ancestors.
+    frontier = {p for r in stored for p in r.parents if p not in known}
+    while frontier:
+        fetched = await store.get_datasets(frontier)
+        known.update(fetched)
+        frontier = {
+            p
+            for r in fetched.values()
+            if r.state not in states.DATASET_REUSABLE
+            for p in r.parents
+            if p not in known
+        }
+    costs: dict[str, float] = {}
+    for record in stored:
+        total = record.compute_s or 0.0
+        seen: set[str] = set()
+        todo = list(record.parents)
+        while todo:
+            ancestor_id = todo.pop()
+            if ancestor_id in seen:
+                continue
+            seen.add(ancestor_id)
+            ancestor = known.get(ancestor_id)
+            if ancestor is None or ancestor.state in states.DATASET_REUSABLE:
+                continue
+            total += ancestor.compute_s or 0.0
+            todo.extend(ancestor.parents)
+        costs[record.id] = total
+    return costs
+
+
+# -------------------------------------------------------------------------- decisions
+
+
+async def recent_decisions(store: Store, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest retention decisions, newest first, as JSON (for `GET /storage`)."""
+    events = await store.list_events(kind=EVICT_EVENT, limit=limit)
+    decisions: list[dict[str, Any]] = []
+    for event in events:
+        payload = dict(event.payload or {})
+        decisions.append(
+            {
+                "at": event.at.isoformat(),
+                "datasetId": event.dataset_id,
+                "policy": payload.get("policy"),
+                "reason": payload.get("reason"),
+                "sizeBytes": payload.get("sizeBytes"),
+            }
+        )
+    return decisions

@@ -1,0 +1,443 @@
+"""Retention: the built-in policies' rankings, plug-in loading, candidates and the loop."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo import errors, metrics, states
+from pingo.config import Settings
+from pingo.retention import builtin
+from pingo.retention import policy as policy_api
+from pingo.retention.loop import RetentionLoop
+from pingo.retention.policy import Candidate, Eviction
+from pingo.store import protocol
+from pingo.store.memory import MemoryStore
+
+D = states.DatasetState
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def cand(dataset_id: str, **overrides: Any) -> Candidate:
+    values: dict[str, Any] = {
+        "dataset_id": dataset_id,
+        "size_bytes": 100,
+        "compute_s": 10.0,
+        "recompute_cost_s": 10.0,
+        "created_at": T0,
+        "use_count": 0,
+        "last_used_at": None,
+        "parents": (),
+    }
+    values.update(overrides)
+    return Candidate(**values)
+
+
+def chosen(evictions: Sequence[Eviction]) -> list[str]:
+    return [e.dataset_id for e in evictions]
+
+
+# ------------------------------------------------------------------------- rankings
+
+
+def test_keep_all_never_evicts() -> None:
+    policy = builtin.KeepAll()
+    assert policy.select_evictions([cand("a"), cand("b")], 10**9, at(100)) == []
+
+
+def test_lru_evicts_least_recently_touched_until_enough_is_freed() -> None:
+    candidates = [
+        cand("used-late", last_used_at=at(50), use_count=5),
+        cand("created-late", created_at=at(40)),
+        cand("used-early", last_used_at=at(10), use_count=9),
+        cand("never-used", created_at=at(0)),
+    ]
+    evictions = builtin.LRU().select_evictions(candidates, 150, at(100))
+    assert chosen(evictions) == ["never-used", "used-early"]
+    assert all(e.reason.startswith("lru:") for e in evictions)
+
+
+def test_lru_skips_pinned_claimed_and_empty_datasets() -> None:
+    candidates = [
+        cand("pinned", pinned=True),
+        cand("claimed", claimed=True),
+        cand("empty", size_bytes=0),
+        cand("ok", created_at=at(1)),
+    ]
+    assert chosen(builtin.LRU().select_evictions(candidates, 10**6, at(100))) == ["ok"]
+
+
+def test_lfu_evicts_least_used_with_recency_breaking_ties() -> None:
+    candidates = [
+        cand("popular", use_count=7, last_used_at=at(1)),
+        cand("once-recent", use_count=1, last_used_at=at(90)),
+        cand("once-old", use_count=1, last_used_at=at(20)),
+        cand("never", created_at=at(95)),
+    ]
+    evictions = builtin.LFU().select_evictions(candidates, 300, at(100))
+    assert chosen(evictions) == ["never", "once-old", "once-recent"]
+
+
+def test_cost_benefit_prefers_evicting_cheap_large_rarely_used_data() -> None:
+    now = at(1000)
+    candidates = [
+        cand("cheap-big", size_bytes=1000, recompute_cost_s=1.0),
+        cand("costly-small", size_bytes=10, recompute_cost_s=100.0),
+        cand("costly-big", size_bytes=1000, recompute_cost_s=100.0),
+        cand("fairly-cheap-big-popular", size_bytes=1000, recompute_cost_s=5.0, use_count=50,
+             last_used_at=at(999)),
+    ]  # fmt: skip
+    evictions = builtin.CostBenefit().select_evictions(candidates, 2000, now)
+    # 51 uses at a fifth of the cost outweigh one use at 100x the cost.
+    assert chosen(evictions) == ["cheap-big", "costly-big"]
+    evictions = builtin.CostBenefit().select_evictions(candidates, 2001, now)
+    assert chosen(evictions) == ["cheap-big", "costly-big", "fairly-cheap-big-popular"]
+
+
+def test_cost_benefit_ages_datasets_that_stopped_being_used() -> None:
+    now = at(10_000)
+    stale = cand("stale", use_count=3, last_used_at=at(100))
+    fresh = cand("fresh", use_count=3, last_used_at=at(9_900))
+    assert builtin.cost_benefit_score(stale, now) < builtin.cost_benefit_score(fresh, now)
+    assert chosen(builtin.CostBenefit().select_evictions([fresh, stale], 1, now)) == ["stale"]
+    # Lineage counts: the same dataset with unstored ancestors is worth more.
+    orphan = cand("orphan", recompute_cost_s=50.0)
+    assert builtin.cost_benefit_score(orphan, now) > builtin.cost_benefit_score(cand("x"), now)
+
+
+def test_gdsf_ranks_by_frequency_times_cost_over_size_and_inflates() -> None:
+    policy = builtin.GDSF()
+    now = at(100)
+    candidates = [
+        cand("a", size_bytes=100, recompute_cost_s=10.0),  # H = 0.1
+        cand("b", size_bytes=100, recompute_cost_s=10.0, use_count=3, last_used_at=at(50)),
+        cand("c", size_bytes=10, recompute_cost_s=10.0),  # H = 1.0
+        cand("d", size_bytes=100, recompute_cost_s=20.0),  # H = 0.2
+    ]
+    first = policy.select_evictions(candidates, 150, now)
+    assert chosen(first) == ["a", "d"]
+    assert policy.inflation == pytest.approx(0.2)
+    # "c" keeps the H it got before the inflation; a dataset reused now gets
+    # L + its value, so it outranks "c" although it is worth less on its own.
+    remaining = [
+        candidates[2],
+        cand("b", size_bytes=100, recompute_cost_s=10.0, use_count=4, last_used_at=at(100)),
+        cand("e", size_bytes=100, recompute_cost_s=85.0),  # new: H = 0.2 + 0.85
+    ]
+    assert policy.priority(remaining[1]) == pytest.approx(0.2 + 0.5)
+    second = policy.select_evictions(remaining, 1, at(200))
+    assert chosen(second) == ["b"]
+    assert policy.inflation == pytest.approx(0.7)
+    assert policy.select_evictions(remaining[:1], 0, at(300)) == []
+
+
+def test_every_builtin_frees_enough_and_returns_each_dataset_once() -> None:
+    candidates = [cand(f"d{i}", size_bytes=10 * (i + 1), created_at=at(i)) for i in range(10)]
+    for name in ("lru", "lfu", "cost-benefit", "gdsf"):
+        evictions = policy_api.load_policy(name).select_evictions(candidates, 200, at(50))
+        ids = chosen(evictions)
+        assert len(ids) == len(set(ids)), name
+        freed = sum(10 * (int(i[1:]) + 1) for i in ids)
+        assert freed >= 200, name
+        assert freed - 10 * (int(ids[-1][1:]) + 1) < 200, f"{name} evicted more than needed"
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def test_load_policy_by_name_returns_fresh_instances() -> None:
+    names = policy_api.available_policies()
+    assert {"keep-all", "lru", "lfu", "cost-benefit", "gdsf"} <= set(names)
+    for name in ("keep-all", "lru", "lfu", "cost-benefit", "gdsf"):
+        loaded = policy_api.load_policy(name)
+        assert loaded.name == name
+        assert isinstance(loaded, policy_api.RetentionPolicy)
+    assert policy_api.load_policy("gdsf") is not policy_api.load_policy("gdsf")
+    with pytest.raises(errors.ConfigurationError, match="unknown retention policy"):
+        policy_api.load_policy("no-such-policy")
+
+
+def test_a_plugin_registers_by_entry_point_and_a_broken_one_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "bigfirst.py").write_text(
+        textwrap.dedent(
+            """
+            class BiggestFirst:
+                name = "biggest-first"
+
+                def select_evictions(self, candidates, bytes_to_free, now):
+                    from pingo.retention.builtin import take_until_freed
+                    ranked = sorted(candidates, key=lambda c: -c.size_bytes)
+                    return take_until_freed(((c, "big") for c in ranked), bytes_to_free)
+
+                def keep_new(self, dataset, now):
+                    return True
+            """
+        )
+    )
+    dist = tmp_path / "bigfirst-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bigfirst\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[pingo.retention_policies]\n"
+        "biggest-first = bigfirst:BiggestFirst\n"
+        "broken = no_such_module_for_pingo_tests:Policy\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caplog.set_level("ERROR", logger="pingo.retention.policy")
+    names = policy_api.available_policies()
+    assert "biggest-first" in names
+    assert "broken" not in names
+    assert any("broken" in r.getMessage() for r in caplog.records)
+    plugin = policy_api.load_policy("biggest-first")
+    evictions = plugin.select_evictions([cand("s"), cand("b", size_bytes=500)], 1, T0)
+    assert chosen(evictions) == ["b"]
+    sys.modules.pop("bigfirst", None)
+
+
+async def test_keep_hook_asks_the_policy_with_the_store_clock() -> None:
+    seen: list[datetime] = []
+
+    class DropAll(builtin.KeepAll):
+        name = "drop-all"
+
+        def keep_new(self, dataset: policy_api.NewDatasetInfo, now: datetime) -> bool:
+            seen.append(now)
+            return False
+
+    store = MemoryStore(clock=lambda: at(42))
+    hook = policy_api.keep_hook(DropAll(), store)
+    info = policy_api.NewDatasetInfo(
+        dataset_id="x" * 64,
+        workflow_id="wf",
+        owner="ann",
+        scope="server",
+        action=None,  # type: ignore[arg-type]  # the policy does not look at it
+        parents=(),
+        previous=None,
+    )
+    assert await hook(info) is False
+    assert seen == [at(42)]
+
+
+# ------------------------------------------------------------- store-backed cases
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def store(clock: Clock) -> MemoryStore:
+    return MemoryStore(clock=clock)
+
+
+MakeDataset = Callable[..., "Any"]
+
+
+@pytest.fixture
+def make_dataset(store: MemoryStore) -> MakeDataset:
+    """Create a dataset through a workflow plan, then move it to `state` as a callback would."""
+    counter = iter(range(1, 10**6))
+
+    async def make(
+        name: str,
+        *,
+        state: D = D.STORED,
+        size: int = 100,
+        compute_s: float = 10.0,
+        parents: tuple[str, ...] = (),
+        claims: tuple[str, ...] = (),
+    ) -> protocol.DatasetRecord:
+        n = next(counter)
+        now = store.clock()
+        target = D.TO_LEAF if state is D.LEAF else D.TO_STORE
+        workflow = protocol.WorkflowRecord(
+            id=f"wf-{n}",
+            name="w",
+            owner="ann",
+            state=states.WorkflowState.RUNNING,
+            document={},
+            scope="server",
+            on_failure="abort",
+            end_dataset_id=None,
+            created_at=now,
+        )
+        plan = protocol.DatasetPlan(
+            id=name,
+            state=target,
+            path=f"/data/{name}",
+            scope="server",
+            action_type="command-line",
+            definition={},
+            parents=parents,
+            producer_workflow_id=workflow.id,
+            producer_action_id=1,
+            is_managed=True,
+            claims=claims,
+        )
+        await store.create_workflow(protocol.WorkflowPlan(workflow, (), (plan,)))
+        done = D.LEAF if state is D.LEAF else D.STORED
+        record = await store.transition_dataset(
+            name,
+            {target},
+            done,
+            protocol.DatasetChanges(size_bytes=size, compute_s=compute_s, stored_at=now),
+        )
+        if state not in (D.STORED, D.LEAF):
+            record = await store.transition_dataset(name, {done}, state)
+        assert record is not None
+        return record
+
+    return make
+
+
+async def test_candidates_add_the_cost_of_unstored_ancestors_once(
+    store: MemoryStore, make_dataset: MakeDataset
+) -> None:
+    await make_dataset("a", state=D.DELETED, compute_s=10.0)
+    await make_dataset("x", state=D.DELETED, compute_s=3.0, parents=("a",))
+    await make_dataset("b", compute_s=5.0, parents=("a",))
+    await make_dataset("c", compute_s=2.0, parents=("b",))
+    await make_dataset("d", compute_s=1.0, parents=("a", "x"))
+    await make_dataset("leaf", state=D.LEAF, compute_s=1.0, parents=("b",))
+    await make_dataset("claimed", compute_s=1.0, claims=("wf-9/2",))
+    await store.set_dataset_pinned("c", True)
+    candidates = {c.dataset_id: c for c in await policy_api.build_candidates(store)}
+    assert set(candidates) == {"b", "c", "d", "claimed"}
+    assert candidates["b"].recompute_cost_s == pytest.approx(15.0)
+    assert candidates["c"].recompute_cost_s == pytest.approx(2.0)
+    assert candidates["d"].recompute_cost_s == pytest.approx(14.0)
+    assert candidates["c"].pinned and not candidates["c"].evictable
+    assert candidates["claimed"].claimed and not candidates["claimed"].evictable
+    assert candidates["b"].parents == ("a",)
+
+
+def settings(capacity: int | None, low_water: float = 0.5) -> Settings:
+    return Settings(
+        home=Path("/nonexistent-pingo-home"),
+        storage_capacity_bytes=capacity,
+        high_water=0.9,
+        low_water=low_water,
+    )
+
+
+async def test_loop_does_nothing_under_the_high_water_mark(
+    store: MemoryStore, make_dataset: MakeDataset
+) -> None:
+    for i in range(9):
+        await make_dataset(f"d{i}")
+    assert await RetentionLoop(store, settings(1000), builtin.LRU()).enforce() == []
+    assert await RetentionLoop(store, settings(None), builtin.LRU()).enforce() == []
+
+
+async def test_loop_evicts_to_the_low_mark_sparing_leaf_pinned_and_claimed(
+    store: MemoryStore, make_dataset: MakeDataset, clock: Clock
+) -> None:
+    # 1200 bytes on disk for a capacity of 1000: 600 must go to reach 600.
+    await make_dataset("leaf", state=D.LEAF, size=300)
+    await make_dataset("pinned", size=100)
+    await store.set_dataset_pinned("pinned", True)
+    await make_dataset("claimed", size=100, claims=("wf-x/1",))
+    for i in range(7):
+        clock.advance(1)
+        await make_dataset(f"d{i}", size=100)
+    before = metrics.RETENTION_EVICTIONS.labels(policy="lru")._value.get()
+    loop = RetentionLoop(store, settings(1000, low_water=0.6), builtin.LRU())
+    evicted = await loop.enforce()
+    assert [e.dataset_id for e in evicted] == ["d0", "d1", "d2", "d3", "d4", "d5"]
+    by_state = await store.bytes_by_state()
+    assert by_state[D.STORED] + by_state[D.LEAF] <= 600
+    for kept in ("leaf", "pinned", "claimed", "d6"):
+        record = await store.get_dataset(kept)
+        assert record is not None and record.state is not D.STORED_TO_DELETE
+    assert metrics.RETENTION_EVICTIONS.labels(policy="lru")._value.get() == before + 6
+    decisions = await policy_api.recent_decisions(store, limit=3)
+    assert [d["datasetId"] for d in decisions] == ["d5", "d4", "d3"]
+    assert decisions[0]["policy"] == "lru" and decisions[0]["sizeBytes"] == 100
+    assert decisions[0]["reason"].startswith("lru:")
+    # The evicted bytes are on their way out: the next pass evicts nothing more.
+    assert await loop.enforce() == []
+
+
+async def test_loop_ignores_bad_decisions_and_survives_a_failing_policy(
+    store: MemoryStore, make_dataset: MakeDataset
+) -> None:
+    await make_dataset("leaf", state=D.LEAF, size=600)
+    await make_dataset("pinned", size=300)
+    await store.set_dataset_pinned("pinned", True)
+    await make_dataset("ok", size=300)
+
+    class Rogue(builtin.KeepAll):
+        name = "rogue"
+
+        def select_evictions(
+            self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+        ) -> list[Eviction]:
+            return [Eviction("leaf", "x"), Eviction("pinned", "x"), Eviction("ok", "x")]
+
+    class Failing(builtin.KeepAll):
+        name = "failing"
+
+        def select_evictions(
+            self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+        ) -> list[Eviction]:
+            raise RuntimeError("bug in a plug-in")
+
+    assert await RetentionLoop(store, settings(1000), Failing()).enforce() == []
+    evicted = await RetentionLoop(store, settings(1000), Rogue()).enforce()
+    assert [e.dataset_id for e in evicted] == ["ok"]
+    leaf, pinned = await store.get_dataset("leaf"), await store.get_dataset("pinned")
+    assert leaf is not None and leaf.state is D.LEAF
+    assert pinned is not None and pinned.state is D.STORED
+
+
+async def test_a_claim_arriving_after_the_listing_blocks_the_eviction(
+    store: MemoryStore, make_dataset: MakeDataset
+) -> None:
+    await make_dataset("a", size=600)
+    await make_dataset("b", size=600)
+
+    class ClaimsThenEvicts(builtin.LRU):
+        name = "claims-then-evicts"
+
+        def select_evictions(
+            self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+        ) -> list[Eviction]:
+            # A planner claims "a" between the candidate listing and the CAS.
+            record = store._datasets["a"]
+            store._datasets["a"] = protocol.DatasetRecord(
+                **{
+                    **{f: getattr(record, f) for f in record.__dataclass_fields__},
+                    "claims": ("wf-late/3",),
+                }
+            )
+            return [Eviction("a", "x"), Eviction("b", "x")]
+
+    evicted = await RetentionLoop(store, settings(1000), ClaimsThenEvicts()).enforce()
+    assert [e.dataset_id for e in evicted] == ["b"]
+    a = await store.get_dataset("a")
+    assert a is not None and a.state is D.STORED
