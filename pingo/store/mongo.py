@@ -1,0 +1,1146 @@
+"""The MongoDB `Store`: PyMongo's native async client, no multi-document transactions.
+
+Every compare-and-set is ONE `find_one_and_update` filtered on the document's
+`_id` plus the expected state(s) (and owner, attempt, claims when asked), so a
+transition is atomic on a standalone server, a replica set or a sharded
+cluster alike. Writes use the configured write concern ("majority" by
+default), so an acknowledged transition survives a primary failover.
+
+The backend is tested against three servers: mongomock (in-process), the
+`nx-27017` wire server (MongoDB's protocol on SQLite) and, when
+`PINGO_TEST_MONGODB_URI` is set, a real `mongod`. Queries keep to the subset
+all three implement alike; each formulation chosen because of a quirk says so
+where it is used. The ones that shape the whole document layout:
+
+- Times are stored as whole microseconds since the epoch (`*_at_us` integers),
+  not as BSON dates. nx-27017 stores a datetime written by `$set` as a naive
+  string (it binds it through sqlite3's default adapter), which then compares
+  as text; integers compare the same everywhere, and microseconds round-trip
+  exactly where BSON dates would truncate to milliseconds.
+- Free-form JSON (a workflow's document, an action's definition, an event's
+  payload) is stored as a JSON string: user keys such as `$ref` or `a.b` are
+  not valid MongoDB field names everywhere, and nothing queries inside them.
+- Strings never contain NUL: nx-27017 truncates them at the first NUL byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+
+import pymongo
+from pymongo import AsyncMongoClient, ReturnDocument, uri_parser
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import ConfigurationError as MongoConfigurationError
+from pymongo.errors import (
+    ConnectionFailure,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    InvalidURI,
+    PyMongoError,
+    WriteConcernError,
+)
+from pymongo.write_concern import WriteConcern
+
+from pingo import errors, states
+from pingo.states import ActionState, DatasetState, WorkflowState
+from pingo.store import _cursor, utcnow
+from pingo.store.memory import plan_upgrades
+from pingo.store.protocol import (
+    ActionChanges,
+    ActionRecord,
+    Clock,
+    DatasetChanges,
+    DatasetPlan,
+    DatasetRecord,
+    EventRecord,
+    Page,
+    UserRecord,
+    WorkflowChanges,
+    WorkflowPlan,
+    WorkflowRecord,
+    claim_key,
+)
+
+logger = logging.getLogger(__name__)
+
+Doc = dict[str, Any]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_DATABASE = "pingo"
+
+_NO_ACTION_CHANGES = ActionChanges()
+_NO_DATASET_CHANGES = DatasetChanges()
+_NO_WORKFLOW_CHANGES = WorkflowChanges()
+
+#: How often persisting a dataset plan re-reads after losing a race before giving up.
+_PLAN_RETRIES = 20
+
+_AFTER = ReturnDocument.AFTER
+
+
+# ----------------------------------------------------------------------- encoding
+
+
+def _us(at: datetime) -> int:
+    """A datetime as whole microseconds since the epoch (naive means UTC)."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return _cursor.to_micros(at)
+
+
+def _opt_us(at: datetime | None) -> int | None:
+    return None if at is None else _us(at)
+
+
+def _at(micros: int) -> datetime:
+    return _cursor.from_micros(micros)
+
+
+def _opt_at(micros: int | None) -> datetime | None:
+    return None if micros is None else _cursor.from_micros(micros)
+
+
+def _dump_json(value: Mapping[str, Any] | None) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _load_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _idempotency(owner: str, key: str) -> str:
+    # One string for the unique index: a compound (owner, key) index cannot skip
+    # workflows without a key everywhere (mongomock ignores partialFilterExpression
+    # when checking uniqueness), and a sparse single-field index can. JSON, not a
+    # NUL separator: nx-27017 truncates strings at NUL.
+    return json.dumps([owner, key], separators=(",", ":"))
+
+
+def _action_id(workflow_id: str, action_id: int) -> str:
+    return claim_key(workflow_id, action_id)
+
+
+def _workflow_doc(record: WorkflowRecord) -> Doc:
+    doc: Doc = {
+        "_id": record.id,
+        "name": record.name,
+        "owner": record.owner,
+        "state": record.state.value,
+        "document": _dump_json(record.document),
+        "scope": record.scope,
+        "on_failure": record.on_failure,
+        "end_dataset_id": record.end_dataset_id,
+        "created_at_us": _us(record.created_at),
+        "finished_at_us": _opt_us(record.finished_at),
+        "idempotency_key": record.idempotency_key,
+        "rerun_of": record.rerun_of,
+        "error": record.error,
+        "version": record.version,
+    }
+    if record.idempotency_key is not None:
+        # Absent (not null) without a key, so the sparse unique index skips it.
+        doc["idempotency"] = _idempotency(record.owner, record.idempotency_key)
+    return doc
+
+
+def _workflow(doc: Doc) -> WorkflowRecord:
+    return WorkflowRecord(
+        id=doc["_id"],
+        name=doc["name"],
+        owner=doc["owner"],
+        state=WorkflowState(doc["state"]),
+        document=_load_json(doc["document"]),
+        scope=doc["scope"],
+        on_failure=doc["on_failure"],
+        end_dataset_id=doc.get("end_dataset_id"),
+        created_at=_at(doc["created_at_us"]),
+        finished_at=_opt_at(doc.get("finished_at_us")),
+        idempotency_key=doc.get("idempotency_key"),
+        rerun_of=doc.get("rerun_of"),
+        error=doc.get("error"),
+        version=doc.get("version", 0),
+    )
+
+
+def _action_doc(record: ActionRecord) -> Doc:
+    return {
+        "_id": _action_id(record.workflow_id, record.action_id),
+        "workflow_id": record.workflow_id,
+        "action_id": record.action_id,
+        "name": record.name,
+        "type": record.type,
+        "state": record.state.value,
+        "dataset_id": record.dataset_id,
+        "reused": record.reused,
+        "reason": record.reason,
+        "definition": _dump_json(record.definition),
+        # BSON keys are strings; parent ids come back as ints.
+        "inputs": {str(parent): dataset for parent, dataset in record.inputs.items()},
+        "waiting_on": list(record.waiting_on),
+        "children": list(record.children),
+        "callback_id": record.callback_id,
+        "created_at_us": _us(record.created_at),
+        "updated_at_us": _us(record.updated_at),
+        "attempts": record.attempts,
+        "max_attempts": record.max_attempts,
+        "owner": record.owner,
+        "lease_expires_at_us": _opt_us(record.lease_expires_at),
+        "not_before_us": _opt_us(record.not_before),
+        "external_id": record.external_id,
+        "error": record.error,
+        "started_at_us": _opt_us(record.started_at),
+        "finished_at_us": _opt_us(record.finished_at),
+        "runtime_s": record.runtime_s,
+        "version": record.version,
+    }
+
+
+def _action(doc: Doc) -> ActionRecord:
+    return ActionRecord(
+        workflow_id=doc["workflow_id"],
+        action_id=doc["action_id"],
+        name=doc["name"],
+        type=doc["type"],
+        state=ActionState(doc["state"]),
+        dataset_id=doc["dataset_id"],
+        reused=doc["reused"],
+        reason=doc["reason"],
+        definition=_load_json(doc["definition"]),
+        inputs={int(parent): dataset for parent, dataset in doc["inputs"].items()},
+        waiting_on=tuple(doc["waiting_on"]),
+        children=tuple(doc["children"]),
+        callback_id=doc["callback_id"],
+        created_at=_at(doc["created_at_us"]),
+        updated_at=_at(doc["updated_at_us"]),
+        attempts=doc.get("attempts", 0),
+        max_attempts=doc.get("max_attempts", 3),
+        owner=doc.get("owner"),
+        lease_expires_at=_opt_at(doc.get("lease_expires_at_us")),
+        not_before=_opt_at(doc.get("not_before_us")),
+        external_id=doc.get("external_id"),
+        error=doc.get("error"),
+        started_at=_opt_at(doc.get("started_at_us")),
+        finished_at=_opt_at(doc.get("finished_at_us")),
+        runtime_s=doc.get("runtime_s"),
+        version=doc.get("version", 0),
+    )
+
+
+def _dataset_doc(plan: DatasetPlan, now_us: int) -> Doc:
+    return {
+        "_id": plan.id,
+        "state": plan.state.value,
+        "path": plan.path,
+        "scope": plan.scope,
+        "action_type": plan.action_type,
+        "definition": _dump_json(plan.definition),
+        "parents": list(plan.parents),
+        "producer_workflow_id": plan.producer_workflow_id,
+        "producer_action_id": plan.producer_action_id,
+        "is_managed": plan.is_managed,
+        "created_at_us": now_us,
+        "updated_at_us": now_us,
+        "claims": list(dict.fromkeys(plan.claims)),
+        "size_bytes": None,
+        "compute_s": None,
+        "use_count": 0,
+        "last_used_at_us": None,
+        "stored_at_us": None,
+        "pinned": False,
+        "version": 0,
+    }
+
+
+def _dataset(doc: Doc) -> DatasetRecord:
+    return DatasetRecord(
+        id=doc["_id"],
+        state=DatasetState(doc["state"]),
+        path=doc["path"],
+        scope=doc["scope"],
+        action_type=doc["action_type"],
+        definition=_load_json(doc["definition"]),
+        parents=tuple(doc["parents"]),
+        producer_workflow_id=doc["producer_workflow_id"],
+        producer_action_id=doc["producer_action_id"],
+        is_managed=doc["is_managed"],
+        created_at=_at(doc["created_at_us"]),
+        updated_at=_at(doc["updated_at_us"]),
+        claims=tuple(doc.get("claims", ())),
+        size_bytes=doc.get("size_bytes"),
+        compute_s=doc.get("compute_s"),
+        use_count=doc.get("use_count", 0),
+        last_used_at=_opt_at(doc.get("last_used_at_us")),
+        stored_at=_opt_at(doc.get("stored_at_us")),
+        pinned=doc.get("pinned", False),
+        version=doc.get("version", 0),
+    )
+
+
+def _event(doc: Doc) -> EventRecord:
+    return EventRecord(
+        seq=doc["_id"],
+        kind=doc["kind"],
+        at=_at(doc["at_us"]),
+        dataset_id=doc.get("dataset_id"),
+        workflow_id=doc.get("workflow_id"),
+        payload=_load_json(doc.get("payload")),
+    )
+
+
+def _user_doc(record: UserRecord) -> Doc:
+    return {
+        "_id": record.name,
+        "token_hash": record.token_hash,
+        "is_admin": record.is_admin,
+        "created_at_us": _us(record.created_at),
+    }
+
+
+def _user(doc: Doc) -> UserRecord:
+    return UserRecord(
+        name=doc["_id"],
+        token_hash=doc["token_hash"],
+        is_admin=doc["is_admin"],
+        created_at=_at(doc["created_at_us"]),
+    )
+
+
+def _changes_set(changes: Iterable[tuple[str, Any]]) -> Doc:
+    """`$set` fields for a `*Changes` object: datetimes become `*_us` integers."""
+    fields: Doc = {}
+    for name, value in changes:
+        if name.endswith("_at"):
+            fields[f"{name}_us"] = _opt_us(value)
+        else:
+            fields[name] = value
+    return fields
+
+
+def _values(items: Iterable[ActionState | DatasetState | WorkflowState]) -> list[str]:
+    return sorted({item.value for item in items})
+
+
+def parse_write_concern(text: str) -> WriteConcern:
+    """`majority` (or another tag set name), or a node count such as `1`; never unacknowledged."""
+    text = text.strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            # A compare-and-set must know whether it won: w=0 acknowledges nothing.
+            raise errors.ConfigurationError("mongo write concern must be at least 1 (or majority)")
+        return WriteConcern(w=count)
+    if not text:
+        raise errors.ConfigurationError("mongo write concern is empty: use majority or a number")
+    return WriteConcern(w=text)
+
+
+# ------------------------------------------------------------------------- errors
+
+
+def _translated(
+    method: Callable[Concatenate[MongoStore, P], Awaitable[R]],
+) -> Callable[Concatenate[MongoStore, P], Awaitable[R]]:
+    """Translate driver errors into `pingo.errors` at the edge of the store."""
+
+    @functools.wraps(method)
+    async def wrapper(self: MongoStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(self, *args, **kwargs)
+        except DuplicateKeyError as exc:
+            raise errors.Conflict(f"already exists: {_short(exc)}") from exc
+        # ConnectionFailure covers AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError.
+        except (ConnectionFailure, WriteConcernError, ExecutionTimeout) as exc:
+            logger.warning(
+                "mongo store unavailable: %s",
+                _short(exc),
+                extra={"event": "store_unavailable", "operation": method.__name__},
+            )
+            raise errors.StoreUnavailable(f"MongoDB is unavailable: {_short(exc)}") from exc
+        except PyMongoError as exc:
+            raise errors.PingoError(f"MongoDB error in {method.__name__}: {_short(exc)}") from exc
+
+    return wrapper
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+# -------------------------------------------------------------------------- store
+
+
+class MongoStore:
+    """The `Store` protocol on MongoDB (replica set, standalone, or a wire-compatible server)."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Doc],
+        database: str = DEFAULT_DATABASE,
+        *,
+        clock: Clock = utcnow,
+        write_concern: str = "majority",
+        owns_client: bool = False,
+    ) -> None:
+        self.clock = clock
+        self._client = client
+        self._owns_client = owns_client
+        self._db: AsyncDatabase[Doc] = client.get_database(
+            database, write_concern=parse_write_concern(write_concern)
+        )
+        self._workflows: AsyncCollection[Doc] = self._db["workflows"]
+        self._actions: AsyncCollection[Doc] = self._db["actions"]
+        self._datasets: AsyncCollection[Doc] = self._db["datasets"]
+        self._events: AsyncCollection[Doc] = self._db["events"]
+        self._users: AsyncCollection[Doc] = self._db["users"]
+        self._counters: AsyncCollection[Doc] = self._db["counters"]
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, clock: Clock = utcnow, write_concern: str = "majority"
+    ) -> MongoStore:
+        """A store on `mongodb://host/db` (database `pingo` when the URL names none).
+
+        Creating the client does not connect; the first operation (index creation
+        on `__aenter__`) does.
+        """
+        try:
+            parsed = uri_parser.parse_uri(url)
+        except (InvalidURI, MongoConfigurationError, ValueError) as exc:
+            raise errors.ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
+        options = {key.lower() for key in parsed["options"]}
+        extra: dict[str, Any] = {"tz_aware": True, "appname": "pingo"}
+        if "serverselectiontimeoutms" not in options:
+            # Fail a request in seconds, not the driver's 30 s, when the store is down.
+            extra["serverSelectionTimeoutMS"] = 10_000
+        client: AsyncMongoClient[Doc] = AsyncMongoClient(url, **extra)
+        database = parsed["database"] or DEFAULT_DATABASE
+        return cls(client, database, clock=clock, write_concern=write_concern, owns_client=True)
+
+    @_translated
+    async def __aenter__(self) -> Self:
+        await self._create_indexes()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._owns_client:
+            await self._client.close()
+
+    async def _create_indexes(self) -> None:
+        # create_index is idempotent for an identical spec, so every node runs it at start.
+        asc = pymongo.ASCENDING
+        desc = pymongo.DESCENDING
+        actions, datasets, workflows = self._actions, self._datasets, self._workflows
+        # The scraper: READY by not_before, oldest update first...
+        await actions.create_index(
+            [("state", asc), ("not_before_us", asc), ("updated_at_us", asc)], name="claimable"
+        )
+        # ...and claim states whose lease expired (scraper and reaper).
+        await actions.create_index(
+            [("state", asc), ("lease_expires_at_us", asc)], name="lease_expiry"
+        )
+        await actions.create_index([("state", asc), ("updated_at_us", asc)], name="state_age")
+        await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
+        await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
+        await datasets.create_index([("state", asc), ("updated_at_us", asc)], name="state_age")
+        # Newest-first listings sort on (created_at, _id) but index created_at alone:
+        # nx-27017 fails every insert into a collection with `_id` in a compound index.
+        await datasets.create_index([("created_at_us", desc)], name="newest")
+        await workflows.create_index([("owner", asc), ("created_at_us", desc)], name="owner")
+        await workflows.create_index([("created_at_us", desc)], name="newest")
+        await workflows.create_index(
+            [("idempotency", asc)], name="idempotency", unique=True, sparse=True
+        )
+        await self._users.create_index([("token_hash", asc)], name="token_hash", unique=True)
+        # Events repeat their _id as `seq` to index it (see "newest" above).
+        await self._events.create_index([("kind", asc), ("seq", desc)], name="kind")
+        await self._events.create_index([("dataset_id", asc), ("seq", desc)], name="dataset")
+
+    def _now(self) -> tuple[datetime, int]:
+        now = self.clock()
+        return now, _us(now)
+
+    @_translated
+    async def ping(self) -> None:
+        await self._db.command("ping")
+
+    # ------------------------------------------------------------------ workflows
+
+    @_translated
+    async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        workflow = plan.workflow
+        if len({a.action_id for a in plan.actions}) != len(plan.actions) or any(
+            a.workflow_id != workflow.id for a in plan.actions
+        ):
+            raise errors.Conflict("the plan's actions do not have unique keys in the workflow")
+        callbacks = [a.callback_id for a in plan.actions]
+        if len(set(callbacks)) != len(callbacks):
+            raise errors.Conflict("an action's callback id is already in use")
+        # Check what can be checked before writing anything, so a duplicate submission
+        # (the common retry) writes nothing. The unique indexes still decide a race.
+        if await self._workflows.find_one({"_id": workflow.id}, {"_id": 1}) is not None:
+            raise errors.Conflict(f"workflow {workflow.id} already exists")
+        if workflow.idempotency_key is not None:
+            existing = await self.find_workflow_by_idempotency_key(
+                workflow.owner, workflow.idempotency_key
+            )
+            if existing is not None:
+                raise errors.Conflict(
+                    f"{workflow.owner} already submitted a workflow with idempotency key "
+                    f"{workflow.idempotency_key!r}"
+                )
+        if callbacks and await self._actions.find_one(
+            {"callback_id": {"$in": callbacks}}, {"_id": 1}
+        ):
+            raise errors.Conflict("an action's callback id is already in use")
+
+        # No multi-document transaction (a standalone server has none), so the order
+        # of the writes is what keeps readers safe:
+        #   1. the workflow: its unique _id and idempotency index settle a racing
+        #      duplicate before any dataset or action is touched;
+        #   2. the datasets (created, upgraded, claimed): they exist before any
+        #      action that computes or reads them;
+        #   3. the actions, last, in one ordered insert_many: a READY action is
+        #      only ever visible with its workflow and datasets in place.
+        # The crash window: a node dying between 1 and 3 leaves a RUNNING workflow
+        # with missing actions (and maybe datasets planned or claimed for it), never
+        # a runnable action of a workflow that does not exist. Such a workflow stays
+        # RUNNING until a user kills it; its claims, if any, keep those datasets.
+        await self._workflows.insert_one(_workflow_doc(workflow))
+        _, now_us = self._now()
+        for dataset in plan.datasets:
+            await self._persist_dataset(dataset, now_us)
+        if plan.actions:
+            docs = [_action_doc(a) for a in sorted(plan.actions, key=lambda a: a.action_id)]
+            await self._actions.insert_many(docs, ordered=True)
+        logger.info(
+            "workflow %s created with %d actions",
+            workflow.id,
+            len(plan.actions),
+            extra={"event": "workflow_created", "workflow_id": workflow.id},
+        )
+        return workflow
+
+    async def _persist_dataset(self, plan: DatasetPlan, now_us: int) -> None:
+        try:
+            await self._datasets.insert_one(_dataset_doc(plan, now_us))
+            return
+        except DuplicateKeyError:
+            pass  # It exists: upgrade it and/or add the claims below.
+        claims = list(dict.fromkeys(plan.claims))
+        for _ in range(_PLAN_RETRIES):
+            doc = await self._datasets.find_one({"_id": plan.id})
+            if doc is None:  # Removed meanwhile (nothing deletes records today): recreate.
+                try:
+                    await self._datasets.insert_one(_dataset_doc(plan, now_us))
+                    return
+                except DuplicateKeyError:
+                    continue
+            old = _dataset(doc)
+            update: Doc = {"$set": {"updated_at_us": now_us}, "$inc": {"version": 1}}
+            if claims:
+                # $each appends in order and skips claims already present.
+                update["$addToSet"] = {"claims": {"$each": claims}}
+            if plan_upgrades(old.state, plan.state):
+                update["$set"]["state"] = plan.state.value
+                if old.state is DatasetState.DELETED:
+                    # This plan's action now produces it, wherever and however it says.
+                    update["$set"].update(
+                        path=plan.path,
+                        producer_workflow_id=plan.producer_workflow_id,
+                        producer_action_id=plan.producer_action_id,
+                        is_managed=plan.is_managed,
+                        size_bytes=None,
+                        stored_at_us=None,
+                    )
+            elif set(claims).issubset(old.claims):
+                return
+            # Conditional on the state read, so the decision above still holds when it lands.
+            if await self._datasets.find_one_and_update(
+                {"_id": plan.id, "state": old.state.value}, update
+            ):
+                return
+        raise errors.StoreUnavailable(f"dataset {plan.id} kept changing while persisting a plan")
+
+    @_translated
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        doc = await self._workflows.find_one({"_id": workflow_id})
+        return None if doc is None else _workflow(doc)
+
+    @_translated
+    async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
+        doc = await self._workflows.find_one({"idempotency": _idempotency(owner, key)})
+        return None if doc is None else _workflow(doc)
+
+    @_translated
+    async def list_workflows(
+        self,
+        *,
+        owner: str | None = None,
+        state: WorkflowState | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[WorkflowRecord]:
+        query: Doc = {}
+        if owner is not None:
+            query["owner"] = owner
+        if state is not None:
+            query["state"] = state.value
+        if name is not None:
+            query["name"] = name
+        docs = await self._page(self._workflows, query, limit, cursor)
+        return _make_page([_workflow(d) for d in docs], limit)
+
+    @staticmethod
+    async def _page(
+        collection: AsyncCollection[Doc], query: Doc, limit: int, cursor: str | None
+    ) -> list[Doc]:
+        """Up to `limit + 1` documents after `cursor`, newest first by (created_at, _id)."""
+        if limit <= 0:
+            return []
+        if cursor is not None:
+            at, item_id = _cursor.decode_cursor(cursor)
+            at_us = _us(at)
+            after = {
+                "$or": [
+                    {"created_at_us": {"$lt": at_us}},
+                    {"created_at_us": at_us, "_id": {"$lt": item_id}},
+                ]
+            }
+            query = {"$and": [query, after]} if query else after
+        found = collection.find(
+            query, sort=[("created_at_us", pymongo.DESCENDING), ("_id", pymongo.DESCENDING)]
+        ).limit(limit + 1)
+        return await found.to_list(None)
+
+    @_translated
+    async def transition_workflow(
+        self,
+        workflow_id: str,
+        expected: Collection[WorkflowState],
+        new: WorkflowState,
+        changes: WorkflowChanges = _NO_WORKFLOW_CHANGES,
+    ) -> WorkflowRecord | None:
+        doc = await self._workflows.find_one_and_update(
+            {"_id": workflow_id, "state": {"$in": _values(expected)}},
+            {"$set": {"state": new.value, **_changes_set(changes.items())}, "$inc": {"version": 1}},
+            return_document=_AFTER,
+        )
+        if doc is None:
+            logger.debug(
+                "workflow %s not moved to %s: not in %s",
+                workflow_id,
+                new,
+                sorted(expected),
+                extra={"event": "cas_lost", "workflow_id": workflow_id},
+            )
+            return None
+        return _workflow(doc)
+
+    # -------------------------------------------------------------------- actions
+
+    @_translated
+    async def get_action(self, workflow_id: str, action_id: int) -> ActionRecord | None:
+        doc = await self._actions.find_one({"_id": _action_id(workflow_id, action_id)})
+        return None if doc is None else _action(doc)
+
+    @_translated
+    async def get_action_by_callback(self, callback_id: str) -> ActionRecord | None:
+        doc = await self._actions.find_one({"callback_id": callback_id})
+        return None if doc is None else _action(doc)
+
+    @_translated
+    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
+        found = self._actions.find({"workflow_id": workflow_id}, sort=[("action_id", 1)])
+        return [_action(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def list_actions_in_states(
+        self,
+        states: Collection[ActionState],
+        *,
+        lease_expired: bool = False,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0 or not states:
+            return []
+        query: Doc = {"state": {"$in": _values(states)}}
+        if lease_expired:
+            # A null lease never matches $lte on a number, so "no lease" never expires.
+            query["lease_expires_at_us"] = {"$lte": self._now()[1]}
+        found = self._actions.find(query, sort=_OLDEST_ACTION).limit(limit)
+        return [_action(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:
+        # Counted from a projection rather than a $group: the aggregation subsets of
+        # mongomock and nx-27017 differ, and a workflow's actions are few.
+        found = self._actions.find({"workflow_id": workflow_id}, {"state": 1, "_id": 0})
+        counts: dict[ActionState, int] = {}
+        for doc in await found.to_list(None):
+            state = ActionState(doc["state"])
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    @_translated
+    async def transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
+        return await self._transition_action(
+            workflow_id, action_id, expected, new, changes, if_owner=if_owner, if_attempt=if_attempt
+        )
+
+    async def _transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges,
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
+        query: Doc = {
+            "_id": _action_id(workflow_id, action_id),
+            "state": {"$in": _values(expected)},
+        }
+        if if_owner is not None:
+            query["owner"] = if_owner
+        if if_attempt is not None:
+            query["attempts"] = if_attempt
+        _, now_us = self._now()
+        fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
+        doc = await self._actions.find_one_and_update(
+            query, {"$set": fields, "$inc": {"version": 1}}, return_document=_AFTER
+        )
+        if doc is None:
+            logger.debug(
+                "action %s/%s not moved to %s: lost the compare-and-set",
+                workflow_id,
+                action_id,
+                new,
+                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+            )
+            return None
+        return _action(doc)
+
+    @_translated
+    async def transition_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+    ) -> list[ActionRecord]:
+        if not expected:
+            return []
+        found = self._actions.find(
+            {"workflow_id": workflow_id, "state": {"$in": _values(expected)}},
+            {"action_id": 1, "_id": 0},
+            sort=[("action_id", 1)],
+        )
+        moved = []
+        for doc in await found.to_list(None):
+            record = await self._transition_action(
+                workflow_id, doc["action_id"], expected, new, changes
+            )
+            if record is not None:
+                moved.append(record)
+        return moved
+
+    @_translated
+    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+        claimed: list[ActionRecord] = []
+        while len(claimed) < limit:
+            # A fresh `now` per claim: a batch may take a while on a remote server, and
+            # a lease must never start before the claim that grants it.
+            now, now_us = self._now()
+            lease_us = _us(now + timedelta(seconds=lease_s))
+            doc = await self._actions.find_one_and_update(
+                {
+                    "$or": [
+                        {
+                            "state": ActionState.READY.value,
+                            "$or": [
+                                {"not_before_us": None},
+                                {"not_before_us": {"$lte": now_us}},
+                            ],
+                        },
+                        {
+                            "state": ActionState.PROCESSING.value,
+                            "lease_expires_at_us": {"$lte": now_us},
+                        },
+                    ]
+                },
+                {
+                    "$set": {
+                        "state": ActionState.PROCESSING.value,
+                        "owner": node_id,
+                        "lease_expires_at_us": lease_us,
+                        "updated_at_us": now_us,
+                    },
+                    "$inc": {"version": 1},
+                },
+                sort=_OLDEST_ACTION,
+                return_document=_AFTER,
+            )
+            if doc is None:
+                break
+            claimed.append(_action(doc))
+        if claimed:
+            logger.debug(
+                "node %s claimed %d actions",
+                node_id,
+                len(claimed),
+                extra={"event": "actions_claimed", "node_id": node_id, "count": len(claimed)},
+            )
+        return claimed
+
+    @_translated
+    async def renew_leases(
+        self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
+    ) -> int:
+        if not keys:
+            return 0
+        now, now_us = self._now()
+        result = await self._actions.update_many(
+            {
+                "_id": {"$in": sorted({_action_id(w, a) for w, a in keys})},
+                "owner": node_id,
+                "state": {"$in": _values(states.ACTION_ACTIVE)},
+            },
+            {
+                "$set": {
+                    "lease_expires_at_us": _us(now + timedelta(seconds=lease_s)),
+                    "updated_at_us": now_us,
+                },
+                "$inc": {"version": 1},
+            },
+        )
+        return result.matched_count
+
+    @_translated
+    async def release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
+        ready = []
+        for child_id in children:
+            record = await self._release_child(workflow_id, parent_action_id, child_id)
+            if record is not None:
+                ready.append(record)
+        return ready
+
+    async def _release_child(
+        self, workflow_id: str, parent: int, child_id: int
+    ) -> ActionRecord | None:
+        """Release `parent` from one child; the child's record when it became READY."""
+        _id = _action_id(workflow_id, child_id)
+        _, now_us = self._now()
+        touched: Doc = {"$set": {"updated_at_us": now_us}, "$inc": {"version": 1}}
+        # 1. The last parent: one CAS empties the set and flips WAITING → READY.
+        #    "Exactly [parent]" is written $size 1 + $all: nx-27017 cannot match an
+        #    array literal (it fails binding the list) and has no $not.
+        doc = await self._actions.find_one_and_update(
+            {
+                "_id": _id,
+                "state": ActionState.WAITING.value,
+                "waiting_on": {"$size": 1, "$all": [parent]},
+            },
+            {
+                "$set": {
+                    "state": ActionState.READY.value,
+                    "waiting_on": [],
+                    "updated_at_us": now_us,
+                },
+                "$inc": {"version": 1},
+            },
+            return_document=_AFTER,
+        )
+        if doc is not None:
+            return _action(doc)
+        # 2. Otherwise pull the parent, if it is still there (so a second release changes
+        #    nothing). Each $pull is atomic, so of parents finishing at once exactly one
+        #    sees the set empty afterwards and does step 3.
+        doc = await self._actions.find_one_and_update(
+            {"_id": _id, "waiting_on": parent},
+            {**touched, "$pull": {"waiting_on": parent}},
+            return_document=_AFTER,
+        )
+        if doc is not None and (doc["waiting_on"] or doc["state"] != ActionState.WAITING.value):
+            return None
+        # 3. WAITING with nothing left to wait for: flip it. Reached after the last
+        #    concurrent pull, or on a retried release after a crash between a pull and
+        #    this CAS; otherwise it matches nothing and changes nothing.
+        doc = await self._actions.find_one_and_update(
+            {"_id": _id, "state": ActionState.WAITING.value, "waiting_on": {"$size": 0}},
+            {**touched, "$set": {"state": ActionState.READY.value, "updated_at_us": now_us}},
+            return_document=_AFTER,
+        )
+        return None if doc is None else _action(doc)
+
+    # ------------------------------------------------------------------- datasets
+
+    @_translated
+    async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
+        doc = await self._datasets.find_one({"_id": dataset_id})
+        return None if doc is None else _dataset(doc)
+
+    @_translated
+    async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
+        if not dataset_ids:
+            return {}
+        found = self._datasets.find({"_id": {"$in": sorted(set(dataset_ids))}})
+        return {d["_id"]: _dataset(d) for d in await found.to_list(None)}
+
+    @_translated
+    async def list_datasets(
+        self,
+        *,
+        state: DatasetState | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[DatasetRecord]:
+        query: Doc = {} if state is None else {"state": state.value}
+        docs = await self._page(self._datasets, query, limit, cursor)
+        return _make_page([_dataset(d) for d in docs], limit)
+
+    @_translated
+    async def transition_dataset(
+        self,
+        dataset_id: str,
+        expected: Collection[DatasetState],
+        new: DatasetState,
+        changes: DatasetChanges = _NO_DATASET_CHANGES,
+        *,
+        if_unclaimed: bool = False,
+    ) -> DatasetRecord | None:
+        query: Doc = {"_id": dataset_id, "state": {"$in": _values(expected)}}
+        if if_unclaimed:
+            query["claims"] = {"$size": 0}
+        _, now_us = self._now()
+        fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
+        doc = await self._datasets.find_one_and_update(
+            query, {"$set": fields, "$inc": {"version": 1}}, return_document=_AFTER
+        )
+        if doc is None:
+            logger.debug(
+                "dataset %s not moved to %s: lost the compare-and-set",
+                dataset_id,
+                new,
+                extra={"event": "cas_lost", "dataset_id": dataset_id},
+            )
+            return None
+        return _dataset(doc)
+
+    async def _update_dataset(self, query: Doc, update: Doc) -> DatasetRecord | None:
+        _, now_us = self._now()
+        update = {**update, "$inc": {**update.get("$inc", {}), "version": 1}}
+        update["$set"] = {**update.get("$set", {}), "updated_at_us": now_us}
+        doc = await self._datasets.find_one_and_update(query, update, return_document=_AFTER)
+        return None if doc is None else _dataset(doc)
+
+    @_translated
+    async def add_dataset_claim(
+        self, dataset_id: str, claim: str, allowed: Collection[DatasetState]
+    ) -> DatasetRecord | None:
+        if not allowed:
+            return None
+        in_allowed: Doc = {"_id": dataset_id, "state": {"$in": _values(allowed)}}
+        # "Not already claimed" is $nin, not $ne: nx-27017 applies $ne to the array as
+        # a whole (so it always matches) but $nin element-wise, like MongoDB.
+        added = await self._update_dataset(
+            {**in_allowed, "claims": {"$nin": [claim]}}, {"$addToSet": {"claims": claim}}
+        )
+        if added is not None:
+            return added
+        # Already claimed (an idempotent repeat), or not in an allowed state (None).
+        doc = await self._datasets.find_one({**in_allowed, "claims": claim})
+        return None if doc is None else _dataset(doc)
+
+    @_translated
+    async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        removed = await self._update_dataset(
+            {"_id": dataset_id, "claims": claim}, {"$pull": {"claims": claim}}
+        )
+        if removed is not None:
+            return removed
+        doc = await self._datasets.find_one({"_id": dataset_id})
+        return None if doc is None else _dataset(doc)
+
+    @_translated
+    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+        _, now_us = self._now()
+        return await self._update_dataset(
+            {"_id": dataset_id},
+            {"$inc": {"use_count": 1}, "$set": {"last_used_at_us": now_us}},
+        )
+
+    @_translated
+    async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
+        changed = await self._update_dataset(
+            {"_id": dataset_id, "pinned": not pinned}, {"$set": {"pinned": pinned}}
+        )
+        if changed is not None:
+            return changed
+        doc = await self._datasets.find_one({"_id": dataset_id})
+        return None if doc is None else _dataset(doc)
+
+    @_translated
+    async def list_deletable_datasets(
+        self, stale_s: float, limit: int = 100
+    ) -> list[DatasetRecord]:
+        if limit <= 0:
+            return []
+        now, _ = self._now()
+        stale_us = _us(now - timedelta(seconds=stale_s))
+        found = self._datasets.find(
+            {
+                "$or": [
+                    {"state": DatasetState.STORED_TO_DELETE.value, "claims": {"$size": 0}},
+                    {
+                        "state": {"$in": _values({DatasetState.PROCESSING, DatasetState.DELETING})},
+                        "updated_at_us": {"$lte": stale_us},
+                    },
+                ]
+            },
+            sort=_OLDEST_DATASET,
+        ).limit(limit)
+        return [_dataset(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def list_retention_candidates(self) -> list[DatasetRecord]:
+        found = self._datasets.find({"state": DatasetState.STORED.value}, sort=_OLDEST_DATASET)
+        return [_dataset(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def bytes_by_state(self) -> dict[DatasetState, int]:
+        # Summed from a projection rather than a $group, for the same reason as count_actions.
+        found = self._datasets.find({}, {"state": 1, "size_bytes": 1, "_id": 0})
+        totals: dict[DatasetState, int] = {}
+        for doc in await found.to_list(None):
+            state = DatasetState(doc["state"])
+            totals[state] = totals.get(state, 0) + (doc.get("size_bytes") or 0)
+        return totals
+
+    # --------------------------------------------------------------------- events
+
+    @_translated
+    async def append_event(
+        self,
+        kind: str,
+        *,
+        dataset_id: str | None = None,
+        workflow_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        # A counter document hands out sequence numbers; a crash between the two writes
+        # leaves a gap in the sequence, never a duplicate.
+        counter = await self._counters.find_one_and_update(
+            {"_id": "events"}, {"$inc": {"seq": 1}}, upsert=True, return_document=_AFTER
+        )
+        assert counter is not None  # an upsert with return_document=AFTER returns the document
+        now, now_us = self._now()
+        event = EventRecord(
+            seq=counter["seq"],
+            kind=kind,
+            at=now,
+            dataset_id=dataset_id,
+            workflow_id=workflow_id,
+            payload=payload,
+        )
+        await self._events.insert_one(
+            {
+                "_id": event.seq,
+                "seq": event.seq,
+                "kind": kind,
+                "at_us": now_us,
+                "dataset_id": dataset_id,
+                "workflow_id": workflow_id,
+                "payload": _dump_json(payload),
+            }
+        )
+        return event
+
+    @_translated
+    async def list_events(
+        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+    ) -> list[EventRecord]:
+        if limit <= 0:
+            return []
+        query: Doc = {}
+        if kind is not None:
+            query["kind"] = kind
+        if dataset_id is not None:
+            query["dataset_id"] = dataset_id
+        found = self._events.find(query, sort=[("seq", pymongo.DESCENDING)]).limit(limit)
+        return [_event(d) for d in await found.to_list(None)]
+
+    # ---------------------------------------------------------------------- users
+
+    @_translated
+    async def create_user(self, user: UserRecord) -> UserRecord:
+        try:
+            await self._users.insert_one(_user_doc(user))
+        except DuplicateKeyError as exc:
+            if await self._users.find_one({"_id": user.name}, {"_id": 1}) is not None:
+                raise errors.Conflict(f"user {user.name!r} already exists") from exc
+            raise errors.Conflict("another user has the same token") from exc
+        return user
+
+    @_translated
+    async def get_user(self, name: str) -> UserRecord | None:
+        doc = await self._users.find_one({"_id": name})
+        return None if doc is None else _user(doc)
+
+    @_translated
+    async def get_user_by_token_hash(self, token_hash: str) -> UserRecord | None:
+        doc = await self._users.find_one({"token_hash": token_hash})
+        return None if doc is None else _user(doc)
+
+    @_translated
+    async def list_users(self) -> list[UserRecord]:
+        found = self._users.find({}, sort=[("_id", pymongo.ASCENDING)])
+        return [_user(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def delete_user(self, name: str) -> bool:
+        result = await self._users.delete_one({"_id": name})
+        return result.deleted_count > 0
+
+
+#: Oldest update first; ties in the memory store's order (workflow id, then action id).
+_OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
+#: Oldest update first, then by id.
+_OLDEST_DATASET = [("updated_at_us", 1), ("_id", 1)]
+
+
+def _make_page(items: list[R], limit: int) -> Page[R]:
+    """A page of `limit` items out of up to `limit + 1` fetched newest first."""
+    page = tuple(items[:limit])
+    if len(items) > limit and page:
+        last: Any = page[-1]
+        return Page(items=page, next_cursor=_cursor.encode_cursor(last.created_at, last.id))
+    return Page(items=page, next_cursor=None)
