@@ -95,6 +95,9 @@ ACTION_TRANSITIONS: Mapping[tuple[ActionState, ActionState], frozenset[Trigger]]
     (A.PROCESSING, A.SUBMITTED): frozenset({Trigger.SUBMITTER}),
     (A.PROCESSING, A.READY): frozenset({Trigger.SUBMITTER}),  # handed back on shutdown
     (A.PROCESSING, A.KILLED): frozenset({Trigger.USER, Trigger.CALLBACK}),
+    # The executor's external id is recorded once submit returns (no state change).
+    (A.SUBMITTED, A.SUBMITTED): frozenset({Trigger.SUBMITTER}),
+    (A.RUNNING, A.RUNNING): frozenset({Trigger.SUBMITTER}),
     (A.SUBMITTED, A.RUNNING): frozenset({Trigger.CALLBACK}),
     (A.SUBMITTED, A.FINISHED): frozenset({Trigger.CALLBACK, Trigger.REAPER}),
     (A.SUBMITTED, A.READY): frozenset({Trigger.SUBMITTER, Trigger.CALLBACK, Trigger.REAPER}),

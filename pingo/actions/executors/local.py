@@ -1,0 +1,376 @@
+"""The local executor: runs `command-line` actions as subprocesses of this node.
+
+- argv is executed as given (no shell unless the argv asks for one, e.g.
+  `["sh", "-c", "…"]`), in its own session so that a timeout or a kill reaches
+  the whole process group.
+- Placeholders (see `placeholders`): `{output}` and `{input:<parentId>}` anywhere in
+  an argument; `{inputs}` as a whole argument expands to one argument per input
+  path (ascending parent id), inside a longer argument to the paths joined by
+  commas. The same values are in `PINGO_OUTPUT`, `PINGO_INPUT_<parentId>`,
+  `PINGO_INPUTS` (a JSON object parent id → path), with `PINGO_WORKFLOW_ID` and
+  `PINGO_ACTION_ID`. The action's own `env` is applied first (placeholders resolved
+  in its values), the `PINGO_*` variables last, on the server's environment minus
+  anything that looks like a secret (`*TOKEN*`, `*SECRET*`, `*PASSWORD*`).
+- Output: the executor creates the parent directory of `{output}` (the staging
+  path) and nothing at `{output}` itself; the command creates a file or a
+  directory there (or nothing, an empty dataset). Promotion onto the dataset
+  path happens in the success callback, so a partial output never looks stored.
+- stdout and stderr go to the attempt's log file.
+- Slots: `submit` waits for a free slot, starts the process and returns its
+  external id `"<pid>@<node id>"` (unique across restarts, so a pid recycled after
+  a crash is never mistaken for the old work). The wait bounds the submitters,
+  which hold only what the scraper claimed.
+
+Exit is watched through a pidfd registered with the event loop, and processes
+are started with `subprocess.Popen` (vfork/posix_spawn, no `preexec_fn`):
+asyncio's subprocess transports cost a thread or pipes per child, which matters
+when actions are as cheap as `true`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pingo import errors
+from pingo.actions.executors import placeholders
+from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
+from pingo.actions.executors.client import ensure_local_parent
+from pingo.config import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between SIGTERM and SIGKILL when a process group is stopped.
+KILL_GRACE_S = 5.0
+#: Bytes of the log's end quoted in a failure's error.
+LOG_TAIL_BYTES = 2000
+
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def server_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment without its secrets (PINGO_ADMIN_TOKEN, *TOKEN*, …)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if not _SECRET_NAME.search(k)}
+
+
+class ExecutorClosed(errors.PingoError):
+    """The executor is shutting down and accepts no more work."""
+
+    code = "EXECUTOR_CLOSED"
+
+
+@dataclass(slots=True, eq=False)
+class _Process:
+    popen: subprocess.Popen[bytes]
+    submission: Submission
+    external_id: str
+    started: float
+    pidfd: int | None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Why we stopped it, if we did: "killed" or "timeout".
+    stopped_for: str | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+class LocalExecutor:
+    """Runs `command-line` actions as local subprocesses with bounded concurrency."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        *,
+        slots: int,
+        node_id: str,
+        environ: Mapping[str, str] | None = None,
+        kill_grace_s: float = KILL_GRACE_S,
+        close_grace_s: float = 5.0,
+    ) -> None:
+        if slots < 1:
+            raise errors.ConfigurationError(f"local slots must be at least 1, not {slots}")
+        self.reporter = reporter
+        self.slots = slots
+        self.node_id = node_id
+        self.kill_grace_s = kill_grace_s
+        self.close_grace_s = close_grace_s
+        self._base_env = server_environment(environ)
+        self._slots: asyncio.Semaphore | None = None
+        self._procs: dict[str, _Process] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dirs: set[str] = set()
+        self._closing = False
+
+    # ------------------------------------------------------------------ protocol
+
+    async def start(self) -> None:
+        """Create the slots (on the running loop)."""
+        self._slots = asyncio.Semaphore(self.slots)
+        self._closing = False
+
+    async def close(self) -> None:
+        """Accept no more work; let running processes finish for a short grace.
+
+        What is still running then is stopped without a report: its lease
+        expires and the reaper hands the action to another attempt, as after a
+        crash. Reporting it failed or killed would charge the user for our stop.
+        """
+        self._closing = True
+        running = list(self._procs.values())
+        if running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(p.exited.wait() for p in running)), self.close_grace_s
+                )
+        remaining = list(self._procs.values())
+        for proc in remaining:
+            proc.stopped_for = "shutdown"
+            _killpg(proc.popen.pid, signal.SIGKILL)
+        if remaining:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(p.exited.wait() for p in remaining)), self.kill_grace_s
+                )
+        # Report tasks already under way finish; they are short store writes.
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def submit(self, submission: Submission) -> str:
+        """Wait for a slot, start the process, return `"<pid>@<node id>"`."""
+        if self._closing:
+            raise ExecutorClosed()
+        if self._slots is None:
+            await self.start()
+        assert self._slots is not None
+        argv, env = self._prepare(submission)
+        await self._slots.acquire()
+        try:
+            if self._closing:
+                raise ExecutorClosed()
+            proc = self._spawn(submission, argv, env)
+        except BaseException:
+            self._slots.release()
+            raise
+        logger.debug(
+            "started %s for %s/%s attempt %d",
+            proc.external_id,
+            submission.workflow_id,
+            submission.action_id,
+            submission.attempt,
+            extra={"event": "local_started", "external_id": proc.external_id},
+        )
+        return proc.external_id
+
+    async def kill(self, external_id: str) -> None:
+        """Stop the process group (SIGTERM, SIGKILL after a grace); it reports `killed`."""
+        proc = self._procs.get(external_id)
+        if proc is None:
+            return
+        if proc.stopped_for is None:
+            proc.stopped_for = "killed"
+        await self._terminate(proc)
+
+    async def status(self, external_id: str) -> ExecutorStatus:
+        """RUNNING while this executor's process runs; UNKNOWN otherwise.
+
+        A finished process has already reported; anything else (another node's
+        pid, a pid from before a restart) is work nobody will report on.
+        """
+        proc = self._procs.get(external_id)
+        if proc is not None and proc.popen.returncode is None:
+            return ExecutorStatus.RUNNING
+        return ExecutorStatus.UNKNOWN
+
+    @property
+    def running(self) -> int:
+        """Processes running now."""
+        return len(self._procs)
+
+    # ------------------------------------------------------------------ internals
+
+    def _prepare(self, submission: Submission) -> tuple[list[str], dict[str, str]]:
+        definition = submission.definition
+        command = definition.get("command")
+        if not isinstance(command, list) or not command:
+            raise errors.ConfigurationError(
+                f"action {submission.action_id} has no command to run (expected an argv list)"
+            )
+        output, inputs = _local(submission.output_path), submission.inputs
+        argv = placeholders.resolve_argv([str(a) for a in command], output, inputs)
+        env = dict(self._base_env)
+        own_env: Any = definition.get("env") or {}
+        for key, value in own_env.items():
+            env[str(key)] = placeholders.resolve_argument(str(value), output, inputs)
+        env.update(
+            placeholders.environment(output, inputs, submission.workflow_id, submission.action_id)
+        )
+        return argv, env
+
+    def _ensure_dir(self, path: str) -> None:
+        # Every attempt of a workflow shares these directories: create each once.
+        if path not in self._dirs:
+            os.makedirs(path, exist_ok=True)
+            self._dirs.add(path)
+
+    def _spawn(self, submission: Submission, argv: list[str], env: dict[str, str]) -> _Process:
+        output = submission.output_path
+        if "://" in output and not output.startswith("file://"):
+            ensure_local_parent(output)
+        else:
+            self._ensure_dir(os.path.dirname(_local(output)) or ".")
+        log_path: Path = submission.log_path
+        self._ensure_dir(str(log_path.parent))
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        started = time.monotonic()
+        external_id = f"{popen.pid}@{self.node_id}"
+        try:
+            pidfd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # pragma: no cover - kernels before 5.3
+            pidfd = None
+        proc = _Process(popen, submission, external_id, started, pidfd)
+        self._procs[external_id] = proc
+        loop = asyncio.get_running_loop()
+        if pidfd is not None:
+            loop.add_reader(pidfd, self._on_exit, proc)
+        else:  # pragma: no cover
+            self._track(asyncio.to_thread(popen.wait), proc)
+        if submission.timeout_s is not None:
+            proc.timer = loop.call_later(submission.timeout_s, self._on_timeout, proc)
+        return proc
+
+    def _track(self, waiter: Any, proc: _Process) -> None:  # pragma: no cover - no pidfd
+        async def wait() -> None:
+            await waiter
+            self._on_exit(proc)
+
+        self._spawn_task(wait(), proc.external_id)
+
+    def _on_exit(self, proc: _Process) -> None:
+        """The pidfd became readable: the process exited; reap it and report."""
+        if proc.pidfd is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(proc.pidfd)
+            os.close(proc.pidfd)
+            proc.pidfd = None
+        returncode = proc.popen.wait()
+        runtime_s = time.monotonic() - proc.started
+        if proc.timer is not None:
+            proc.timer.cancel()
+        self._procs.pop(proc.external_id, None)
+        if proc.stopped_for is not None:
+            # Stragglers the leader left in its group go with it.
+            _killpg(proc.popen.pid, signal.SIGKILL)
+        proc.exited.set()
+        assert self._slots is not None
+        self._slots.release()
+        if proc.stopped_for == "shutdown":
+            return
+        self._spawn_task(self._report(proc, returncode, runtime_s), proc.external_id)
+
+    def _spawn_task(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"pingo-local-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
+        sub = proc.submission
+        try:
+            if proc.stopped_for == "killed":
+                await self.reporter.killed(sub.callback_id, sub.attempt)
+            elif proc.stopped_for == "timeout":
+                await self.reporter.failed(
+                    sub.callback_id, sub.attempt, f"timed out after {sub.timeout_s:g} s"
+                )
+            elif returncode == 0:
+                await self.reporter.success(sub.callback_id, sub.attempt, runtime_s=runtime_s)
+            else:
+                await self.reporter.failed(
+                    sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
+                )
+        except errors.PingoError as exc:
+            # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
+            # the callbacks decided; nothing is left for us to do.
+            logger.warning(
+                "report for %s/%s attempt %d refused: %s",
+                sub.workflow_id,
+                sub.action_id,
+                sub.attempt,
+                exc,
+                extra={"event": "local_report_refused"},
+            )
+        except Exception:
+            # The store may be down; the lease expires and the reaper retries the action.
+            logger.exception(
+                "report for %s/%s attempt %d failed",
+                sub.workflow_id,
+                sub.action_id,
+                sub.attempt,
+                extra={"event": "local_report_failed"},
+            )
+
+    def _on_timeout(self, proc: _Process) -> None:
+        if proc.stopped_for is None:
+            proc.stopped_for = "timeout"
+        self._spawn_task(self._terminate(proc), proc.external_id)
+
+    async def _terminate(self, proc: _Process) -> None:
+        _killpg(proc.popen.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.exited.wait(), self.kill_grace_s)
+        except TimeoutError:
+            _killpg(proc.popen.pid, signal.SIGKILL)
+            await proc.exited.wait()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _local(path: str) -> str:
+    """A `file://` URL as a plain path; anything else as is."""
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _failure(returncode: int, log_path: Path) -> str:
+    if returncode < 0:
+        try:
+            how = f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    else:
+        how = f"exited with status {returncode}"
+    return f"{how}; log tail:\n{_tail(log_path)}"
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(log unavailable: {exc})"
+
+
+def create(settings: Settings, reporter: Reporter) -> LocalExecutor:
+    """Entry point for `command-line` actions."""
+    return LocalExecutor(reporter, slots=settings.local_slots, node_id=settings.node_id)

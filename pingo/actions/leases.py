@@ -1,0 +1,125 @@
+"""What this node holds a lease on, the loop that renews those leases, and per-type limits.
+
+Every action the scraper claims is held from the claim until its work ends
+(or it is handed back): queued (PROCESSING), submitted, running. The renewer
+extends all those leases every `lease_s / 3`, so a live node never loses an
+action to a lease expiry, and a dead node's actions come free within a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pingo import loops, states
+from pingo.store.protocol import ActionRecord, Store
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Held:
+    action_type: str
+    callback_id: str
+    #: Whether it counts against its type's concurrency limit.
+    limited: bool = False
+
+
+class HeldActions:
+    """The actions this node holds, and the per-type concurrency limits they count against."""
+
+    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+        self._held: dict[Key, _Held] = {}
+        self._by_callback: dict[str, Key] = {}
+        self._limits = dict(limits or {})
+        self._semaphores: dict[str, asyncio.Semaphore] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
+    def keys(self) -> list[Key]:
+        """Every held action's key."""
+        return list(self._held)
+
+    def add(self, action: ActionRecord) -> None:
+        """Hold `action` (claimed by this node)."""
+        if action.key not in self._held:
+            self._held[action.key] = _Held(action.type, action.callback_id)
+            self._by_callback[action.callback_id] = action.key
+
+    def remove(self, key: Key) -> None:
+        """Forget `key` (its work ended, or it went back); frees its limit slot."""
+        held = self._held.pop(key, None)
+        if held is None:
+            return
+        self._by_callback.pop(held.callback_id, None)
+        if held.limited:
+            self._semaphores[held.action_type].release()
+
+    def remove_callback(self, callback_id: str) -> None:
+        """Forget the action whose callback id is `callback_id`, if held."""
+        key = self._by_callback.get(callback_id)
+        if key is not None:
+            self.remove(key)
+
+    async def acquire_limit(self, action: ActionRecord) -> None:
+        """Wait until `action`'s type is under its limit, then count it (no limit: no wait)."""
+        limit = self._limits.get(action.type)
+        if limit is None:
+            return
+        semaphore = self._semaphores.get(action.type)
+        if semaphore is None:
+            semaphore = self._semaphores[action.type] = asyncio.Semaphore(max(1, limit))
+        await semaphore.acquire()
+        held = self._held.get(action.key)
+        if held is None or held.limited:
+            semaphore.release()
+        else:
+            held.limited = True
+
+
+class LeaseRenewer(loops.Loop):
+    """Renews this node's leases on everything it holds, every `lease_s / 3`."""
+
+    name = "lease-renewer"
+
+    def __init__(self, store: Store, node_id: str, held: HeldActions, lease_s: float) -> None:
+        super().__init__(interval_s=lease_s / 3)
+        self.store = store
+        self.node_id = node_id
+        self.held = held
+        self.lease_s = lease_s
+
+    async def run_once(self) -> bool:
+        keys = self.held.keys()
+        if not keys:
+            return False
+        renewed = await self.store.renew_leases(self.node_id, keys, self.lease_s)
+        if renewed < len(keys):
+            await self._forget_lost(keys)
+        return False
+
+    async def _forget_lost(self, keys: list[Key]) -> None:
+        # Some work ended through a callback this node did not see (another
+        # node's HTTP endpoint), or another node took an action over: stop
+        # renewing those, so that per-type limits free their slots.
+        for key in keys:
+            action = await self.store.get_action(*key)
+            if (
+                action is None
+                or action.owner != self.node_id
+                or action.state not in states.ACTION_ACTIVE
+            ):
+                self.held.remove(key)
+                logger.debug(
+                    "no longer holding %s/%s",
+                    *key,
+                    extra={"event": "lease_forgotten"},
+                )

@@ -1,0 +1,149 @@
+"""The reaper: resolves SUBMITTED/RUNNING actions whose lease expired.
+
+A live node renews the leases of everything it holds, so an expired lease
+means the node died or lost touch, or a callback never came. After a grace
+(`reconcile_grace_s`, for late callbacks from a cluster), the reaper asks the
+action's executor what it knows (`Reaper.executor_status`, the seam cluster
+reconciliation extends) and resolves the action through the callbacks:
+
+- SUCCEEDED → `success`; FAILED → `failed`; KILLED → `killed`;
+- RUNNING → left alone (this node's own work is held again, so its lease renews);
+- UNKNOWN (the local work of a dead node, an executor this node lacks, no
+  external id yet) → `release_lost`: READY again while attempts remain.
+
+Every node may run it: the callbacks' compare-and-set keeps each resolution
+single-effect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Protocol
+
+from pingo import errors, loops, metrics, states
+from pingo.actions.executors import base
+from pingo.actions.leases import HeldActions
+from pingo.config import Settings
+from pingo.store.protocol import ActionRecord, Store
+
+logger = logging.getLogger(__name__)
+
+A = states.ActionState
+
+
+class Resolver(Protocol):
+    """The callbacks the reaper resolves actions through (`CallbackService`)."""
+
+    async def success(
+        self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+    ) -> object: ...
+
+    async def failed(self, callback_id: str, attempt: int, error: str) -> object: ...
+
+    async def killed(self, callback_id: str, attempt: int) -> object: ...
+
+    async def release_lost(self, action: ActionRecord, reason: str) -> object: ...
+
+
+class Reaper(loops.Loop):
+    """Resolves actions whose node or callback went missing."""
+
+    name = "reaper"
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        executors: Mapping[str, base.Executor],
+        callbacks: Resolver,
+        held: HeldActions,
+        *,
+        batch: int = 100,
+    ) -> None:
+        super().__init__(interval_s=max(0.05, min(settings.lease_s / 3, settings.poll_interval_s)))
+        self.store = store
+        self.node_id = settings.node_id
+        self.grace = timedelta(seconds=settings.reconcile_grace_s)
+        self.executors = executors
+        self.callbacks = callbacks
+        self.held = held
+        self.batch = batch
+
+    async def run_once(self) -> bool:
+        expired = await self.store.list_actions_in_states(
+            {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
+        )
+        now = self.store.clock()
+        resolved = 0
+        for action in expired:
+            if action.key in self.held:
+                # Ours, and the renewer is on it (the lease lapsed between two renewals).
+                continue
+            if action.lease_expires_at is not None and action.lease_expires_at + self.grace > now:
+                continue
+            if await self.reconcile(action):
+                resolved += 1
+        return resolved > 0 and len(expired) == self.batch
+
+    async def executor_status(self, action: ActionRecord) -> base.ExecutorStatus:
+        """What the action's executor on this node knows of its work."""
+        executor = self.executors.get(action.type)
+        if executor is None or action.external_id is None:
+            return base.ExecutorStatus.UNKNOWN
+        return await executor.status(action.external_id)
+
+    async def reconcile(self, action: ActionRecord) -> bool:
+        """Resolve one expired action; True when its state was acted upon."""
+        status = await self.executor_status(action)
+        if status is base.ExecutorStatus.RUNNING:
+            if action.owner == self.node_id:
+                self.held.add(action)
+            return False
+        try:
+            await self._resolve(action, status)
+        except errors.NotFound:
+            return False
+        except errors.Conflict as exc:
+            # Someone resolved it first (a late callback, another node's reaper).
+            logger.debug(
+                "reconciling %s/%s lost: %s",
+                action.workflow_id,
+                action.action_id,
+                exc,
+                extra={"event": "reconcile_lost"},
+            )
+            return False
+        metrics.RECONCILIATIONS.labels(outcome=status.value.lower()).inc()
+        logger.info(
+            "reconciled %s/%s attempt %d (executor says %s)",
+            action.workflow_id,
+            action.action_id,
+            action.attempts,
+            status.value,
+            extra={
+                "event": "action_reconciled",
+                "workflow_id": action.workflow_id,
+                "action_id": action.action_id,
+                "status": status.value,
+            },
+        )
+        return True
+
+    async def _resolve(self, action: ActionRecord, status: base.ExecutorStatus) -> None:
+        callback_id, attempt = action.callback_id, action.attempts
+        if status is base.ExecutorStatus.SUCCEEDED:
+            await self.callbacks.success(callback_id, attempt)
+        elif status is base.ExecutorStatus.FAILED:
+            await self.callbacks.failed(
+                callback_id, attempt, "the executor reports that the work failed"
+            )
+        elif status is base.ExecutorStatus.KILLED:
+            await self.callbacks.killed(callback_id, attempt)
+        else:
+            await self.callbacks.release_lost(
+                action,
+                f"the lease of node {action.owner} expired and no executor here knows "
+                f"attempt {attempt}",
+            )

@@ -1,0 +1,242 @@
+"""Submitters: take claimed actions from the queue and hand them to their executors.
+
+Each submitter, for each action: waits for its type's concurrency limit, moves
+it PROCESSING → SUBMITTED by compare-and-set (only if this node still owns it;
+`attempts + 1`, a fresh lease, `started_at`), resolves its output (the staging
+path, or the user's `outputPath` when unmanaged) and its inputs (the parents'
+dataset paths), and calls `executor.submit`. A submit error goes to
+`CallbackService.submit_failed` (READY with backoff, or FAILED past
+`maxAttempts`). The executor's external id is then recorded on the action, for
+kills and reconciliation.
+
+When the node stops, a submitter hands what it takes back (PROCESSING → READY)
+instead of submitting it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from pingo import errors, loops, metrics, states
+from pingo.actions.executors import base
+from pingo.actions.leases import HeldActions
+from pingo.actions.scraper import ActionQueue, Claimed, Scraper
+from pingo.callbacks import tokens
+from pingo.config import Settings
+from pingo.store.protocol import ActionChanges, ActionRecord, Store
+
+logger = logging.getLogger(__name__)
+
+A = states.ActionState
+
+#: Where a staging path comes from (`DatasetStorage.staging_path`).
+StagingPath = Callable[[str, str, int, int], str]
+#: `CallbackService.submit_failed`.
+SubmitFailed = Callable[[ActionRecord, str], Awaitable[object]]
+
+
+class Submitter(loops.Loop):
+    """One worker of the submitter pool (the node runs `settings.submitters` of them)."""
+
+    name = "submitter"
+
+    def __init__(
+        self,
+        index: int,
+        *,
+        store: Store,
+        settings: Settings,
+        queue: ActionQueue,
+        scraper: Scraper,
+        held: HeldActions,
+        executors: Mapping[str, base.Executor],
+        staging_path: StagingPath,
+        submit_failed: SubmitFailed,
+        secret: bytes,
+        observe_dispatch: Callable[[float], None] = metrics.DISPATCH_SECONDS.observe,
+    ) -> None:
+        super().__init__(interval_s=settings.poll_interval_s)
+        self.name = f"submitter-{index}"
+        self.store = store
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.queue = queue
+        self.scraper = scraper
+        self.held = held
+        self.executors = executors
+        self.staging_path = staging_path
+        self.submit_failed = submit_failed
+        self.secret = secret
+        self.observe_dispatch = observe_dispatch
+
+    def stop(self) -> None:
+        """Finish the action in hand; hand back whatever is taken afterwards."""
+        super().stop()
+        # The queue is unbounded for asyncio (the scraper bounds it), so this never blocks.
+        self.queue.put_nowait(None)
+
+    async def run_once(self) -> bool:
+        item = await self.queue.get()
+        self.scraper.room_freed()
+        if item is None:
+            return False
+        if self.stopping:
+            await hand_back(self.store, self.node_id, self.held, item.action)
+            return True
+        await self.submit(item)
+        return True
+
+    async def submit(self, item: Claimed) -> None:
+        """Submit one claimed action (never raises for the action's own problems)."""
+        action = item.action
+        executor = self.executors.get(action.type)
+        try:
+            await self.held.acquire_limit(action)
+            record = await self._mark_submitted(action, final=executor is None)
+            if record is None:
+                return
+            if executor is None:
+                # Fail at once: no node of this configuration will ever run it.
+                await self.submit_failed(
+                    record, f"no executor for action type {action.type!r} on this node"
+                )
+                self.held.remove(action.key)
+                return
+            try:
+                submission = await self._submission(record)
+                external_id = await executor.submit(submission)
+            except Exception as exc:
+                logger.warning(
+                    "submitting %s/%s attempt %d failed: %s",
+                    record.workflow_id,
+                    record.action_id,
+                    record.attempts,
+                    exc,
+                    extra={"event": "submit_failed", "workflow_id": record.workflow_id},
+                )
+                await self.submit_failed(record, f"submission failed: {exc}")
+                self.held.remove(action.key)
+                return
+            self.observe_dispatch(time.perf_counter() - item.ready_at)
+            await self._record_external_id(record, external_id)
+        except errors.StoreUnavailable as exc:
+            # The lease runs out and another pass (or node) picks the action up again.
+            logger.warning(
+                "store unavailable while submitting %s/%s: %s",
+                action.workflow_id,
+                action.action_id,
+                exc,
+                extra={"event": "submit_store_unavailable"},
+            )
+            self.held.remove(action.key)
+
+    async def _mark_submitted(self, action: ActionRecord, *, final: bool) -> ActionRecord | None:
+        states.ensure_transition(A.PROCESSING, A.SUBMITTED, states.Trigger.SUBMITTER)
+        now = self.store.clock()
+        attempts = action.attempts + 1
+        if final:
+            # submit_failed fails an action past maxAttempts: make this attempt the last.
+            attempts = max(attempts, action.max_attempts)
+        record = await self.store.transition_action(
+            action.workflow_id,
+            action.action_id,
+            {A.PROCESSING},
+            A.SUBMITTED,
+            ActionChanges(
+                attempts=attempts,
+                lease_expires_at=now + timedelta(seconds=self.settings.lease_s),
+                started_at=now,
+                external_id=None,
+                error=None,
+            ),
+            if_owner=self.node_id,
+        )
+        if record is None:
+            # Killed meanwhile, or our lease ran out and another node took it.
+            self.held.remove(action.key)
+            logger.debug(
+                "%s/%s was no longer ours to submit",
+                action.workflow_id,
+                action.action_id,
+                extra={"event": "submit_lost", "workflow_id": action.workflow_id},
+            )
+        else:
+            metrics.ACTION_TRANSITIONS.labels(state=A.SUBMITTED.value).inc()
+        return record
+
+    async def _submission(self, action: ActionRecord) -> base.Submission:
+        definition: Mapping[str, Any] = action.definition
+        if definition.get("isManaged", True) is False:
+            output = str(definition["outputPath"])
+        else:
+            output = self.staging_path(
+                action.dataset_id, action.workflow_id, action.action_id, action.attempts
+            )
+        inputs: dict[int, str] = {}
+        if action.inputs:
+            datasets = await self.store.get_datasets(set(action.inputs.values()))
+            for parent, dataset_id in action.inputs.items():
+                dataset = datasets.get(dataset_id)
+                if dataset is None:
+                    raise errors.NotFound(
+                        f"input dataset {dataset_id} of parent action {parent} does not exist"
+                    )
+                inputs[int(parent)] = dataset.path
+        timeout = definition.get("timeoutSeconds")
+        return base.Submission(
+            workflow_id=action.workflow_id,
+            action_id=action.action_id,
+            attempt=action.attempts,
+            action_type=action.type,
+            definition=definition,
+            output_path=output,
+            inputs=inputs,
+            callback_id=action.callback_id,
+            callback_url=f"{self.settings.base_url}/api/v1/callbacks/{action.callback_id}",
+            callback_token=tokens.sign(self.secret, action.callback_id, action.attempts),
+            timeout_s=float(timeout) if timeout is not None else None,
+            log_path=base.log_path(
+                self.settings.home, action.workflow_id, action.action_id, action.attempts
+            ),
+        )
+
+    async def _record_external_id(self, action: ActionRecord, external_id: str) -> None:
+        # The work may already have reported (RUNNING, or even finished): record
+        # the id in whichever running state it is in; a finished action needs none.
+        for state in (A.SUBMITTED, A.RUNNING):
+            states.ensure_transition(state, state, states.Trigger.SUBMITTER)
+            record = await self.store.transition_action(
+                action.workflow_id,
+                action.action_id,
+                {state},
+                state,
+                ActionChanges(external_id=external_id),
+                if_attempt=action.attempts,
+            )
+            if record is not None:
+                return
+
+
+async def hand_back(store: Store, node_id: str, held: HeldActions, action: ActionRecord) -> None:
+    """Return a claimed, unsubmitted action to READY for any node (the node is stopping)."""
+    states.ensure_transition(A.PROCESSING, A.READY, states.Trigger.SUBMITTER)
+    record = await store.transition_action(
+        action.workflow_id,
+        action.action_id,
+        {A.PROCESSING},
+        A.READY,
+        ActionChanges(owner=None, lease_expires_at=None),
+        if_owner=node_id,
+    )
+    held.remove(action.key)
+    if record is not None:
+        logger.debug(
+            "handed %s/%s back",
+            action.workflow_id,
+            action.action_id,
+            extra={"event": "action_handed_back", "workflow_id": action.workflow_id},
+        )

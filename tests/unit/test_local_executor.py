@@ -1,0 +1,294 @@
+"""The local executor runs real subprocesses and reports through a Reporter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo.actions.executors import base
+from pingo.actions.executors.local import ExecutorClosed, LocalExecutor, create, server_environment
+from pingo.config import Settings
+
+
+@dataclass
+class Recorder:
+    """A Reporter that remembers every report, and signals each one."""
+
+    reports: list[tuple[str, str, int, dict[str, Any]]] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _add(self, kind: str, callback_id: str, attempt: int, **details: Any) -> None:
+        self.reports.append((kind, callback_id, attempt, details))
+        self.event.set()
+
+    async def running(self, callback_id: str, attempt: int) -> object:
+        self._add("running", callback_id, attempt)
+        return None
+
+    async def success(
+        self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+    ) -> object:
+        self._add("success", callback_id, attempt, runtime_s=runtime_s)
+        return None
+
+    async def failed(self, callback_id: str, attempt: int, error: str) -> object:
+        self._add("failed", callback_id, attempt, error=error)
+        return None
+
+    async def killed(self, callback_id: str, attempt: int) -> object:
+        self._add("killed", callback_id, attempt)
+        return None
+
+    async def wait_for(self, count: int, timeout_s: float = 10.0) -> None:
+        async def until() -> None:
+            while len(self.reports) < count:
+                self.event.clear()
+                await self.event.wait()
+
+        await asyncio.wait_for(until(), timeout_s)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def executor(recorder: Recorder) -> Any:
+    ex = LocalExecutor(recorder, slots=2, node_id="node-a", kill_grace_s=1.0, close_grace_s=0.5)
+    await ex.start()
+    yield ex
+    await ex.close()
+
+
+_ids = iter(range(1, 1_000_000))
+
+
+def submission(
+    tmp_path: Path,
+    command: Sequence[str],
+    *,
+    inputs: Mapping[int, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+    attempt: int = 1,
+) -> base.Submission:
+    action_id = next(_ids)
+    definition: dict[str, Any] = {"id": action_id, "type": "command-line", "command": command}
+    if env is not None:
+        definition["env"] = dict(env)
+    return base.Submission(
+        workflow_id="wf1",
+        action_id=action_id,
+        attempt=attempt,
+        action_type="command-line",
+        definition=definition,
+        output_path=str(tmp_path / "data" / ".staging" / f"out.{action_id}.{attempt}"),
+        inputs=dict(inputs or {}),
+        callback_id=f"cb{action_id}",
+        callback_url=f"http://localhost/api/v1/callbacks/cb{action_id}",
+        callback_token="t",
+        timeout_s=timeout_s,
+        log_path=base.log_path(tmp_path / "home", "wf1", action_id, attempt),
+    )
+
+
+def read(path: str | Path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in the group: orphans' zombies wait for init."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command name: state, ppid, pgrp.
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+async def group_gone(pgid: int, timeout_s: float = 2.0) -> bool:
+    """Whether the group empties within `timeout_s` (a SIGKILL is delivered asynchronously)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while group_alive(pgid):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def pid_of(external_id: str) -> int:
+    return int(external_id.split("@", 1)[0])
+
+
+async def test_runs_argv_with_placeholders_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PINGO_ADMIN_TOKEN", "admin-secret")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2")
+    monkeypatch.setenv("SOME_SETTING", "kept")
+    recorder = Recorder()
+    ex = LocalExecutor(recorder, slots=1, node_id="n")
+    await ex.start()
+    script = (
+        "import json, os, sys\n"
+        "out = sys.argv[1]\n"
+        "json.dump({'argv': sys.argv[2:], 'env': dict(os.environ)}, open(out, 'w'))\n"
+        "print('to stdout'); print('to stderr', file=sys.stderr)\n"
+    )
+    sub = submission(
+        tmp_path,
+        [sys.executable, "-c", script, "{output}", "{input:3}", "{inputs}", "x={inputs}", "-"],
+        inputs={7: "/data/b", 3: "/data/a"},
+        env={"MINE": "in={input:7}"},
+    )
+    external_id = await ex.submit(sub)
+    assert external_id.endswith("@n")
+    await recorder.wait_for(1)
+    kind, callback_id, attempt, details = recorder.reports[0]
+    assert (kind, callback_id, attempt) == ("success", sub.callback_id, 1)
+    assert details["runtime_s"] > 0
+    written = json.loads(read(sub.output_path))
+    assert written["argv"] == ["/data/a", "/data/a", "/data/b", "x=/data/a,/data/b", "-"]
+    env = written["env"]
+    assert env["PINGO_OUTPUT"] == sub.output_path
+    assert env["PINGO_INPUT_3"] == "/data/a"
+    assert env["PINGO_INPUT_7"] == "/data/b"
+    assert json.loads(env["PINGO_INPUTS"]) == {"3": "/data/a", "7": "/data/b"}
+    assert env["PINGO_WORKFLOW_ID"] == "wf1"
+    assert env["PINGO_ACTION_ID"] == str(sub.action_id)
+    assert env["MINE"] == "in=/data/b"
+    assert env["SOME_SETTING"] == "kept"
+    assert "PINGO_ADMIN_TOKEN" not in env and "DB_PASSWORD" not in env
+    log = read(sub.log_path)
+    assert "to stdout" in log and "to stderr" in log
+    await ex.close()
+
+
+def test_server_environment_drops_secrets() -> None:
+    env = server_environment(
+        {"PATH": "/bin", "PINGO_TOKEN": "a", "aws_secret_access_key": "b", "X_PASSWORD_Y": "c"}
+    )
+    assert env == {"PATH": "/bin"}
+
+
+async def test_nonzero_exit_reports_failure_with_log_tail(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    sub = submission(tmp_path, ["sh", "-c", "echo something broke >&2; exit 3"])
+    await executor.submit(sub)
+    await recorder.wait_for(1)
+    kind, _, _, details = recorder.reports[0]
+    assert kind == "failed"
+    assert "exited with status 3" in details["error"]
+    assert "something broke" in details["error"]
+
+
+async def test_timeout_kills_the_process_group(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    # The shell's background child shares its process group and must die too.
+    sub = submission(tmp_path, ["sh", "-c", "sleep 60 & sleep 60; wait"], timeout_s=0.3)
+    external_id = await executor.submit(sub)
+    pgid = pid_of(external_id)
+    assert group_alive(pgid)
+    await recorder.wait_for(1)
+    kind, _, _, details = recorder.reports[0]
+    assert kind == "failed"
+    assert details["error"] == "timed out after 0.3 s"
+    assert await group_gone(pgid)
+
+
+async def test_kill_stops_the_group_and_reports_killed(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    sub = submission(tmp_path, ["sh", "-c", "trap '' TERM; sleep 60 & sleep 60; wait"])
+    external_id = await executor.submit(sub)
+    assert await executor.status(external_id) is base.ExecutorStatus.RUNNING
+    # The shell ignores SIGTERM: the kill must escalate to SIGKILL after the grace.
+    await executor.kill(external_id)
+    assert await group_gone(pid_of(external_id))
+    await recorder.wait_for(1)
+    assert recorder.reports[0][0] == "killed"
+    assert await executor.status(external_id) is base.ExecutorStatus.UNKNOWN
+    await executor.kill(external_id)  # idempotent
+    await executor.kill("12345@another-node")
+
+
+async def test_status_of_foreign_or_finished_work_is_unknown(executor: LocalExecutor) -> None:
+    assert await executor.status(f"{os.getpid()}@node-b") is base.ExecutorStatus.UNKNOWN
+    assert await executor.status("garbage") is base.ExecutorStatus.UNKNOWN
+
+
+async def test_slots_bound_concurrency(tmp_path: Path, recorder: Recorder) -> None:
+    ex = LocalExecutor(recorder, slots=2, node_id="n")
+    await ex.start()
+    subs = [submission(tmp_path, ["sleep", "0.3"]) for _ in range(5)]
+    tasks = [asyncio.create_task(ex.submit(s)) for s in subs]
+    await asyncio.sleep(0.1)
+    # Two started; the other submits wait for a slot before starting anything.
+    assert sum(t.done() for t in tasks) == 2
+    assert ex.running == 2
+    await asyncio.gather(*tasks)
+    await recorder.wait_for(5)
+    assert [r[0] for r in recorder.reports] == ["success"] * 5
+    await ex.close()
+
+
+async def test_missing_program_raises_from_submit(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    with pytest.raises(FileNotFoundError):
+        await executor.submit(submission(tmp_path, ["/no/such/program"]))
+    # The slot was given back: work still runs.
+    await executor.submit(submission(tmp_path, ["true"]))
+    await executor.submit(submission(tmp_path, ["true"]))
+    await recorder.wait_for(2)
+
+
+async def test_close_stops_running_work_without_reporting(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    ex = LocalExecutor(recorder, slots=1, node_id="n", close_grace_s=0.2)
+    await ex.start()
+    external_id = await ex.submit(submission(tmp_path, ["sleep", "60"]))
+    await ex.close()
+    assert await group_gone(pid_of(external_id))
+    assert recorder.reports == []
+    with pytest.raises(ExecutorClosed):
+        await ex.submit(submission(tmp_path, ["true"]))
+
+
+async def test_close_lets_short_work_finish(tmp_path: Path, recorder: Recorder) -> None:
+    ex = LocalExecutor(recorder, slots=1, node_id="n", close_grace_s=5)
+    await ex.start()
+    await ex.submit(submission(tmp_path, ["sleep", "0.2"]))
+    await ex.close()
+    assert [r[0] for r in recorder.reports] == ["success"]
+
+
+def test_create_reads_settings(tmp_path: Path, recorder: Recorder) -> None:
+    ex = create(Settings(home=tmp_path, local_slots=3, node_id="me"), recorder)
+    assert ex.slots == 3 and ex.node_id == "me"
+
+
+async def test_signal_death_is_reported(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    await executor.submit(submission(tmp_path, ["sh", "-c", f"kill -{signal.SIGUSR1} $$"]))
+    await recorder.wait_for(1)
+    assert "killed by signal SIGUSR1" in recorder.reports[0][3]["error"]
