@@ -1,0 +1,1294 @@
+"""The embedded default `Store`: one SQLite file, shareable by several processes.
+
+Threading. Each process opens ONE connection and uses it from ONE dedicated
+worker thread (a single-thread executor). Every protocol method runs a whole
+synchronous function there (its statements and its commit) in a single hop
+from the event loop. aiosqlite hops to its thread once per statement and once
+per commit; for a compare-and-set that is three hops instead of one, and the
+hops (not SQLite) dominate the cost of a small transaction.
+
+Concurrency. The file is in WAL mode: readers never block the writer. A write
+of more than one statement starts with BEGIN IMMEDIATE, which takes the write
+lock up front, so two processes never deadlock upgrading a read transaction
+to a write one (SQLITE_BUSY_SNAPSHOT, which no amount of waiting resolves).
+A single UPDATE/INSERT in autocommit mode starts its write transaction before
+it reads, so it needs no explicit BEGIN. A writer waits up to `busy_timeout_s`
+for the lock; past that the call raises `StoreUnavailable`.
+
+Durability. `synchronous` comes from the settings:
+- NORMAL (default): a commit returns once its WAL frames are written to the
+  file (not fsynced). An acknowledged transition survives `kill -9` of the
+  process, since the frames are in the OS page cache, but the last
+  transactions may be lost on power loss or an OS crash. The database is never
+  corrupted either way.
+- FULL: the WAL is fsynced at every commit: an acknowledged transition also
+  survives power loss, at the cost of one fsync per write.
+
+Layout. Timestamps are integer microseconds since the epoch (exact, and
+ordered as numbers). Documents, definitions and other maps are JSON text
+written once on insert and never rewritten by a transition. An action's
+`waiting_on` and a dataset's `claims` are JSON arrays updated by
+read-modify-write under the write lock, so each change is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pingo import errors, states
+from pingo.states import ActionState, DatasetState, WorkflowState
+from pingo.store import _cursor, utcnow
+from pingo.store.memory import plan_upgrades
+from pingo.store.protocol import (
+    ActionChanges,
+    ActionRecord,
+    Clock,
+    DatasetChanges,
+    DatasetPlan,
+    DatasetRecord,
+    EventRecord,
+    Page,
+    UserRecord,
+    WorkflowChanges,
+    WorkflowPlan,
+    WorkflowRecord,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_NO_ACTION_CHANGES = ActionChanges()
+_NO_DATASET_CHANGES = DatasetChanges()
+_NO_WORKFLOW_CHANGES = WorkflowChanges()
+
+_SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+
+#: Schema migrations: step i brings `PRAGMA user_version` from i to i + 1.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE workflows (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            state TEXT NOT NULL,
+            document TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            on_failure TEXT NOT NULL,
+            end_dataset_id TEXT,
+            created_at INTEGER NOT NULL,
+            finished_at INTEGER,
+            idempotency_key TEXT,
+            rerun_of TEXT,
+            error TEXT,
+            version INTEGER NOT NULL
+        )""",
+        # NULL keys are distinct in a UNIQUE index: workflows without a key never collide.
+        "CREATE UNIQUE INDEX workflows_idempotency ON workflows (owner, idempotency_key)",
+        "CREATE INDEX workflows_created ON workflows (created_at, id)",
+        "CREATE INDEX workflows_owner ON workflows (owner, state, created_at, id)",
+        "CREATE INDEX workflows_state ON workflows (state, created_at, id)",
+        "CREATE INDEX workflows_name ON workflows (name, created_at, id)",
+        """CREATE TABLE actions (
+            workflow_id TEXT NOT NULL,
+            action_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            type TEXT NOT NULL,
+            state TEXT NOT NULL,
+            dataset_id TEXT NOT NULL,
+            reused INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            inputs TEXT NOT NULL,
+            waiting_on TEXT NOT NULL,
+            children TEXT NOT NULL,
+            callback_id TEXT NOT NULL UNIQUE,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            attempts INTEGER NOT NULL,
+            max_attempts INTEGER NOT NULL,
+            owner TEXT,
+            lease_expires_at INTEGER,
+            not_before INTEGER,
+            external_id TEXT,
+            error TEXT,
+            started_at INTEGER,
+            finished_at INTEGER,
+            runtime_s REAL,
+            version INTEGER NOT NULL,
+            PRIMARY KEY (workflow_id, action_id)
+        )""",
+        # The scraper's READY scan and list_actions_in_states, oldest update first.
+        "CREATE INDEX actions_state_updated ON actions (state, updated_at)",
+        # Expired leases: reclaim of PROCESSING, the reaper's SUBMITTED/RUNNING scan.
+        "CREATE INDEX actions_state_lease ON actions (state, lease_expires_at)",
+        """CREATE TABLE datasets (
+            id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            path TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            action_type TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            parents TEXT NOT NULL,
+            producer_workflow_id TEXT NOT NULL,
+            producer_action_id INTEGER NOT NULL,
+            is_managed INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            claims TEXT NOT NULL,
+            size_bytes INTEGER,
+            compute_s REAL,
+            use_count INTEGER NOT NULL,
+            last_used_at INTEGER,
+            stored_at INTEGER,
+            pinned INTEGER NOT NULL,
+            version INTEGER NOT NULL
+        )""",
+        # The deletor and retention scans (by state, oldest update first).
+        "CREATE INDEX datasets_state_updated ON datasets (state, updated_at)",
+        "CREATE INDEX datasets_created ON datasets (created_at, id)",
+        "CREATE INDEX datasets_state_created ON datasets (state, created_at, id)",
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            dataset_id TEXT,
+            workflow_id TEXT,
+            payload TEXT
+        )""",
+        "CREATE INDEX events_kind ON events (kind, seq)",
+        "CREATE INDEX events_dataset ON events (dataset_id, seq)",
+        """CREATE TABLE users (
+            name TEXT PRIMARY KEY,
+            token_hash TEXT NOT NULL UNIQUE,
+            is_admin INTEGER NOT NULL,
+            created_at INTEGER NOT NULL
+        )""",
+    ),
+)
+
+_WORKFLOW_COLUMNS = (
+    "id, name, owner, state, document, scope, on_failure, end_dataset_id, created_at, "
+    "finished_at, idempotency_key, rerun_of, error, version"
+)
+_ACTION_COLUMNS = (
+    "workflow_id, action_id, name, type, state, dataset_id, reused, reason, definition, "
+    "inputs, waiting_on, children, callback_id, created_at, updated_at, attempts, "
+    "max_attempts, owner, lease_expires_at, not_before, external_id, error, started_at, "
+    "finished_at, runtime_s, version"
+)
+_DATASET_COLUMNS = (
+    "id, state, path, scope, action_type, definition, parents, producer_workflow_id, "
+    "producer_action_id, is_managed, created_at, updated_at, claims, size_bytes, compute_s, "
+    "use_count, last_used_at, stored_at, pinned, version"
+)
+_EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload"
+_USER_COLUMNS = "name, token_hash, is_admin, created_at"
+
+_ACTION_INSERT = f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 26)})"
+_DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+
+#: Changes fields stored as timestamps (microseconds).
+_TIME_FIELDS = frozenset(
+    {"lease_expires_at", "not_before", "started_at", "finished_at", "stored_at", "last_used_at"}
+)
+
+_EPOCH = _cursor.from_micros(0)
+_US = timedelta(microseconds=1)
+
+#: Parsed immutable action columns (definition, inputs, children) by action key; they
+#: never change after insert, so decoding them once per process is enough.
+_ParsedAction = tuple[Mapping[str, Any], Mapping[int, str], tuple[int, ...]]
+_PARSED_CACHE_SIZE = 50_000
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _us(at: datetime) -> int:
+    return _cursor.to_micros(at)
+
+
+def _us_or_none(at: datetime | None) -> int | None:
+    return None if at is None else _cursor.to_micros(at)
+
+
+def _dt(micros: int | None) -> datetime | None:
+    return None if micros is None else _EPOCH + micros * _US
+
+
+def _dt_req(micros: int) -> datetime:
+    return _EPOCH + micros * _US
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join("?" * count)
+
+
+def _workflow(row: Sequence[Any]) -> WorkflowRecord:
+    return WorkflowRecord(
+        id=row[0],
+        name=row[1],
+        owner=row[2],
+        state=WorkflowState(row[3]),
+        document=json.loads(row[4]),
+        scope=row[5],
+        on_failure=row[6],
+        end_dataset_id=row[7],
+        created_at=_dt_req(row[8]),
+        finished_at=_dt(row[9]),
+        idempotency_key=row[10],
+        rerun_of=row[11],
+        error=row[12],
+        version=row[13],
+    )
+
+
+def _workflow_params(w: WorkflowRecord) -> tuple[Any, ...]:
+    return (
+        w.id,
+        w.name,
+        w.owner,
+        w.state.value,
+        _dumps(w.document),
+        w.scope,
+        w.on_failure,
+        w.end_dataset_id,
+        _us(w.created_at),
+        _us_or_none(w.finished_at),
+        w.idempotency_key,
+        w.rerun_of,
+        w.error,
+        w.version,
+    )
+
+
+def _action_params(a: ActionRecord) -> tuple[Any, ...]:
+    return (
+        a.workflow_id,
+        a.action_id,
+        a.name,
+        a.type,
+        a.state.value,
+        a.dataset_id,
+        int(a.reused),
+        a.reason,
+        _dumps(a.definition),
+        _dumps([[parent, dataset] for parent, dataset in a.inputs.items()]),
+        _dumps(list(a.waiting_on)),
+        _dumps(list(a.children)),
+        a.callback_id,
+        _us(a.created_at),
+        _us(a.updated_at),
+        a.attempts,
+        a.max_attempts,
+        a.owner,
+        _us_or_none(a.lease_expires_at),
+        _us_or_none(a.not_before),
+        a.external_id,
+        a.error,
+        _us_or_none(a.started_at),
+        _us_or_none(a.finished_at),
+        a.runtime_s,
+        a.version,
+    )
+
+
+def _dataset(row: Sequence[Any]) -> DatasetRecord:
+    return DatasetRecord(
+        id=row[0],
+        state=DatasetState(row[1]),
+        path=row[2],
+        scope=row[3],
+        action_type=row[4],
+        definition=json.loads(row[5]),
+        parents=tuple(json.loads(row[6])),
+        producer_workflow_id=row[7],
+        producer_action_id=row[8],
+        is_managed=bool(row[9]),
+        created_at=_dt_req(row[10]),
+        updated_at=_dt_req(row[11]),
+        claims=tuple(json.loads(row[12])),
+        size_bytes=row[13],
+        compute_s=row[14],
+        use_count=row[15],
+        last_used_at=_dt(row[16]),
+        stored_at=_dt(row[17]),
+        pinned=bool(row[18]),
+        version=row[19],
+    )
+
+
+def _event(row: Sequence[Any]) -> EventRecord:
+    return EventRecord(
+        seq=row[0],
+        kind=row[1],
+        at=_dt_req(row[2]),
+        dataset_id=row[3],
+        workflow_id=row[4],
+        payload=None if row[5] is None else json.loads(row[5]),
+    )
+
+
+def _user(row: Sequence[Any]) -> UserRecord:
+    return UserRecord(
+        name=row[0], token_hash=row[1], is_admin=bool(row[2]), created_at=_dt_req(row[3])
+    )
+
+
+def _column_value(name: str, value: Any) -> Any:
+    if name in _TIME_FIELDS or name == "created_at":
+        return _us_or_none(value)
+    return value
+
+
+def _set_clause(changes: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
+    """`, col = ?…` for the changed fields and their column values."""
+    sql = []
+    params = []
+    for name, value in changes:
+        sql.append(f", {name} = ?")
+        params.append(_column_value(name, value))
+    return "".join(sql), params
+
+
+def path_from_url(url: str) -> str:
+    """The file path of `sqlite:///abs/path.db` (also `sqlite:////abs/path.db`)."""
+    if not url.startswith("sqlite://"):
+        raise errors.ConfigurationError(f"not a sqlite URL: {url!r}")
+    rest = url[len("sqlite://") :].split("?", 1)[0]
+    if rest.startswith("/"):
+        rest = "/" + rest.lstrip("/")
+    if not rest:
+        raise errors.ConfigurationError(f"the sqlite URL {url!r} names no file")
+    return rest
+
+
+class SQLiteStore:
+    """The `Store` protocol on one SQLite file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Clock = utcnow,
+        synchronous: str = "NORMAL",
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        sync = synchronous.upper()
+        if sync not in _SYNCHRONOUS:
+            raise errors.ConfigurationError(
+                f"sqlite synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
+            )
+        self.clock = clock
+        self.path = str(path)
+        self.synchronous = sync
+        self.busy_timeout_s = busy_timeout_s
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._parsed: dict[tuple[str, int], _ParsedAction] = {}
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, clock: Clock = utcnow, synchronous: str = "NORMAL"
+    ) -> SQLiteStore:
+        """A store on the file `sqlite:///path` names (not opened yet)."""
+        return cls(path_from_url(url), clock=clock, synchronous=synchronous)
+
+    # ------------------------------------------------------------ life cycle
+
+    async def __aenter__(self) -> Self:
+        if self._executor is not None:
+            raise errors.ConfigurationError("the store is already open")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pingo-sqlite")
+        try:
+            await self._run(self._open)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        executor = self._executor
+        if executor is None:
+            return
+        try:
+            await self._run(self._close)
+        finally:
+            self._executor = None
+            executor.shutdown(wait=True)
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout_s,
+            isolation_level=None,  # autocommit: transactions are explicit
+            cached_statements=1024,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal" and self.path != ":memory:":
+                raise errors.StoreUnavailable(f"{self.path}: cannot use WAL (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.execute("PRAGMA cache_size = -32768")  # 32 MiB
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        logger.info(
+            "sqlite store %s open (synchronous=%s)",
+            self.path,
+            self.synchronous,
+            extra={"event": "store_opened", "path": self.path},
+        )
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        # Under the write lock, so processes starting together migrate once.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise errors.StoreUnavailable(
+                    f"{self.path} has schema version {version}, newer than this Pingo "
+                    f"({len(MIGRATIONS)})"
+                )
+            for step in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+                logger.info(
+                    "sqlite store %s migrated to schema version %d",
+                    self.path,
+                    step + 1,
+                    extra={"event": "store_migrated", "path": self.path},
+                )
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        executor = self._executor
+        if executor is None:
+            raise errors.StoreUnavailable("the sqlite store is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self._call, fn, args)
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """Run `fn` in the worker thread, translating driver errors at the edge."""
+        try:
+            return fn(*args)
+        except sqlite3.IntegrityError as exc:
+            self._rollback()
+            raise errors.Conflict(str(exc)) from exc
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise errors.StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.warning(
+                    "sqlite rollback failed",
+                    exc_info=True,
+                    extra={"event": "store_rollback_failed"},
+                )
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            raise errors.StoreUnavailable("the sqlite store is not open")
+        return conn
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one BEGIN IMMEDIATE transaction (several statements, one commit)."""
+        conn = self._db
+        conn.execute("BEGIN IMMEDIATE")
+        result = fn(conn)
+        conn.execute("COMMIT")
+        return result
+
+    def _action(self, row: Sequence[Any]) -> ActionRecord:
+        key = (row[0], row[1])
+        parsed = self._parsed.get(key)
+        if parsed is None:
+            if len(self._parsed) >= _PARSED_CACHE_SIZE:
+                self._parsed.clear()
+            parsed = self._parsed[key] = (
+                json.loads(row[8]),
+                {parent: dataset for parent, dataset in json.loads(row[9])},
+                tuple(json.loads(row[11])),
+            )
+        return ActionRecord(
+            workflow_id=row[0],
+            action_id=row[1],
+            name=row[2],
+            type=row[3],
+            state=ActionState(row[4]),
+            dataset_id=row[5],
+            reused=bool(row[6]),
+            reason=row[7],
+            definition=parsed[0],
+            inputs=parsed[1],
+            waiting_on=tuple(json.loads(row[10])),
+            children=parsed[2],
+            callback_id=row[12],
+            created_at=_dt_req(row[13]),
+            updated_at=_dt_req(row[14]),
+            attempts=row[15],
+            max_attempts=row[16],
+            owner=row[17],
+            lease_expires_at=_dt(row[18]),
+            not_before=_dt(row[19]),
+            external_id=row[20],
+            error=row[21],
+            started_at=_dt(row[22]),
+            finished_at=_dt(row[23]),
+            runtime_s=row[24],
+            version=row[25],
+        )
+
+    async def ping(self) -> None:
+        await self._run(self._ping)
+
+    def _ping(self) -> None:
+        self._db.execute("SELECT 1").fetchone()
+
+    # ------------------------------------------------------------------ workflows
+
+    async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        now = _us(self.clock())
+        await self._run(self._write, lambda conn: self._create_workflow(conn, plan, now))
+        logger.info(
+            "workflow %s created with %d actions",
+            plan.workflow.id,
+            len(plan.actions),
+            extra={"event": "workflow_created", "workflow_id": plan.workflow.id},
+        )
+        return plan.workflow
+
+    def _create_workflow(self, conn: sqlite3.Connection, plan: WorkflowPlan, now: int) -> None:
+        workflow = plan.workflow
+        if conn.execute("SELECT 1 FROM workflows WHERE id = ?", (workflow.id,)).fetchone():
+            raise errors.Conflict(f"workflow {workflow.id} already exists")
+        if (
+            workflow.idempotency_key is not None
+            and conn.execute(
+                "SELECT 1 FROM workflows WHERE owner = ? AND idempotency_key = ?",
+                (workflow.owner, workflow.idempotency_key),
+            ).fetchone()
+        ):
+            raise errors.Conflict(
+                f"{workflow.owner} already submitted a workflow with idempotency key "
+                f"{workflow.idempotency_key!r}"
+            )
+        if any(a.workflow_id != workflow.id for a in plan.actions):
+            raise errors.Conflict("the plan's actions belong to another workflow")
+        conn.execute(
+            f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})",
+            _workflow_params(workflow),
+        )
+        conn.executemany(_ACTION_INSERT, [_action_params(a) for a in plan.actions])
+        for dataset in plan.datasets:
+            self._persist_dataset(conn, dataset, now)
+
+    def _persist_dataset(self, conn: sqlite3.Connection, plan: DatasetPlan, now: int) -> None:
+        row = conn.execute("SELECT state, claims FROM datasets WHERE id = ?", (plan.id,)).fetchone()
+        if row is None:
+            conn.execute(
+                _DATASET_INSERT,
+                (
+                    plan.id,
+                    plan.state.value,
+                    plan.path,
+                    plan.scope,
+                    plan.action_type,
+                    _dumps(plan.definition),
+                    _dumps(list(plan.parents)),
+                    plan.producer_workflow_id,
+                    plan.producer_action_id,
+                    int(plan.is_managed),
+                    now,
+                    now,
+                    _dumps(list(dict.fromkeys(plan.claims))),
+                    None,
+                    None,
+                    0,
+                    None,
+                    None,
+                    0,
+                    0,
+                ),
+            )
+            return
+        old_state = DatasetState(row[0])
+        old_claims: list[str] = json.loads(row[1])
+        claims = list(dict.fromkeys([*old_claims, *plan.claims]))
+        if plan_upgrades(old_state, plan.state):
+            if old_state is DatasetState.DELETED:
+                # This plan's action now produces it, wherever and however it says.
+                conn.execute(
+                    "UPDATE datasets SET state = ?, claims = ?, updated_at = ?, "
+                    "version = version + 1, path = ?, producer_workflow_id = ?, "
+                    "producer_action_id = ?, is_managed = ?, size_bytes = NULL, "
+                    "stored_at = NULL WHERE id = ?",
+                    (
+                        plan.state.value,
+                        _dumps(claims),
+                        now,
+                        plan.path,
+                        plan.producer_workflow_id,
+                        plan.producer_action_id,
+                        int(plan.is_managed),
+                        plan.id,
+                    ),
+                )
+            else:
+                conn.execute(
+                    "UPDATE datasets SET state = ?, claims = ?, updated_at = ?, "
+                    "version = version + 1 WHERE id = ?",
+                    (plan.state.value, _dumps(claims), now, plan.id),
+                )
+        elif len(claims) != len(old_claims):
+            conn.execute(
+                "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 "
+                "WHERE id = ?",
+                (_dumps(claims), now, plan.id),
+            )
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        return await self._run(
+            self._one,
+            _workflow,
+            f"SELECT {_WORKFLOW_COLUMNS} FROM workflows WHERE id = ?",
+            (workflow_id,),
+        )
+
+    def _one(
+        self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
+    ) -> T | None:
+        row = self._db.execute(sql, params).fetchone()
+        return None if row is None else convert(row)
+
+    def _all(
+        self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
+    ) -> list[T]:
+        return [convert(row) for row in self._db.execute(sql, params).fetchall()]
+
+    async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
+        return await self._run(
+            self._one,
+            _workflow,
+            f"SELECT {_WORKFLOW_COLUMNS} FROM workflows WHERE owner = ? AND idempotency_key = ?",
+            (owner, key),
+        )
+
+    def _page(
+        self,
+        convert: Callable[[Sequence[Any]], T],
+        table: str,
+        columns: str,
+        where: list[str],
+        params: list[Any],
+        limit: int,
+        cursor: str | None,
+        position: Callable[[T], tuple[datetime, str]],
+    ) -> Page[T]:
+        where = list(where)
+        params = list(params)
+        if cursor is not None:
+            at, item_id = _cursor.decode_cursor(cursor)
+            micros = _us(at)
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend((micros, micros, item_id))
+        sql = f"SELECT {columns} FROM {table}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        params.append(limit + 1)
+        found = self._all(convert, sql, params)
+        items = tuple(found[:limit])
+        next_cursor = None
+        if len(found) > limit and items:
+            next_cursor = _cursor.encode_cursor(*position(items[-1]))
+        return Page(items=items, next_cursor=next_cursor)
+
+    async def list_workflows(
+        self,
+        *,
+        owner: str | None = None,
+        state: WorkflowState | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[WorkflowRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("owner", owner), ("state", state), ("name", name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(str(value))
+        return await self._run(
+            self._page,
+            _workflow,
+            "workflows",
+            _WORKFLOW_COLUMNS,
+            where,
+            params,
+            limit,
+            cursor,
+            lambda w: (w.created_at, w.id),
+        )
+
+    async def transition_workflow(
+        self,
+        workflow_id: str,
+        expected: Collection[WorkflowState],
+        new: WorkflowState,
+        changes: WorkflowChanges = _NO_WORKFLOW_CHANGES,
+    ) -> WorkflowRecord | None:
+        if not expected:
+            return None
+        sets, params = _set_clause(changes.items())
+        sql = (
+            f"UPDATE workflows SET state = ?, version = version + 1{sets} "
+            f"WHERE id = ? AND state IN ({_placeholders(len(expected))}) "
+            f"RETURNING {_WORKFLOW_COLUMNS}"
+        )
+        record = await self._run(
+            self._one,
+            _workflow,
+            sql,
+            [new.value, *params, workflow_id, *(s.value for s in expected)],
+        )
+        if record is None:
+            logger.debug(
+                "workflow %s not moved to %s: lost the compare-and-set",
+                workflow_id,
+                new,
+                extra={"event": "cas_lost", "workflow_id": workflow_id},
+            )
+        return record
+
+    # -------------------------------------------------------------------- actions
+
+    async def get_action(self, workflow_id: str, action_id: int) -> ActionRecord | None:
+        return await self._run(
+            self._one,
+            self._action,
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE workflow_id = ? AND action_id = ?",
+            (workflow_id, action_id),
+        )
+
+    async def get_action_by_callback(self, callback_id: str) -> ActionRecord | None:
+        return await self._run(
+            self._one,
+            self._action,
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE callback_id = ?",
+            (callback_id,),
+        )
+
+    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
+        return await self._run(
+            self._all,
+            self._action,
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE workflow_id = ? ORDER BY action_id",
+            (workflow_id,),
+        )
+
+    async def list_actions_in_states(
+        self,
+        states: Collection[ActionState],
+        *,
+        lease_expired: bool = False,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if not states:
+            return []
+        sql = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE state IN ({_placeholders(len(states))})"
+        params: list[Any] = [s.value for s in states]
+        if lease_expired:
+            sql += " AND lease_expires_at <= ?"
+            params.append(_us(self.clock()))
+        sql += " ORDER BY updated_at, workflow_id, action_id LIMIT ?"
+        params.append(limit)
+        return await self._run(self._all, self._action, sql, params)
+
+    async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:
+        rows = await self._run(
+            self._all,
+            tuple,
+            "SELECT state, COUNT(*) FROM actions WHERE workflow_id = ? GROUP BY state",
+            (workflow_id,),
+        )
+        return {ActionState(state): count for state, count in rows}
+
+    async def transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
+        if not expected:
+            return None
+        sets, params = _set_clause(changes.items())
+        sql = (
+            f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
+            f"WHERE workflow_id = ? AND action_id = ? "
+            f"AND state IN ({_placeholders(len(expected))})"
+        )
+        args: list[Any] = [new.value, _us(self.clock()), *params, workflow_id, action_id]
+        args.extend(s.value for s in expected)
+        if if_owner is not None:
+            sql += " AND owner = ?"
+            args.append(if_owner)
+        if if_attempt is not None:
+            sql += " AND attempts = ?"
+            args.append(if_attempt)
+        sql += f" RETURNING {_ACTION_COLUMNS}"
+        record = await self._run(self._one, self._action, sql, args)
+        if record is None:
+            logger.debug(
+                "action %s/%s not moved to %s: lost the compare-and-set",
+                workflow_id,
+                action_id,
+                new,
+                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+            )
+        return record
+
+    async def transition_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+    ) -> list[ActionRecord]:
+        if not expected:
+            return []
+        sets, params = _set_clause(changes.items())
+        # One UPDATE: each row is its own compare-and-set on its state, all in one commit.
+        sql = (
+            f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
+            f"WHERE workflow_id = ? AND state IN ({_placeholders(len(expected))}) "
+            f"RETURNING {_ACTION_COLUMNS}"
+        )
+        args = [new.value, _us(self.clock()), *params, workflow_id, *(s.value for s in expected)]
+        moved = await self._run(self._all, self._action, sql, args)
+        return sorted(moved, key=lambda a: a.action_id)
+
+    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        now = self.clock()
+        lease = now + timedelta(seconds=lease_s)
+        return await self._run(self._claim_actions, node_id, limit, _us(now), _us(lease))
+
+    def _claimable(self, conn: sqlite3.Connection, limit: int, now: int) -> list[Any]:
+        # Two index range scans (one per state) rather than one OR that no index serves.
+        ready = conn.execute(
+            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+            "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
+            "ORDER BY updated_at LIMIT ?",
+            (now, limit),
+        ).fetchall()
+        expired = conn.execute(
+            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+            "WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
+            "ORDER BY updated_at LIMIT ?",
+            (now, limit),
+        ).fetchall()
+        return sorted(ready + expired)[:limit]
+
+    def _claim_actions(self, node_id: str, limit: int, now: int, lease: int) -> list[ActionRecord]:
+        conn = self._db
+        # A poll that finds nothing (the common case) takes no write lock.
+        if not self._claimable(conn, limit, now):
+            return []
+        conn.execute("BEGIN IMMEDIATE")
+        # Under the write lock now: what we read is what we update.
+        chosen = self._claimable(conn, limit, now)
+        if not chosen:
+            conn.execute("COMMIT")
+            return []
+        rows = conn.execute(
+            "UPDATE actions SET state = 'PROCESSING', owner = ?, lease_expires_at = ?, "
+            "updated_at = ?, version = version + 1 "
+            f"WHERE rowid IN ({_placeholders(len(chosen))}) RETURNING {_ACTION_COLUMNS}",
+            [node_id, lease, now, *(c[3] for c in chosen)],
+        ).fetchall()
+        conn.execute("COMMIT")
+        order = {(c[1], c[2]): i for i, c in enumerate(chosen)}
+        claimed = sorted((self._action(r) for r in rows), key=lambda a: order[a.key])
+        return claimed
+
+    async def renew_leases(
+        self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
+    ) -> int:
+        if not keys:
+            return 0
+        now = self.clock()
+        lease = _us(now + timedelta(seconds=lease_s))
+        active = sorted(s.value for s in states.ACTION_ACTIVE)
+        sql = (
+            "UPDATE actions SET lease_expires_at = ?, updated_at = ?, version = version + 1 "
+            "WHERE workflow_id = ? AND action_id = ? AND owner = ? "
+            f"AND state IN ({_placeholders(len(active))})"
+        )
+        params = [(lease, _us(now), wf, aid, node_id, *active) for wf, aid in keys]
+
+        def renew(conn: sqlite3.Connection) -> int:
+            return conn.executemany(sql, params).rowcount
+
+        return await self._run(self._write, renew)
+
+    async def release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
+        if not children:
+            return []
+        now = _us(self.clock())
+        return await self._run(
+            self._write,
+            lambda conn: self._release_parent(conn, workflow_id, parent_action_id, children, now),
+        )
+
+    def _release_parent(
+        self,
+        conn: sqlite3.Connection,
+        workflow_id: str,
+        parent_action_id: int,
+        children: Sequence[int],
+        now: int,
+    ) -> list[ActionRecord]:
+        rows = conn.execute(
+            "SELECT action_id, state, waiting_on FROM actions "
+            f"WHERE workflow_id = ? AND action_id IN ({_placeholders(len(children))})",
+            [workflow_id, *children],
+        ).fetchall()
+        still_waiting = []
+        ready_ids = []
+        for action_id, state, waiting_json in rows:
+            waiting: list[int] = json.loads(waiting_json)
+            if parent_action_id not in waiting:
+                continue  # released before: nothing to do
+            left = [p for p in waiting if p != parent_action_id]
+            if not left and state == ActionState.WAITING.value:
+                ready_ids.append(action_id)
+            else:
+                still_waiting.append((_dumps(left), now, workflow_id, action_id))
+        if still_waiting:
+            conn.executemany(
+                "UPDATE actions SET waiting_on = ?, updated_at = ?, version = version + 1 "
+                "WHERE workflow_id = ? AND action_id = ?",
+                still_waiting,
+            )
+        if not ready_ids:
+            return []
+        ready = conn.execute(
+            "UPDATE actions SET waiting_on = '[]', state = 'READY', updated_at = ?, "
+            f"version = version + 1 WHERE workflow_id = ? "
+            f"AND action_id IN ({_placeholders(len(ready_ids))}) RETURNING {_ACTION_COLUMNS}",
+            [now, workflow_id, *ready_ids],
+        ).fetchall()
+        return sorted((self._action(r) for r in ready), key=lambda a: a.action_id)
+
+    # ------------------------------------------------------------------- datasets
+
+    async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
+        return await self._run(
+            self._one,
+            _dataset,
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
+            (dataset_id,),
+        )
+
+    async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
+        ids = list(dict.fromkeys(dataset_ids))
+        return await self._run(self._get_datasets, ids)
+
+    def _get_datasets(self, ids: list[str]) -> dict[str, DatasetRecord]:
+        found: dict[str, DatasetRecord] = {}
+        # Stay well under SQLite's limit on bound parameters.
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            for record in self._all(
+                _dataset,
+                f"SELECT {_DATASET_COLUMNS} FROM datasets "
+                f"WHERE id IN ({_placeholders(len(chunk))})",
+                chunk,
+            ):
+                found[record.id] = record
+        return found
+
+    async def list_datasets(
+        self,
+        *,
+        state: DatasetState | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[DatasetRecord]:
+        where = [] if state is None else ["state = ?"]
+        params: list[Any] = [] if state is None else [state.value]
+        return await self._run(
+            self._page,
+            _dataset,
+            "datasets",
+            _DATASET_COLUMNS,
+            where,
+            params,
+            limit,
+            cursor,
+            lambda d: (d.created_at, d.id),
+        )
+
+    async def transition_dataset(
+        self,
+        dataset_id: str,
+        expected: Collection[DatasetState],
+        new: DatasetState,
+        changes: DatasetChanges = _NO_DATASET_CHANGES,
+        *,
+        if_unclaimed: bool = False,
+    ) -> DatasetRecord | None:
+        if not expected:
+            return None
+        sets, params = _set_clause(changes.items())
+        sql = (
+            f"UPDATE datasets SET state = ?, updated_at = ?, version = version + 1{sets} "
+            f"WHERE id = ? AND state IN ({_placeholders(len(expected))})"
+        )
+        if if_unclaimed:
+            sql += " AND claims = '[]'"
+        sql += f" RETURNING {_DATASET_COLUMNS}"
+        args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
+        record = await self._run(self._one, _dataset, sql, args)
+        if record is None:
+            logger.debug(
+                "dataset %s not moved to %s: lost the compare-and-set",
+                dataset_id,
+                new,
+                extra={"event": "cas_lost", "dataset_id": dataset_id},
+            )
+        return record
+
+    async def add_dataset_claim(
+        self, dataset_id: str, claim: str, allowed: Collection[DatasetState]
+    ) -> DatasetRecord | None:
+        allowed_values = {s.value for s in allowed}
+        now = _us(self.clock())
+
+        def add(conn: sqlite3.Connection) -> DatasetRecord | None:
+            row = conn.execute(
+                "SELECT state, claims FROM datasets WHERE id = ?", (dataset_id,)
+            ).fetchone()
+            if row is None or row[0] not in allowed_values:
+                return None
+            claims: list[str] = json.loads(row[1])
+            if claim in claims:
+                return self._one(
+                    _dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+                )
+            claims.append(claim)
+            return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
+
+        return await self._run(self._write, add)
+
+    def _update_dataset(
+        self, conn: sqlite3.Connection, dataset_id: str, now: int, sets: str, params: list[Any]
+    ) -> DatasetRecord | None:
+        row = conn.execute(
+            f"UPDATE datasets SET {sets}, updated_at = ?, version = version + 1 "
+            f"WHERE id = ? RETURNING {_DATASET_COLUMNS}",
+            [*params, now, dataset_id],
+        ).fetchone()
+        return None if row is None else _dataset(row)
+
+    async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        now = _us(self.clock())
+
+        def remove(conn: sqlite3.Connection) -> DatasetRecord | None:
+            row = conn.execute(
+                f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            record = _dataset(row)
+            if claim not in record.claims:
+                return record
+            claims = [c for c in record.claims if c != claim]
+            return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
+
+        return await self._run(self._write, remove)
+
+    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+        now = _us(self.clock())
+        return await self._run(
+            self._one,
+            _dataset,
+            "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
+            f"version = version + 1 WHERE id = ? RETURNING {_DATASET_COLUMNS}",
+            (now, now, dataset_id),
+        )
+
+    async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
+        now = _us(self.clock())
+
+        def pin(conn: sqlite3.Connection) -> DatasetRecord | None:
+            row = conn.execute(
+                "UPDATE datasets SET pinned = ?, updated_at = ?, version = version + 1 "
+                f"WHERE id = ? AND pinned != ? RETURNING {_DATASET_COLUMNS}",
+                (int(pinned), now, dataset_id, int(pinned)),
+            ).fetchone()
+            if row is not None:
+                return _dataset(row)
+            # Already as asked (or absent): nothing changes.
+            return self._one(
+                _dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+            )
+
+        return await self._run(self._write, pin)
+
+    async def list_deletable_datasets(
+        self, stale_s: float, limit: int = 100
+    ) -> list[DatasetRecord]:
+        stale_before = _us(self.clock() - timedelta(seconds=stale_s))
+        sql = (
+            f"SELECT {_DATASET_COLUMNS} FROM datasets "
+            "WHERE state = 'STORED_TO_DELETE' AND claims = '[]' "
+            f"UNION ALL SELECT {_DATASET_COLUMNS} FROM datasets "
+            "WHERE state IN ('PROCESSING', 'DELETING') AND updated_at <= ? "
+            "ORDER BY updated_at, id LIMIT ?"
+        )
+        return await self._run(self._all, _dataset, sql, (stale_before, limit))
+
+    async def list_retention_candidates(self) -> list[DatasetRecord]:
+        return await self._run(
+            self._all,
+            _dataset,
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE state = 'STORED' "
+            "ORDER BY updated_at, id",
+            (),
+        )
+
+    async def bytes_by_state(self) -> dict[DatasetState, int]:
+        rows = await self._run(
+            self._all,
+            tuple,
+            "SELECT state, SUM(COALESCE(size_bytes, 0)) FROM datasets GROUP BY state",
+            (),
+        )
+        return {DatasetState(state): int(total) for state, total in rows}
+
+    # --------------------------------------------------------------------- events
+
+    async def append_event(
+        self,
+        kind: str,
+        *,
+        dataset_id: str | None = None,
+        workflow_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        at = _us(self.clock())
+        event: EventRecord | None = await self._run(
+            self._one,
+            _event,
+            f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload) "
+            f"VALUES (?, ?, ?, ?, ?) RETURNING {_EVENT_COLUMNS}",
+            (kind, at, dataset_id, workflow_id, None if payload is None else _dumps(payload)),
+        )
+        assert event is not None  # an INSERT … RETURNING returns its row
+        return event
+
+    async def list_events(
+        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+    ) -> list[EventRecord]:
+        where = []
+        params: list[Any] = []
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        if dataset_id is not None:
+            where.append("dataset_id = ?")
+            params.append(dataset_id)
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq DESC LIMIT ?"
+        params.append(limit)
+        return await self._run(self._all, _event, sql, params)
+
+    # ---------------------------------------------------------------------- users
+
+    async def create_user(self, user: UserRecord) -> UserRecord:
+        try:
+            await self._run(
+                self._one,
+                tuple,
+                f"INSERT INTO users ({_USER_COLUMNS}) VALUES (?, ?, ?, ?)",
+                (user.name, user.token_hash, int(user.is_admin), _us(user.created_at)),
+            )
+        except errors.Conflict as exc:
+            raise errors.Conflict(f"user {user.name!r} (or its token) already exists") from exc
+        return user
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        return await self._run(
+            self._one, _user, f"SELECT {_USER_COLUMNS} FROM users WHERE name = ?", (name,)
+        )
+
+    async def get_user_by_token_hash(self, token_hash: str) -> UserRecord | None:
+        return await self._run(
+            self._one,
+            _user,
+            f"SELECT {_USER_COLUMNS} FROM users WHERE token_hash = ?",
+            (token_hash,),
+        )
+
+    async def list_users(self) -> list[UserRecord]:
+        return await self._run(
+            self._all, _user, f"SELECT {_USER_COLUMNS} FROM users ORDER BY name", ()
+        )
+
+    async def delete_user(self, name: str) -> bool:
+        deleted = await self._run(
+            self._one, tuple, "DELETE FROM users WHERE name = ? RETURNING name", (name,)
+        )
+        return deleted is not None
