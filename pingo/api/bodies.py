@@ -1,0 +1,156 @@
+"""Reading request bodies and query parameters, with problem+json errors for bad ones."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from pingo import errors
+from pingo.api import problems, state
+
+#: Deeper than any real workflow; shallow enough that nothing downstream recurses too far.
+MAX_DEPTH = 64
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _malformed(message: str) -> problems.BadRequest:
+    issue = errors.ValidationIssue("MALFORMED_JSON", message, "")
+    return problems.BadRequest(
+        f"the body is not valid JSON: {message}", [issue], code="MALFORMED_JSON"
+    )
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def is_json_content_type(content_type: str) -> bool:
+    """application/json or any application/*+json."""
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
+async def read_json(request: web.Request, *, optional: bool = False) -> Any:
+    """The request's JSON body; None when `optional` and the body is empty.
+
+    Raises 415 for a non-JSON content type, 413 past the body limit (aiohttp),
+    400 MALFORMED_JSON for undecodable, invalid or too deeply nested JSON.
+    """
+    limit = state.settings(request).max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        # Refuse before reading a byte: an oversized body is never buffered.
+        raise problems.PayloadTooLarge(
+            f"the body has {request.content_length} bytes; this server accepts at most {limit}"
+        )
+    if optional and not request.body_exists:
+        return None
+    if not is_json_content_type(request.content_type):
+        raise problems.UnsupportedMediaType(
+            f"send the body as application/json, not {request.content_type or 'no content type'}"
+        )
+    if request.charset not in (None, "utf-8", "UTF-8"):
+        raise problems.UnsupportedMediaType("JSON bodies must be UTF-8")
+    raw = await request.read()
+    if optional and not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _malformed("the body is not UTF-8") from exc
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise _malformed("nested too deeply") from exc
+    except ValueError as exc:
+        raise _malformed(str(exc)) from exc
+    if _depth_exceeds(value, MAX_DEPTH):
+        raise _malformed(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def json_response(
+    data: Any, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A JSON response (compact, UTF-8)."""
+    return web.Response(
+        body=json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _invalid(name: str, message: str) -> problems.InvalidParameter:
+    issue = errors.ValidationIssue("INVALID_PARAMETER", message, f"/{name}")
+    return problems.InvalidParameter(f"query parameter {name!r}: {message}", [issue])
+
+
+def query_int(
+    request: web.Request,
+    name: str,
+    *,
+    default: int | None,
+    minimum: int,
+    maximum: int | None = None,
+) -> int | None:
+    """An integer query parameter within bounds (400 INVALID_PARAMETER otherwise)."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _invalid(name, f"expected an integer, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise _invalid(name, f"must be {bounds}, got {value}")
+    return value
+
+
+def query_bool(request: web.Request, name: str) -> bool:
+    """A boolean query parameter: true/false/1/0/yes/no (absent is false)."""
+    raw = request.query.get(name, "").strip().lower()
+    if raw in ("", "false", "0", "no"):
+        return False
+    if raw in ("true", "1", "yes"):
+        return True
+    raise _invalid(name, f"expected true or false, got {raw!r}")
+
+
+def query_enum(request: web.Request, name: str, enum_type: type[E]) -> E | None:
+    """An enum-valued query parameter (by value), or None when absent."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return enum_type(raw.upper())
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in enum_type)
+        raise _invalid(name, f"expected one of {allowed}, got {raw!r}") from None
+
+
+def path_int(request: web.Request, name: str) -> int:
+    """An integer path segment (404 when it is not one: no such resource)."""
+    raw = request.match_info[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.NotFound(f"no {name} {raw!r}") from None

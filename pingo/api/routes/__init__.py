@@ -1,0 +1,13 @@
+"""The API's routes, one module per resource; `setup_routes` registers them all."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from pingo.api.routes import callbacks, datasets, system, users, workflows
+
+
+def setup_routes(app: web.Application) -> None:
+    """Add every route of the API to `app`."""
+    for module in (workflows, datasets, callbacks, users, system):
+        app.router.add_routes(module.routes)

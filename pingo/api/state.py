@@ -1,0 +1,47 @@
+"""What the API's handlers share: settings and the node whose services they call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from pingo import errors
+from pingo.config import Settings
+
+if TYPE_CHECKING:
+    from pingo.node import Node
+
+
+@dataclass(slots=True)
+class ApiState:
+    """Filled by the app's cleanup context once the store is open and the node started."""
+
+    settings: Settings
+    node: Node | None = None
+    #: Action types this node has an executor for (submissions of others are refused).
+    executor_types: frozenset[str] = field(default_factory=frozenset)
+    #: Action types the language knows (from the `pingo.action_types` entry points).
+    action_types: frozenset[str] = field(default_factory=frozenset)
+
+
+STATE_KEY = web.AppKey("pingo.api.state", ApiState)
+
+
+def api_state(request: web.Request) -> ApiState:
+    """The shared state of the app serving `request`."""
+    return request.app[STATE_KEY]
+
+
+def node(request: web.Request) -> Node:
+    """The node whose services serve `request` (503 while it is starting)."""
+    current = request.app[STATE_KEY].node
+    if current is None:
+        raise errors.StoreUnavailable("the server is starting; retry in a moment")
+    return current
+
+
+def settings(request: web.Request) -> Settings:
+    """The settings of the app serving `request`."""
+    return request.app[STATE_KEY].settings
