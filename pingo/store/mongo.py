@@ -21,6 +21,13 @@ where it is used. The ones that shape the whole document layout:
   payload) is stored as a JSON string: user keys such as `$ref` or `a.b` are
   not valid MongoDB field names everywhere, and nothing queries inside them.
 - Strings never contain NUL: nx-27017 truncates them at the first NUL byte.
+
+Query rules that follow from nx-27017 (each verified against it): an `$or` is
+the only key of its filter or sits inside `$and` (it is spliced in without
+parentheses otherwise); no `{field: null}` inside `$or`; "array contains x"
+is `{field: x}`, "does not contain" is `$nin` (`$ne` compares the whole
+array), "exactly [x]" is `$size` + `$all` (no array literals, no `$not`); no
+`_id` in a compound index (every insert then fails).
 """
 
 from __future__ import annotations
@@ -194,6 +201,7 @@ def _action_doc(record: ActionRecord) -> Doc:
         "owner": record.owner,
         "lease_expires_at_us": _opt_us(record.lease_expires_at),
         "not_before_us": _opt_us(record.not_before),
+        "ready_at_us": _ready_at_us(record.not_before),
         "external_id": record.external_id,
         "error": record.error,
         "started_at_us": _opt_us(record.started_at),
@@ -313,11 +321,23 @@ def _user(doc: Doc) -> UserRecord:
     )
 
 
+def _ready_at_us(not_before: datetime | None) -> int:
+    """When a READY action becomes claimable: `not_before`, or the epoch when it has none.
+
+    A null-free copy of `not_before_us` for the claim filter: nx-27017 never
+    matches `{field: null}` inside `$or` (it does at the top level).
+    """
+    return 0 if not_before is None else _us(not_before)
+
+
 def _changes_set(changes: Iterable[tuple[str, Any]]) -> Doc:
     """`$set` fields for a `*Changes` object: datetimes become `*_us` integers."""
     fields: Doc = {}
     for name, value in changes:
-        if name.endswith("_at"):
+        if name == "not_before":
+            fields["not_before_us"] = _opt_us(value)
+            fields["ready_at_us"] = _ready_at_us(value)
+        elif name.endswith("_at"):
             fields[f"{name}_us"] = _opt_us(value)
         else:
             fields[name] = value
@@ -446,7 +466,7 @@ class MongoStore:
         actions, datasets, workflows = self._actions, self._datasets, self._workflows
         # The scraper: READY by not_before, oldest update first...
         await actions.create_index(
-            [("state", asc), ("not_before_us", asc), ("updated_at_us", asc)], name="claimable"
+            [("state", asc), ("ready_at_us", asc), ("updated_at_us", asc)], name="claimable"
         )
         # ...and claim states whose lease expired (scraper and reaper).
         await actions.create_index(
@@ -621,6 +641,7 @@ class MongoStore:
                     {"created_at_us": at_us, "_id": {"$lt": item_id}},
                 ]
             }
+            # $and, not sibling keys: nx-27017 would join `filters AND a OR b`.
             query = {"$and": [query, after]} if query else after
         found = collection.find(
             query, sort=[("created_at_us", pymongo.DESCENDING), ("_id", pymongo.DESCENDING)]
@@ -779,16 +800,13 @@ class MongoStore:
             # a lease must never start before the claim that grants it.
             now, now_us = self._now()
             lease_us = _us(now + timedelta(seconds=lease_s))
+            # One top-level $or of plain conjunctions, without nulls: nx-27017 joins
+            # an $or to sibling conditions without parentheses (so `a AND b OR c`)
+            # and never matches null inside $or.
             doc = await self._actions.find_one_and_update(
                 {
                     "$or": [
-                        {
-                            "state": ActionState.READY.value,
-                            "$or": [
-                                {"not_before_us": None},
-                                {"not_before_us": {"$lte": now_us}},
-                            ],
-                        },
+                        {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
                         {
                             "state": ActionState.PROCESSING.value,
                             "lease_expires_at_us": {"$lte": now_us},

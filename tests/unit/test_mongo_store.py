@@ -1,0 +1,170 @@
+"""MongoStore specifics the contract suite does not see: errors, indexes, document layout."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from mongomock_motor import AsyncMongoMockClient
+from pymongo import AsyncMongoClient
+
+from pingo import errors, testing
+from pingo.states import ActionState, WorkflowState
+from pingo.store import open_store
+from pingo.store.mongo import MongoStore, parse_write_concern
+from pingo.store.protocol import ActionRecord, UserRecord, WorkflowPlan, WorkflowRecord
+
+#: A time with microseconds, which BSON dates would truncate.
+T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
+        yield server.url
+
+
+@pytest.fixture
+async def wire_store(wire_url: str, request: pytest.FixtureRequest) -> AsyncIterator[MongoStore]:
+    database = f"unit_{request.node.name}".replace("[", "_").replace("]", "")[:60]
+    async with MongoStore.from_url(f"{wire_url}/{database}", clock=lambda: T0) as store:
+        yield store
+
+
+def _plan(workflow_id: str = "wf", document: dict[str, Any] | None = None) -> WorkflowPlan:
+    workflow = WorkflowRecord(
+        id=workflow_id,
+        name="n",
+        owner="alice",
+        state=WorkflowState.RUNNING,
+        document=document or {},
+        scope="server",
+        on_failure="abort",
+        end_dataset_id=None,
+        created_at=T0,
+    )
+    action = ActionRecord(
+        workflow_id=workflow_id,
+        action_id=7,
+        name="a",
+        type="command-line",
+        state=ActionState.READY,
+        dataset_id="d" * 64,
+        reused=False,
+        reason="absent",
+        definition={"command": ["echo", "{output}"]},
+        inputs={3: "e" * 64, 12: "f" * 64},
+        waiting_on=(),
+        children=(9,),
+        callback_id=f"cb-{workflow_id}",
+        created_at=T0,
+        updated_at=T0,
+        not_before=T0 + timedelta(microseconds=1),
+    )
+    return WorkflowPlan(workflow=workflow, actions=(action,), datasets=())
+
+
+# ------------------------------------------------------------------------ errors
+
+
+async def test_an_unreachable_server_is_store_unavailable() -> None:
+    port = testing.free_port()
+    store = MongoStore.from_url(f"mongodb://127.0.0.1:{port}/x?serverSelectionTimeoutMS=200")
+    with pytest.raises(errors.StoreUnavailable) as failure:
+        await store.__aenter__()
+    # The driver's exception is the cause, never what leaves the store.
+    assert type(failure.value.__cause__).__module__.startswith("pymongo")
+    with pytest.raises(errors.StoreUnavailable):
+        await store.ping()
+    await store.__aexit__(None, None, None)
+
+
+async def test_a_duplicate_key_is_a_conflict(wire_store: MongoStore) -> None:
+    user = UserRecord(name="bob", token_hash="h1", is_admin=False, created_at=T0)
+    await wire_store.create_user(user)
+    with pytest.raises(errors.Conflict, match="already exists"):
+        await wire_store.create_user(user)
+    with pytest.raises(errors.Conflict, match="same token"):
+        await wire_store.create_user(
+            UserRecord(name="carol", token_hash="h1", is_admin=False, created_at=T0)
+        )
+
+
+def test_write_concern_is_majority_or_a_node_count() -> None:
+    assert parse_write_concern("majority").document == {"w": "majority"}
+    assert parse_write_concern("1").document == {"w": 1}
+    assert parse_write_concern(" 2 ").document == {"w": 2}
+    for bad in ("0", ""):
+        with pytest.raises(errors.ConfigurationError):
+            parse_write_concern(bad)
+
+
+def test_a_bad_url_is_a_configuration_error() -> None:
+    with pytest.raises(errors.ConfigurationError):
+        MongoStore.from_url("mongodb://")
+
+
+async def test_open_store_picks_the_database_from_the_url(wire_url: str) -> None:
+    async with open_store(f"{wire_url}/from_url_db", mongo_write_concern="1") as store:
+        assert isinstance(store, MongoStore)
+        await store.ping()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(wire_url)
+    try:
+        assert "from_url_db" in await client.list_database_names()
+    finally:
+        await client.close()
+
+
+# ----------------------------------------------------------------------- indexes
+
+
+async def test_indexes_are_created_at_start_and_again_idempotently() -> None:
+    client = AsyncMongoMockClient()
+    async with MongoStore(client, "idx"):
+        pass
+    async with MongoStore(client, "idx"):  # a second node starting on the same database
+        pass
+    db = client["idx"]
+    actions = await db["actions"].index_information()
+    assert actions["callback_id"].get("unique") is True
+    assert actions["claimable"]["key"] == [("state", 1), ("ready_at_us", 1), ("updated_at_us", 1)]
+    assert actions["lease_expiry"]["key"] == [("state", 1), ("lease_expires_at_us", 1)]
+    workflows = await db["workflows"].index_information()
+    assert workflows["idempotency"].get("unique") is True
+    assert workflows["idempotency"].get("sparse") is True
+    assert workflows["owner"]["key"] == [("owner", 1), ("created_at_us", -1)]
+    assert (await db["users"].index_information())["token_hash"].get("unique") is True
+    assert "state_age" in await db["datasets"].index_information()
+
+
+async def test_indexes_on_the_wire_server_are_idempotent(wire_url: str) -> None:
+    for _ in range(2):
+        async with MongoStore.from_url(f"{wire_url}/idx_twice") as store:
+            await store.ping()
+
+
+# ------------------------------------------------------------------ document layout
+
+
+async def test_times_are_exact_microsecond_integers(wire_store: MongoStore) -> None:
+    plan = _plan(document={"$weird": {"a.b": [1, None]}})
+    await wire_store.create_workflow(plan)
+    raw = await wire_store._actions.find_one({"_id": "wf/7"})
+    assert raw is not None
+    assert raw["updated_at_us"] == 1772366400123456
+    assert raw["not_before_us"] == 1772366400123457
+    action = await wire_store.get_action("wf", 7)
+    assert action == plan.actions[0]  # microseconds, int parent ids and all
+    workflow = await wire_store.get_workflow("wf")
+    assert workflow == plan.workflow  # keys MongoDB would refuse are stored as JSON text
+
+
+async def test_not_before_is_compared_to_the_microsecond(wire_store: MongoStore) -> None:
+    await wire_store.create_workflow(_plan())
+    assert await wire_store.claim_actions("n1", 10, 30) == []  # 1 µs too early
+    wire_store.clock = lambda: T0 + timedelta(microseconds=1)
+    claimed = await wire_store.claim_actions("n1", 10, 30)
+    assert [a.action_id for a in claimed] == [7]
+    assert claimed[0].lease_expires_at == T0 + timedelta(seconds=30, microseconds=1)
