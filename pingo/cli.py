@@ -40,6 +40,38 @@ def _root(
     """Pingo: a workflow server that reuses datasets by provenance."""
 
 
+@app.command()
+def server(
+    host: str | None = typer.Option(None, help="Address to listen on [PINGO_HOST]."),
+    port: int | None = typer.Option(None, help="Port to listen on [PINGO_PORT]."),
+    home: str | None = typer.Option(None, help="Pingo's directory [PINGO_HOME]."),
+    store_url: str | None = typer.Option(
+        None, "--store-url", help="sqlite:///path or mongodb://host [PINGO_STORE_URL]."
+    ),
+    data_root: str | None = typer.Option(
+        None, "--data-root", help="Where datasets live [PINGO_DATA_ROOT]."
+    ),
+    log_level: str | None = typer.Option(None, "--log-level", help="[PINGO_LOG_LEVEL]"),
+) -> None:
+    """Run a Pingo node until SIGINT or SIGTERM."""
+    import asyncio
+    from pathlib import Path
+
+    from pingo.config import Settings
+    from pingo.node import run_node
+
+    settings = Settings.from_env(
+        host=host,
+        port=port,
+        home=Path(home) if home is not None else None,
+        store_url=store_url,
+        data_root=data_root,
+        log_level=log_level,
+    )
+    configure_logging(settings.log_level)
+    asyncio.run(run_node(settings))
+
+
 def main() -> None:
     """Entry point of the `pingo` console script."""
     app()

@@ -15,6 +15,7 @@ instead of submitting it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -72,6 +73,13 @@ class Submitter(loops.Loop):
         self.submit_failed = submit_failed
         self.secret = secret
         self.observe_dispatch = observe_dispatch
+        self.finished = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            self.finished.set()
 
     def stop(self) -> None:
         """Finish the action in hand; hand back whatever is taken afterwards."""
@@ -110,6 +118,12 @@ class Submitter(loops.Loop):
                 submission = await self._submission(record)
                 external_id = await executor.submit(submission)
             except Exception as exc:
+                if self.stopping:
+                    # The executor refused because the node is shutting down:
+                    # not the action's fault, so the attempt does not count.
+                    await give_back_submitted(self.store, self.node_id, record)
+                    self.held.remove(action.key)
+                    return
                 logger.warning(
                     "submitting %s/%s attempt %d failed: %s",
                     record.workflow_id,
@@ -240,3 +254,23 @@ async def hand_back(store: Store, node_id: str, held: HeldActions, action: Actio
             action.action_id,
             extra={"event": "action_handed_back", "workflow_id": action.workflow_id},
         )
+
+
+async def give_back_submitted(store: Store, node_id: str, action: ActionRecord) -> None:
+    """Undo a submission the executor refused while the node stops: READY, attempt uncounted."""
+    states.ensure_transition(A.SUBMITTED, A.READY, states.Trigger.SUBMITTER)
+    await store.transition_action(
+        action.workflow_id,
+        action.action_id,
+        {A.SUBMITTED},
+        A.READY,
+        ActionChanges(
+            attempts=max(0, action.attempts - 1),
+            owner=None,
+            lease_expires_at=None,
+            started_at=None,
+            external_id=None,
+        ),
+        if_owner=node_id,
+        if_attempt=action.attempts,
+    )

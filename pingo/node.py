@@ -1,0 +1,292 @@
+"""A Pingo node: the services and background loops that run workflows on one store.
+
+`Node` wires the workflow manager, the callbacks, the datasets, the executors
+and the loops (scraper, submitters, lease renewer, reaper, deletor, and the
+retention loop when a storage budget is set). `run_node` is the single entry of
+`pingo server`: it opens the store and runs a node until SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pingo import errors, loops, states
+from pingo.actions.executors import base
+from pingo.actions.leases import HeldActions, LeaseRenewer
+from pingo.actions.reaper import Reaper
+from pingo.actions.scraper import ActionQueue, Scraper
+from pingo.actions.submitter import Submitter, hand_back
+from pingo.callbacks import tokens
+from pingo.callbacks.service import CallbackService
+from pingo.config import Settings
+from pingo.datasets.deletor import Deletor
+from pingo.datasets.service import DatasetService
+from pingo.datasets.storage import DatasetStorage
+from pingo.store import open_store
+from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
+from pingo.workflows.planner import KeepHook, WorkflowManager
+
+logger = logging.getLogger(__name__)
+
+
+class _HeldReporter:
+    """The in-process callbacks, forgetting an action's lease once its work reported.
+
+    Executors on this node report through it; the action leaves the node's
+    held set (and its type's concurrency slot frees) as soon as it ended.
+    """
+
+    def __init__(self, callbacks: CallbackService, held: HeldActions) -> None:
+        self._callbacks = callbacks
+        self._held = held
+
+    async def running(self, callback_id: str, attempt: int) -> object:
+        return await self._callbacks.running(callback_id, attempt)
+
+    async def success(
+        self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+    ) -> object:
+        try:
+            return await self._callbacks.success(callback_id, attempt, runtime_s=runtime_s)
+        finally:
+            self._held.remove_callback(callback_id)
+
+    async def failed(self, callback_id: str, attempt: int, error: str) -> object:
+        try:
+            return await self._callbacks.failed(callback_id, attempt, error)
+        finally:
+            self._held.remove_callback(callback_id)
+
+    async def killed(self, callback_id: str, attempt: int) -> object:
+        try:
+            return await self._callbacks.killed(callback_id, attempt)
+        finally:
+            self._held.remove_callback(callback_id)
+
+
+class Node:
+    """One Pingo node on a store."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        executors: Mapping[str, base.ExecutorFactory] | None = None,
+        keep_hook: KeepHook | None = None,
+        secret: bytes | None = None,
+        observe_dispatch: Callable[[float], None] | None = None,
+    ) -> None:
+        """`executors` (action type → factory) replaces the `pingo.executors` entry points
+        (tests, benchmarks); `keep_hook` is retention's planning-time hook."""
+        self.settings = settings
+        self.store = store
+        self.secret = secret if secret is not None else tokens.load_or_create_secret(settings.home)
+        self.storage = DatasetStorage(settings.data_root)
+        self.held = HeldActions(settings.executor_limits)
+        self.queue: ActionQueue = asyncio.Queue()
+        self.scraper = Scraper(store, settings, self.queue, self.held)
+        self.callbacks = CallbackService(
+            store,
+            self.storage,
+            settings,
+            on_ready=self.scraper.wake,
+            kill_action=self._kill_action,
+        )
+        self.workflows = WorkflowManager(
+            store,
+            self.storage,
+            settings,
+            on_ready=self.scraper.wake,
+            keep_hook=keep_hook,
+            callbacks=self.callbacks,
+        )
+        self.datasets = DatasetService(
+            store, self.storage, capacity_bytes=settings.storage_capacity_bytes
+        )
+        factories = base.load_executor_factories() if executors is None else dict(executors)
+        reporter = _HeldReporter(self.callbacks, self.held)
+        self.executors: dict[str, base.Executor] = {
+            action_type: factory(settings, reporter) for action_type, factory in factories.items()
+        }
+        extra = {} if observe_dispatch is None else {"observe_dispatch": observe_dispatch}
+        self.submitters = [
+            Submitter(
+                i,
+                store=store,
+                settings=settings,
+                queue=self.queue,
+                scraper=self.scraper,
+                held=self.held,
+                executors=self.executors,
+                staging_path=self.storage.staging_path,
+                submit_failed=self.callbacks.submit_failed,
+                secret=self.secret,
+                **extra,
+            )
+            for i in range(max(1, settings.submitters))
+        ]
+        self.renewer = LeaseRenewer(store, settings.node_id, self.held, settings.lease_s)
+        self.reaper = Reaper(store, settings, self.executors, self.callbacks, self.held)
+        self.deletor = Deletor(store, self.storage, settings)
+        self.retention: loops.Loop | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start the executors and every loop, supervised, in a background task."""
+        if self._task is not None:
+            raise errors.Conflict("the node is already started")
+        for executor in self.executors.values():
+            await executor.start()
+        self.retention = self._retention_loop()
+        background: list[loops.Loop] = [self.renewer, self.reaper, self.deletor]
+        if self.retention is not None:
+            background.append(self.retention)
+        self._task = asyncio.create_task(
+            loops.supervise([self.scraper, *self.submitters, *background]), name="pingo-node"
+        )
+        # Work left READY before this node started (or by a crashed node) needs no poll.
+        self.scraper.wake()
+        logger.info(
+            "node %s started with executors for %s",
+            self.settings.node_id,
+            ", ".join(sorted(self.executors)) or "nothing",
+            extra={"event": "node_started", "node_id": self.settings.node_id},
+        )
+
+    def _retention_loop(self) -> loops.Loop | None:
+        if self.settings.storage_capacity_bytes is None:
+            return None
+        try:
+            from pingo.retention.loop import RetentionLoop
+            from pingo.retention.policy import load_policy
+        except ImportError:  # pragma: no cover - retention is part of the package
+            logger.warning(
+                "storage capacity set but retention is unavailable",
+                extra={"event": "retention_unavailable"},
+            )
+            return None
+        policy = load_policy(self.settings.retention_policy)
+        return RetentionLoop(self.store, self.settings, policy, on_evict=self.deletor.wake)
+
+    async def stop(self) -> None:
+        """Stop claiming, hand queued work back, let running work finish briefly, stop loops."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self.scraper.stop()
+        for submitter in self.submitters:
+            submitter.stop()
+        # Closing the executors lets running work finish for a grace and makes a
+        # submitter waiting for a slot give its action back; leases keep being
+        # renewed meanwhile.
+        closing = asyncio.gather(
+            *(self._close(name, executor) for name, executor in self.executors.items())
+        )
+        stopped = asyncio.gather(
+            self.scraper.finished.wait(), *(s.finished.wait() for s in self.submitters)
+        )
+        watched: set[asyncio.Future[Any]] = {stopped, task}
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        await closing
+        if not stopped.done():
+            stopped.cancel()
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is not None:
+                with contextlib.suppress(errors.PingoError):
+                    await hand_back(self.store, self.settings.node_id, self.held, item.action)
+        for loop in (self.renewer, self.reaper, self.deletor, self.retention):
+            if loop is not None:
+                loop.stop()
+        try:
+            await task
+        except Exception:
+            logger.exception("a loop had died", extra={"event": "node_loop_died"})
+        logger.info(
+            "node %s stopped",
+            self.settings.node_id,
+            extra={"event": "node_stopped", "node_id": self.settings.node_id},
+        )
+
+    @staticmethod
+    async def _close(name: str, executor: base.Executor) -> None:
+        try:
+            await executor.close()
+        except Exception:
+            logger.exception(
+                "executor for %s failed to close", name, extra={"event": "executor_close_failed"}
+            )
+
+    @property
+    def running(self) -> bool:
+        """Whether the node's loops are running."""
+        return self._task is not None and not self._task.done()
+
+    async def wait_workflow(
+        self, workflow_id: str, timeout_s: float, *, poll_s: float = 0.01
+    ) -> WorkflowRecord:
+        """The workflow once it is SUCCEEDED, FAILED or KILLED.
+
+        Raises `TimeoutError` after `timeout_s`, `NotFound` for an unknown id, and
+        the error of a loop that died (the node cannot finish anything then).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            workflow = await self.store.get_workflow(workflow_id)
+            if workflow is None:
+                raise errors.NotFound(f"no workflow {workflow_id}")
+            if workflow.state in states.WORKFLOW_TERMINAL:
+                return workflow
+            if self._task is not None and self._task.done():
+                self._task.result()
+                raise errors.Conflict("the node stopped")
+            if loop.time() >= deadline:
+                raise TimeoutError(
+                    f"workflow {workflow_id} still {workflow.state.value} after {timeout_s:g} s"
+                )
+            await asyncio.sleep(poll_s)
+
+    async def _kill_action(self, action: ActionRecord) -> None:
+        """Stop an action's running work through its executor (CallbackService's hook)."""
+        executor = self.executors.get(action.type)
+        if executor is None or action.external_id is None:
+            return
+        await executor.kill(action.external_id)
+
+
+async def run_node(settings: Settings) -> None:
+    """Open the store and run a node until SIGINT or SIGTERM (or a loop dies)."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    async with open_store(
+        settings.store_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        mongo_write_concern=settings.mongo_write_concern,
+    ) as store:
+        node = Node(settings, store)
+        await node.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            stopped = asyncio.ensure_future(stop.wait())
+            assert node._task is not None
+            await asyncio.wait({stopped, node._task}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            died = node._task.done()
+            failure = node._task.exception() if died and not node._task.cancelled() else None
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await node.stop()
+        if failure is not None:
+            raise failure
