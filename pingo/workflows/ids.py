@@ -3,7 +3,8 @@
 A dataset's id is the sha256 of the canonical JSON of its identity document:
 the producing action's type and type-specific fields, the dataset ids of its
 parents (sorted, so the order of `parentActions` does not matter), the sharing
-scope, and, for an unmanaged action, its `outputPath`. Names, action ids,
+scope, and, for an unmanaged action, its `outputPath`. `{input:<parentId>}`
+placeholders are rewritten to name the parent's dataset id instead. Names, action ids,
 `metadata`, `forceComputation`, `timeoutSeconds` and `maxAttempts` say nothing
 about *what* is computed and are left out, so two actions anywhere that compute
 the same thing in the same scope share one dataset.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,13 +42,31 @@ def canonical_json(document: Any) -> str:
 
 
 def identity(
-    action: ActionDefinition, parent_dataset_ids: Iterable[str], scope: str
+    action: ActionDefinition,
+    parent_dataset_ids: Iterable[str] | Mapping[int, str],
+    scope: str,
 ) -> dict[str, Any]:
-    """The identity document of an action's output (stored as `DatasetRecord.definition`)."""
+    """The identity document of an action's output (stored as `DatasetRecord.definition`).
+
+    `parent_dataset_ids` are the dataset ids of `action.parents`, in that order
+    (or a mapping parent action id → dataset id). `{input:<parentId>}`
+    placeholders are rewritten to name the parent's dataset id, so the identity
+    does not depend on how the workflow numbers its actions.
+    """
+    if isinstance(parent_dataset_ids, Mapping):
+        by_parent = {p: parent_dataset_ids[p] for p in action.parents}
+    else:
+        listed = list(parent_dataset_ids)
+        if len(listed) != len(action.parents):
+            raise ValueError(
+                f"action {action.id} has {len(action.parents)} parents, "
+                f"got {len(listed)} parent dataset ids"
+            )
+        by_parent = dict(zip(action.parents, listed, strict=True))
     document: dict[str, Any] = {
         "type": action.type,
-        "spec": dict(action.spec),
-        "parents": sorted(parent_dataset_ids),
+        "spec": _canonical_placeholders(action.spec, by_parent),
+        "parents": sorted(by_parent.values()),
         "scope": scope,
     }
     if not action.is_managed:
@@ -54,6 +74,31 @@ def identity(
         document["isManaged"] = False
         document["outputPath"] = action.output_path
     return document
+
+
+def _canonical_placeholders(spec: Mapping[str, Any], by_parent: Mapping[int, str]) -> Any:
+    """A plain-JSON copy of `spec` where `{input:<parentId>}` names the parent's dataset."""
+    if not by_parent:
+        return dict(spec)
+    return _rewrite(dict(spec), by_parent)
+
+
+def _rewrite(value: Any, by_parent: Mapping[int, str]) -> Any:
+    if isinstance(value, str):
+        if "{input:" not in value:
+            return value
+
+        def dataset(match: re.Match[str]) -> str:
+            parent = int(match.group(1))
+            # Validation rejects placeholders naming a non-parent; keep them as written.
+            return f"{{input:{by_parent[parent]}}}" if parent in by_parent else match.group(0)
+
+        return language.INPUT_PLACEHOLDER.sub(dataset, value)
+    if isinstance(value, list):
+        return [_rewrite(item, by_parent) for item in value]
+    if isinstance(value, dict):
+        return {key: _rewrite(item, by_parent) for key, item in value.items()}
+    return value
 
 
 def hash_identity(document: Mapping[str, Any]) -> str:
@@ -69,8 +114,32 @@ def dataset_ids(definition: WorkflowDefinition, scope: str) -> dict[int, str]:
     if order is None:  # a definition not made by `language.parse`
         order = tuple(nx.topological_sort(definition.graph))
     actions = definition.actions
+    scope_text = _encode(scope)
     ids: dict[int, str] = {}
-    for aid in order:
-        action = actions[aid]
-        ids[aid] = hash_identity(identity(action, [ids[p] for p in action.parents], scope))
+    with language.gc_paused():
+        for aid in order:
+            action = actions[aid]
+            ids[aid] = _hash_fast(action, [ids[p] for p in action.parents], scope_text)
     return ids
+
+
+def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str) -> str:
+    """`hash_identity(identity(...))` without building the document twice.
+
+    The canonical text is assembled with its keys in sorted order (isManaged,
+    outputPath, parents, scope, spec, type); a test holds it equal to the slow path.
+    """
+    spec_text = _encode(dict(action.spec))
+    if action.parents and "{input:" in spec_text:
+        by_parent = dict(zip(action.parents, parent_ids, strict=True))
+        spec_text = _encode(_rewrite(dict(action.spec), by_parent))
+    unmanaged = (
+        ""
+        if action.is_managed
+        else f'"isManaged":false,"outputPath":{_encode(action.output_path)},'
+    )
+    text = (
+        f'{{{unmanaged}"parents":{_encode(sorted(parent_ids))},"scope":{scope_text},'
+        f'"spec":{spec_text},"type":{_encode(action.type)}}}'
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
