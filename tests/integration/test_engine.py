@@ -1,0 +1,285 @@
+"""The engine end to end: a Node on a real store running real subprocesses.
+
+Each action's command appends its id to a counter file, so the tests can tell
+exactly which actions ran and how often. Runs on the embedded SQLite store and
+on a MongoDB wire server (nx-27017, or `PINGO_TEST_MONGODB_URI`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import pytest
+
+from pingo import states
+from pingo.config import Settings
+from pingo.node import Node
+from pingo.store import open_store
+
+A = states.ActionState
+D = states.DatasetState
+W = states.WorkflowState
+
+Document = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("PINGO_TEST_MONGODB_URI")
+    if external:
+        yield external
+        return
+    from pingo import testing
+
+    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
+        yield server.url
+
+
+@pytest.fixture(params=["sqlite", "wire"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'pingo.db'}"
+    base: str = request.getfixturevalue("wire_url")
+    hosts = base.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
+    return f"mongodb://{hosts}/pingo_engine_{uuid.uuid4().hex[:12]}"
+
+
+def engine_settings(tmp_path: Path, store_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "home": tmp_path / "home",
+        "store_url": store_url,
+        "poll_interval_s": 0.2,
+        "lease_s": 10.0,
+        "local_slots": 4,
+        "retry_backoff_s": 0.05,
+        "reconcile_grace_s": 0.5,
+        "mongo_write_concern": "1",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, store_url: str) -> Settings:
+    return engine_settings(tmp_path, store_url)
+
+
+@pytest.fixture
+async def node(settings: Settings) -> AsyncIterator[Node]:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    async with open_store(
+        settings.store_url, mongo_write_concern=settings.mongo_write_concern
+    ) as store:
+        node = Node(settings, store)
+        await node.start()
+        try:
+            yield node
+        finally:
+            await node.stop()
+
+
+def counting(action_id: int, counter: Path, extra: str = "") -> list[str]:
+    """A command recording its run in `counter` and writing its output file."""
+    return ["sh", "-c", f'echo {action_id} >> {counter}; echo {action_id}{extra} > "$PINGO_OUTPUT"']
+
+
+def layered_100(shared_dir: Path, counter: Path) -> Document:
+    document: Document = json.loads((shared_dir / "bench" / "layered-100.json").read_text())
+    for action in document["actions"]:
+        action["command"] = counting(action["id"], counter)
+    return document
+
+
+def read(path: str | Path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def runs(counter: Path) -> collections.Counter[int]:
+    if not counter.exists():
+        return collections.Counter()
+    return collections.Counter(int(line) for line in counter.read_text().split())
+
+
+def descendants(document: Document, action_id: int) -> set[int]:
+    graph = nx.DiGraph()
+    for action in document["actions"]:
+        graph.add_node(action["id"])
+        for parent in action.get("parentActions", []):
+            graph.add_edge(parent["id"], action["id"])
+    return set(nx.descendants(graph, action_id))
+
+
+async def test_layered_100_runs_once_reuses_and_reruns_what_changed(
+    node: Node, shared_dir: Path, tmp_path: Path
+) -> None:
+    counter = tmp_path / "counter"
+    document = layered_100(shared_dir, counter)
+    ids = {a["id"] for a in document["actions"]}
+
+    first = await node.workflows.submit(document, owner="alice")
+    done = await node.wait_workflow(first.id, timeout_s=60)
+    assert done.state is W.SUCCEEDED, done.error
+    assert runs(counter) == collections.Counter(ids)
+    actions = await node.store.list_actions(first.id)
+    assert {a.state for a in actions} == {A.FINISHED}
+    # Every output was promoted onto its dataset path, the staging area left empty.
+    datasets = await node.store.get_datasets({a.dataset_id for a in actions})
+    for action in actions:
+        dataset = datasets[action.dataset_id]
+        assert dataset.state in (D.STORED, D.LEAF)
+        assert read(dataset.path).strip() == str(action.action_id)
+        assert dataset.size_bytes == len(f"{action.action_id}\n")
+    staging = Path(node.storage.root) / ".staging"
+    assert not staging.exists() or not any(staging.iterdir())
+    # One log per attempt.
+    assert (node.settings.home / "logs" / first.id / "1.1.log").exists()
+
+    # The same workflow again: every dataset is reused, nothing runs.
+    again = await node.workflows.submit(copy.deepcopy(document), owner="bob")
+    assert again.state is W.SUCCEEDED
+    assert runs(counter) == collections.Counter(ids)
+
+    # One changed command: exactly it and its descendants run again.
+    changed_id = 25
+    changed = copy.deepcopy(document)
+    for action in changed["actions"]:
+        if action["id"] == changed_id:
+            action["command"] = counting(changed_id, counter, extra=" v2")
+    third = await node.workflows.submit(changed, owner="alice")
+    done = await node.wait_workflow(third.id, timeout_s=60)
+    assert done.state is W.SUCCEEDED, done.error
+    rerun = runs(counter) - collections.Counter(ids)
+    assert set(rerun) == {changed_id} | descendants(document, changed_id)
+    assert set(rerun.values()) == {1}
+
+
+def single(command: list[str], **fields: Any) -> Document:
+    action = {"id": 1, "name": "only", "type": "command-line", "command": command, **fields}
+    return {"name": "single", "startActionId": 1, "endActionId": 1, "actions": [action]}
+
+
+async def test_failure_is_retried_then_fails_the_workflow(node: Node, tmp_path: Path) -> None:
+    counter = tmp_path / "counter"
+    document = single(["sh", "-c", f"echo 1 >> {counter}; echo broken >&2; exit 4"], maxAttempts=2)
+    workflow = await node.workflows.submit(document, owner="alice")
+    done = await node.wait_workflow(workflow.id, timeout_s=30)
+    assert done.state is W.FAILED
+    [action] = await node.store.list_actions(workflow.id)
+    assert action.state is A.FAILED
+    assert action.attempts == 2
+    assert action.error is not None and "exited with status 4" in action.error
+    assert "broken" in action.error
+    assert runs(counter) == {1: 2}
+    dataset = await node.store.get_dataset(action.dataset_id)
+    assert dataset is not None and dataset.state is D.DELETED
+
+
+async def test_timeout_fails_the_action(node: Node, tmp_path: Path) -> None:
+    document = single(["sleep", "30"], timeoutSeconds=0.5, maxAttempts=1)
+    workflow = await node.workflows.submit(document, owner="alice")
+    done = await node.wait_workflow(workflow.id, timeout_s=30)
+    assert done.state is W.FAILED
+    [action] = await node.store.list_actions(workflow.id)
+    assert action.error == "timed out after 0.5 s"
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in the group."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+async def test_kill_stops_the_running_process_group(node: Node, tmp_path: Path) -> None:
+    document = single(["sh", "-c", "sleep 60 & sleep 60; wait"])
+    workflow = await node.workflows.submit(document, owner="alice")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:
+        [action] = await node.store.list_actions(workflow.id)
+        if action.external_id is not None:
+            break
+        assert loop.time() < deadline, action
+        await asyncio.sleep(0.02)
+    pgid = int(action.external_id.split("@")[0])
+    assert group_alive(pgid)
+    killed = await node.workflows.kill(workflow.id)
+    assert killed.state is W.KILLED
+    done = await node.wait_workflow(workflow.id, timeout_s=10)
+    assert done.state is W.KILLED
+    deadline = loop.time() + 10
+    while group_alive(pgid):
+        assert loop.time() < deadline, "the process group survived the kill"
+        await asyncio.sleep(0.05)
+    [action] = await node.store.list_actions(workflow.id)
+    assert action.state is A.KILLED
+
+
+async def test_unknown_action_type_fails_at_once(
+    tmp_path: Path, store_url: str, shared_dir: Path
+) -> None:
+    # A node without any executor: the action must fail, not wait forever.
+    settings = engine_settings(tmp_path, store_url)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    async with open_store(settings.store_url, mongo_write_concern="1") as store:
+        node = Node(settings, store, executors={})
+        await node.start()
+        try:
+            workflow = await node.workflows.submit(single(["true"]), owner="alice")
+            done = await node.wait_workflow(workflow.id, timeout_s=30)
+        finally:
+            await node.stop()
+    assert done.state is W.FAILED
+    [action] = await store_actions(settings, workflow.id)
+    assert action.error is not None and "no executor" in action.error
+
+
+async def store_actions(settings: Settings, workflow_id: str) -> list[Any]:
+    async with open_store(settings.store_url, mongo_write_concern="1") as store:
+        return await store.list_actions(workflow_id)
+
+
+async def test_stop_hands_queued_work_back(tmp_path: Path, store_url: str) -> None:
+    counter = tmp_path / "counter"
+    settings = engine_settings(tmp_path, store_url, local_slots=1, submitters=2)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    actions = [
+        {"id": i, "name": f"a{i}", "type": "command-line", "command": counting(i, counter)}
+        for i in range(1, 6)
+    ]
+    actions[0]["command"] = ["sh", "-c", f"echo 1 >> {counter}; sleep 0.5"]
+    document = {"name": "five", "startActionId": 1, "endActionId": 5, "actions": actions}
+    async with open_store(settings.store_url, mongo_write_concern="1") as store:
+        node = Node(settings, store)
+        await node.start()
+        workflow = await node.workflows.submit(document, owner="alice")
+        await asyncio.sleep(0.2)
+        await node.stop()
+        left = await store.list_actions(workflow.id)
+        # Nothing is left claimed by the stopped node: finished, or READY for anyone.
+        assert {a.state for a in left} <= {A.FINISHED, A.READY}
+        assert all(a.owner is None or a.state is A.FINISHED for a in left)
+        # A new node finishes the rest, each action having run once.
+        node = Node(settings.replace(node_id="second"), store)
+        await node.start()
+        try:
+            done = await node.wait_workflow(workflow.id, timeout_s=30)
+        finally:
+            await node.stop()
+    assert done.state is W.SUCCEEDED
+    assert runs(counter) == collections.Counter(range(1, 6))
