@@ -1,0 +1,174 @@
+"""Dataset files under a data root, through fsspec (a local directory, hdfs://, s3://, memory://).
+
+Every dataset has one path derived from its id. Executors write into a staging
+path per attempt; success promotes the staging path onto the dataset path, so a
+partial output never looks stored. Local filesystems take fast paths (an
+`os.rename` is atomic and cheap); only what can be slow (removing or measuring
+a tree, any remote call) runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import stat
+from typing import Any
+
+import fsspec.core
+from fsspec.implementations.local import LocalFileSystem
+
+logger = logging.getLogger(__name__)
+
+STAGING_DIR = ".staging"
+
+
+class DatasetStorage:
+    """Paths, promotion, measurement and removal of dataset files."""
+
+    def __init__(self, data_root: str) -> None:
+        fs, root = fsspec.core.url_to_fs(data_root)
+        self._fs: Any = fs
+        self._local = isinstance(fs, LocalFileSystem)
+        if self._local:
+            # Plain absolute paths locally, so executors can hand them to programs as-is.
+            self.root = os.path.abspath(os.path.expanduser(root)).rstrip("/") or "/"
+        else:
+            # Keep the URL (hdfs://nn/…, s3://bucket/…): paths go to cluster jobs verbatim.
+            self.root = data_root.rstrip("/")
+        self._staging_ready = False
+
+    @property
+    def is_local(self) -> bool:
+        """Whether dataset paths are paths of this machine's filesystem."""
+        return self._local
+
+    def path_for(self, dataset_id: str) -> str:
+        """Where the dataset's files live."""
+        return f"{self.root}/{dataset_id[:2]}/{dataset_id}"
+
+    def staging_path(self, dataset_id: str, workflow_id: str, action_id: int, attempt: int) -> str:
+        """Where one attempt of an action writes its output before promotion.
+
+        Creates the staging directory itself on first use on a local root (a
+        single cheap mkdir), so programs can write straight to the path.
+        """
+        if self._local and not self._staging_ready:
+            os.makedirs(f"{self.root}/{STAGING_DIR}", exist_ok=True)
+            self._staging_ready = True
+        return f"{self.root}/{STAGING_DIR}/{dataset_id}.{workflow_id}.{action_id}.{attempt}"
+
+    async def promote(self, staging: str, final: str) -> int:
+        """Move `staging` onto `final` and return the size of `final` in bytes.
+
+        When `final` already exists, the same provenance was stored by someone
+        else: the staging copy is removed and `final` kept. An attempt that wrote
+        nothing stores an empty dataset (a directory).
+        """
+        if self._local:
+            return await self._promote_local(staging, final)
+        return await asyncio.to_thread(self._promote_remote, staging, final)
+
+    async def _promote_local(self, staging: str, final: str) -> int:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        try:
+            # rename is atomic: either the whole output appears under `final` or none of it.
+            os.rename(staging, final)
+        except FileNotFoundError:
+            if not _lexists(final):
+                os.makedirs(final, exist_ok=True)
+                logger.debug(
+                    "no output at %s: stored an empty dataset",
+                    staging,
+                    extra={"event": "dataset_empty", "path": final},
+                )
+                return 0
+        except OSError:
+            # `final` is a non-empty directory (or a directory against a file):
+            # another action stored the same provenance first. Keep theirs.
+            if not _lexists(final):
+                raise
+            await self.remove(staging)
+        return await self.size(final)
+
+    def _promote_remote(self, staging: str, final: str) -> int:
+        fs = self._fs
+        src, dst = fs._strip_protocol(staging), fs._strip_protocol(final)
+        if fs.exists(dst):
+            if fs.exists(src):
+                fs.rm(src, recursive=True)
+        elif fs.exists(src):
+            fs.mv(src, dst, recursive=True)
+        else:
+            fs.makedirs(dst, exist_ok=True)
+            return 0
+        return int(fs.du(dst, total=True))
+
+    async def size(self, path: str) -> int:
+        """Bytes under `path` (a file, or every file of a tree); 0 when absent."""
+        if self._local:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return 0
+            if not stat.S_ISDIR(st.st_mode):
+                return st.st_size
+            return await asyncio.to_thread(_tree_size, path)
+        return await asyncio.to_thread(self._size_remote, path)
+
+    def _size_remote(self, path: str) -> int:
+        p = self._fs._strip_protocol(path)
+        if not self._fs.exists(p):
+            return 0
+        return int(self._fs.du(p, total=True))
+
+    async def remove(self, path: str) -> None:
+        """Remove the file or tree at `path`; nothing when it is absent."""
+        if self._local:
+            if _is_real_dir(path):
+                await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return
+        await asyncio.to_thread(self._remove_remote, path)
+
+    def _remove_remote(self, path: str) -> None:
+        p = self._fs._strip_protocol(path)
+        with contextlib.suppress(FileNotFoundError):
+            if self._fs.exists(p):
+                self._fs.rm(p, recursive=True)
+
+    async def exists(self, path: str) -> bool:
+        """Whether anything is at `path`."""
+        if self._local:
+            return _lexists(path)
+        return bool(await asyncio.to_thread(self._fs.exists, self._fs._strip_protocol(path)))
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _lexists(path: str) -> bool:
+    """Whether anything (even a dangling link) is at `path`: one cheap lstat."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _is_real_dir(path: str) -> bool:
+    """A directory, not a link to one (a link is removed, never what it points to)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False

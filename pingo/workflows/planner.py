@@ -1,0 +1,576 @@
+"""The workflow manager: decide which actions compute and which reuse a stored dataset.
+
+The original algorithm (reference/pingo-design.md, "The Workflow Manager"):
+actions are processed from the leaves towards the roots, breadth-first; an
+action is visited only when it is a leaf or a child of it computes, so the
+ancestors of a reused action are left alone. A visited action computes when it
+is forced or unmanaged, when its dataset is absent or not on disk for good
+(DELETED, DELETING, PROCESSING, TO_DELETE, STORED_TO_DELETE), or when another
+workflow is computing it (TO_STORE, TO_LEAF: the original's documented
+inefficiency). A STORED or LEAF dataset is reused: a leaf promotes it to LEAF,
+and every computing child claims it; a claim that fails (the dataset moved on)
+means computing after all.
+
+Processing goes by "generations" of the reversed DAG: an action comes after
+every one of its children, so a child's decision is always known when its
+parent is visited, and a parent whose reuse failed is simply a computing
+action when its own parents come up.
+
+The whole plan is persisted by one `Store.create_workflow` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pingo import errors, metrics, states
+from pingo.store import protocol
+from pingo.workflows import ids as provenance
+from pingo.workflows import language
+from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
+
+if TYPE_CHECKING:
+    from pingo.callbacks.service import CallbackService
+    from pingo.config import Settings
+    from pingo.datasets.storage import DatasetStorage
+
+logger = logging.getLogger(__name__)
+
+A = states.ActionState
+D = states.DatasetState
+W = states.WorkflowState
+
+#: Used when the action does not say (Settings has no default for it).
+DEFAULT_MAX_ATTEMPTS = 3
+
+#: Dataset states that mean "compute it": nothing usable is on disk for good.
+_RECOMPUTE: frozenset[states.DatasetState] = frozenset(
+    {D.DELETED, D.DELETING, D.PROCESSING, D.TO_DELETE, D.STORED_TO_DELETE}
+)
+#: Another workflow is computing it; the original computes again rather than join.
+_IN_FLIGHT: frozenset[states.DatasetState] = frozenset({D.TO_STORE, D.TO_LEAF})
+
+
+@dataclass(frozen=True, slots=True)
+class NewDatasetInfo:
+    """What retention's keep hook sees about a dataset a workflow is about to compute."""
+
+    dataset_id: str
+    workflow_id: str
+    owner: str
+    scope: str
+    action: ActionDefinition
+    #: Dataset ids of its inputs.
+    parents: tuple[str, ...]
+    #: The dataset's record if it existed before (e.g. DELETED: its past size and compute time).
+    previous: protocol.DatasetRecord | None
+
+
+KeepHook = Callable[[NewDatasetInfo], Awaitable[bool]]
+"""Retention's planning-time hook: False means "not worth keeping" (TO_DELETE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedAction:
+    """One action's planning decision."""
+
+    action_id: int
+    name: str
+    dataset_id: str
+    compute: bool
+    #: "forced", "unmanaged", "absent", a dataset state ("DELETED", …), "in-flight",
+    #: "claim-failed", "reused" or "not-needed".
+    reason: str
+    #: The dataset's state when planning looked, None when absent.
+    dataset_state: states.DatasetState | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "actionId": self.action_id,
+            "name": self.name,
+            "datasetId": self.dataset_id,
+            "compute": self.compute,
+            "reason": self.reason,
+            "datasetState": None if self.dataset_state is None else self.dataset_state.value,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decisions for a whole workflow, in ascending action id."""
+
+    workflow_id: str
+    actions: tuple[PlannedAction, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        compute = sum(1 for a in self.actions if a.compute)
+        reused = sum(1 for a in self.actions if a.reason == "reused")
+        return {
+            "workflowId": self.workflow_id,
+            "actions": [a.to_json() for a in self.actions],
+            "summary": {
+                "compute": compute,
+                "reused": reused,
+                "notNeeded": len(self.actions) - compute - reused,
+            },
+        }
+
+
+def new_workflow_id(now: datetime) -> str:
+    """A unique id that sorts by creation time: `wf-<ms since epoch, base36>-<random>`."""
+    ms = int(now.timestamp() * 1000)
+    return f"wf-{_base36(ms).rjust(9, '0')}-{secrets.token_hex(5)}"
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def scope_for(settings: Settings, owner: str) -> str:
+    """The sharing scope a user's dataset ids are computed in."""
+    return f"user:{owner}" if settings.sharing_scope == "user" else "server"
+
+
+def reverse_generations(definition: WorkflowDefinition) -> list[list[int]]:
+    """Action ids in generations: leaves first, then actions whose children all came before."""
+    children = {aid: definition.children(aid) for aid in definition.actions}
+    pending = {aid: len(kids) for aid, kids in children.items()}
+    current = sorted(aid for aid, n in pending.items() if n == 0)
+    generations: list[list[int]] = []
+    while current:
+        generations.append(current)
+        following: list[int] = []
+        for aid in current:
+            for parent in definition.actions[aid].parents:
+                pending[parent] -= 1
+                if pending[parent] == 0:
+                    following.append(parent)
+        current = sorted(following)
+    return generations
+
+
+@dataclass(slots=True)
+class _Decision:
+    compute: bool
+    reason: str
+    state: states.DatasetState | None
+
+
+@dataclass(slots=True)
+class _Planning:
+    """The working state of one planning pass."""
+
+    workflow_id: str
+    definition: WorkflowDefinition
+    dataset_ids: Mapping[int, str]
+    records: Mapping[str, protocol.DatasetRecord]
+    decisions: dict[int, _Decision] = field(default_factory=dict)
+    #: (dataset id, claim key) added to the store, to release if persisting fails.
+    claims: list[tuple[str, str]] = field(default_factory=list)
+
+    def computing_children(self, action_id: int) -> tuple[int, ...]:
+        return tuple(c for c in self.definition.children(action_id) if self.decisions[c].compute)
+
+
+def _decide(
+    action: ActionDefinition,
+    record: protocol.DatasetRecord | None,
+    forced: bool,
+) -> _Decision:
+    """The local decision for a visited action, before any claim is tried."""
+    state = None if record is None else record.state
+    if forced or action.force_computation:
+        return _Decision(True, "forced", state)
+    if not action.is_managed:
+        return _Decision(True, "unmanaged", state)
+    if state is None:
+        return _Decision(True, "absent", None)
+    if state in _RECOMPUTE:
+        return _Decision(True, state.value, state)
+    if state in _IN_FLIGHT:
+        return _Decision(True, "in-flight", state)
+    return _Decision(False, "reused", state)
+
+
+class WorkflowManager:
+    """Accepts workflows: parse, identify, plan, claim, persist."""
+
+    def __init__(
+        self,
+        store: protocol.Store,
+        storage: DatasetStorage,
+        settings: Settings,
+        *,
+        on_ready: Callable[[], None] = lambda: None,
+        keep_hook: KeepHook | None = None,
+        callbacks: CallbackService | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.settings = settings
+        self.on_ready = on_ready
+        self.keep_hook = keep_hook
+        self._callbacks = callbacks
+
+    # ------------------------------------------------------------------ public
+
+    async def submit(
+        self,
+        document: bytes | str | Mapping[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str | None = None,
+        force: Collection[int] = (),
+        rerun_of: str | None = None,
+    ) -> protocol.WorkflowRecord:
+        """Plan and persist a workflow; return its record (an existing one for a repeated key)."""
+        started = time.perf_counter()
+        if idempotency_key is not None:
+            existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
+            if existing is not None:
+                metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
+                return existing
+        definition = self._parse(document)
+        scope = scope_for(self.settings, owner)
+        dataset_ids = provenance.dataset_ids(definition, scope)
+        now = self.store.clock()
+        workflow_id = new_workflow_id(now)
+        records = await self.store.get_datasets(set(dataset_ids.values()))
+        planning = _Planning(workflow_id, definition, dataset_ids, records)
+        forced = frozenset(force)
+        try:
+            await self._plan(planning, forced, live=True)
+            plan = await self._workflow_plan(planning, owner, scope, now, idempotency_key, rerun_of)
+            try:
+                record = await self.store.create_workflow(plan)
+            except errors.Conflict:
+                if idempotency_key is None:
+                    raise
+                existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
+                if existing is None:
+                    raise
+                await self._release(planning.claims)
+                metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
+                return existing
+        except BaseException:
+            await asyncio.shield(self._release(planning.claims))
+            raise
+        reused = [dataset_ids[aid] for aid, d in planning.decisions.items() if d.reason == "reused"]
+        if reused:
+            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
+        computing = sum(1 for d in planning.decisions.values() if d.compute)
+        ready = sum(1 for a in plan.actions if a.state is A.READY)
+        metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
+        if ready:
+            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(ready)
+            self.on_ready()
+        logger.info(
+            "workflow %s (%s) planned: %d to compute, %d reused, %d ready, in %.1f ms",
+            record.id,
+            record.name,
+            computing,
+            len(reused),
+            ready,
+            (time.perf_counter() - started) * 1000,
+            extra={
+                "event": "workflow_submitted",
+                "workflow_id": record.id,
+                "compute": computing,
+                "reused": len(reused),
+            },
+        )
+        return record
+
+    async def dry_run(
+        self,
+        document: bytes | str | Mapping[str, Any],
+        *,
+        owner: str,
+        force: Collection[int] = (),
+    ) -> Plan:
+        """The decisions `submit` would make now; stores nothing and adds no claims."""
+        definition = self._parse(document)
+        dataset_ids = provenance.dataset_ids(definition, scope_for(self.settings, owner))
+        records = await self.store.get_datasets(set(dataset_ids.values()))
+        planning = _Planning(new_workflow_id(self.store.clock()), definition, dataset_ids, records)
+        await self._plan(planning, frozenset(force), live=False)
+        return _to_plan(planning)
+
+    async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
+        """Kill a workflow (delegates to the callback service)."""
+        if self._callbacks is None:
+            from pingo.callbacks.service import CallbackService
+
+            self._callbacks = CallbackService(
+                self.store, self.storage, self.settings, on_ready=self.on_ready
+            )
+        return await self._callbacks.kill_workflow(workflow_id)
+
+    # ---------------------------------------------------------------- planning
+
+    def _parse(self, document: bytes | str | Mapping[str, Any]) -> WorkflowDefinition:
+        try:
+            return language.parse(document, max_actions=self.settings.max_actions)
+        except errors.ValidationFailed:
+            metrics.SUBMISSIONS.labels(outcome="invalid").inc()
+            raise
+
+    async def _plan(self, planning: _Planning, forced: frozenset[int], *, live: bool) -> None:
+        """Fill `planning.decisions` for every action, adding claims when `live`."""
+        definition = planning.definition
+        for generation in reverse_generations(definition):
+            reusing: list[int] = []
+            for aid in generation:
+                action = definition.actions[aid]
+                needed = (
+                    definition.is_leaf(aid)
+                    or aid in forced
+                    or action.force_computation
+                    or any(planning.decisions[c].compute for c in definition.children(aid))
+                )
+                if not needed:
+                    record = planning.records.get(planning.dataset_ids[aid])
+                    planning.decisions[aid] = _Decision(
+                        False, "not-needed", None if record is None else record.state
+                    )
+                    continue
+                decision = _decide(
+                    action, planning.records.get(planning.dataset_ids[aid]), aid in forced
+                )
+                planning.decisions[aid] = decision
+                if not decision.compute:
+                    reusing.append(aid)
+            if live and reusing:
+                # One round trip per generation: every claim (and leaf promotion)
+                # of the generation at once. Parents come in later generations,
+                # so an action whose claim fails is a computing child for them.
+                held = await asyncio.gather(*(self._hold(planning, aid) for aid in reusing))
+                for aid, ok in zip(reusing, held, strict=True):
+                    if not ok:
+                        planning.decisions[aid].compute = True
+                        planning.decisions[aid].reason = "claim-failed"
+
+    async def _hold(self, planning: _Planning, action_id: int) -> bool:
+        """Make a reused dataset safe to read: LEAF for a leaf, a claim per computing child."""
+        dataset_id = planning.dataset_ids[action_id]
+        record = planning.records[dataset_id]
+        if planning.definition.is_leaf(action_id):
+            if record.state is D.LEAF:
+                return True
+            states.ensure_transition(D.STORED, D.LEAF, states.Trigger.PLANNER)
+            moved = await self.store.transition_dataset(dataset_id, {D.STORED}, D.LEAF)
+            if moved is not None:
+                return True
+            # Lost a race: someone else may have made it LEAF, which is just as good.
+            current = await self.store.get_dataset(dataset_id)
+            return current is not None and current.state is D.LEAF
+        keys = [
+            protocol.claim_key(planning.workflow_id, c)
+            for c in planning.computing_children(action_id)
+        ]
+        results = await asyncio.gather(
+            *(self.store.add_dataset_claim(dataset_id, k, states.DATASET_REUSABLE) for k in keys)
+        )
+        ok = True
+        for key, result in zip(keys, results, strict=True):
+            if result is None:
+                ok = False
+            else:
+                planning.claims.append((dataset_id, key))
+        if not ok:
+            logger.debug(
+                "dataset %s moved on while claiming it; computing it instead",
+                dataset_id,
+                extra={"event": "claim_failed", "dataset_id": dataset_id},
+            )
+        return ok
+
+    async def _release(self, claims: Sequence[tuple[str, str]]) -> None:
+        if claims:
+            await asyncio.gather(
+                *(self.store.remove_dataset_claim(ds, key) for ds, key in claims),
+                return_exceptions=True,
+            )
+
+    async def _workflow_plan(
+        self,
+        planning: _Planning,
+        owner: str,
+        scope: str,
+        now: datetime,
+        idempotency_key: str | None,
+        rerun_of: str | None,
+    ) -> protocol.WorkflowPlan:
+        """The records to persist: the workflow, every action, every dataset to compute."""
+        definition = planning.definition
+        wf = planning.workflow_id
+        ids = planning.dataset_ids
+        decisions = planning.decisions
+        computing = [aid for aid in sorted(definition.actions) if decisions[aid].compute]
+        keep = await self._keep_decisions(planning, owner, scope, computing)
+
+        actions: list[protocol.ActionRecord] = []
+        datasets: dict[str, protocol.DatasetPlan] = {}
+        for aid in sorted(definition.actions):
+            action = definition.actions[aid]
+            decision = decisions[aid]
+            inputs = {p: ids[p] for p in action.parents}
+            common: dict[str, Any] = {
+                "workflow_id": wf,
+                "action_id": aid,
+                "name": action.name,
+                "type": action.type,
+                "dataset_id": ids[aid],
+                "reason": decision.reason,
+                "definition": dict(action.raw),
+                "inputs": inputs,
+                "callback_id": uuid.uuid4().hex,
+                "created_at": now,
+                "updated_at": now,
+                "max_attempts": action.max_attempts or DEFAULT_MAX_ATTEMPTS,
+            }
+            if not decision.compute:
+                actions.append(
+                    protocol.ActionRecord(
+                        state=A.FINISHED,
+                        reused=True,
+                        waiting_on=(),
+                        children=(),
+                        finished_at=now,
+                        **common,
+                    )
+                )
+                continue
+            waiting = tuple(p for p in action.parents if decisions[p].compute)
+            children = planning.computing_children(aid)
+            actions.append(
+                protocol.ActionRecord(
+                    state=A.WAITING if waiting else A.READY,
+                    reused=False,
+                    waiting_on=waiting,
+                    children=children,
+                    **common,
+                )
+            )
+            if definition.is_leaf(aid):
+                target = D.TO_LEAF
+            else:
+                target = D.TO_STORE if keep.get(aid, True) else D.TO_DELETE
+            _add_dataset(
+                datasets,
+                protocol.DatasetPlan(
+                    id=ids[aid],
+                    state=target,
+                    path=(
+                        action.output_path
+                        if not action.is_managed and action.output_path
+                        else self.storage.path_for(ids[aid])
+                    ),
+                    scope=scope,
+                    action_type=action.type,
+                    definition=provenance.identity(action, [ids[p] for p in action.parents], scope),
+                    parents=tuple(ids[p] for p in action.parents),
+                    producer_workflow_id=wf,
+                    producer_action_id=aid,
+                    is_managed=action.is_managed,
+                    claims=tuple(protocol.claim_key(wf, c) for c in children),
+                ),
+            )
+
+        done = not computing
+        if done:
+            states.ensure_transition(W.RUNNING, W.SUCCEEDED, states.Trigger.PLANNER)
+        workflow = protocol.WorkflowRecord(
+            id=wf,
+            name=definition.name,
+            owner=owner,
+            state=W.SUCCEEDED if done else W.RUNNING,
+            document=definition.document,
+            scope=scope,
+            on_failure=definition.on_failure,
+            end_dataset_id=ids.get(definition.end_action_id),
+            created_at=now,
+            finished_at=now if done else None,
+            idempotency_key=idempotency_key,
+            rerun_of=rerun_of,
+        )
+        return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values()))
+
+    async def _keep_decisions(
+        self, planning: _Planning, owner: str, scope: str, computing: Sequence[int]
+    ) -> dict[int, bool]:
+        """Ask retention's hook about each new intermediate (never leaves nor unmanaged)."""
+        hook = self.keep_hook
+        if hook is None:
+            return {}
+        definition = planning.definition
+        asked = [
+            aid
+            for aid in computing
+            if not definition.is_leaf(aid) and definition.actions[aid].is_managed
+        ]
+        infos = [
+            NewDatasetInfo(
+                dataset_id=planning.dataset_ids[aid],
+                workflow_id=planning.workflow_id,
+                owner=owner,
+                scope=scope,
+                action=definition.actions[aid],
+                parents=tuple(planning.dataset_ids[p] for p in definition.actions[aid].parents),
+                previous=planning.records.get(planning.dataset_ids[aid]),
+            )
+            for aid in asked
+        ]
+        answers = await asyncio.gather(*(hook(info) for info in infos))
+        return dict(zip(asked, answers, strict=True))
+
+
+#: Planned targets, weakest first: twins in one workflow keep the strongest.
+_TARGET_RANK: Mapping[states.DatasetState, int] = {D.TO_DELETE: 0, D.TO_STORE: 1, D.TO_LEAF: 2}
+
+
+def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.DatasetPlan) -> None:
+    """Add a dataset to compute, merging twins: actions of one workflow with the same provenance.
+
+    The first (lowest action id) is the producer of record; every twin computes
+    (joining a computation in flight is a later goal) and the first success stores it.
+    """
+    twin = datasets.get(plan.id)
+    if twin is None:
+        datasets[plan.id] = plan
+        return
+    state = max(twin.state, plan.state, key=lambda s: _TARGET_RANK[s])
+    claims = tuple(dict.fromkeys((*twin.claims, *plan.claims)))
+    datasets[plan.id] = dataclasses.replace(twin, state=state, claims=claims)
+
+
+def _to_plan(planning: _Planning) -> Plan:
+    return Plan(
+        workflow_id=planning.workflow_id,
+        actions=tuple(
+            PlannedAction(
+                action_id=aid,
+                name=planning.definition.actions[aid].name,
+                dataset_id=planning.dataset_ids[aid],
+                compute=planning.decisions[aid].compute,
+                reason=planning.decisions[aid].reason,
+                dataset_state=planning.decisions[aid].state,
+            )
+            for aid in sorted(planning.definition.actions)
+        ),
+    )
