@@ -73,24 +73,39 @@ class DatasetStorage:
 
     async def _promote_local(self, staging: str, final: str) -> int:
         os.makedirs(os.path.dirname(final), exist_ok=True)
-        try:
-            # rename is atomic: either the whole output appears under `final` or none of it.
-            os.rename(staging, final)
-        except FileNotFoundError:
-            if not _lexists(final):
-                os.makedirs(final, exist_ok=True)
-                logger.debug(
-                    "no output at %s: stored an empty dataset",
-                    staging,
-                    extra={"event": "dataset_empty", "path": final},
-                )
-                return 0
-        except OSError:
-            # `final` is a non-empty directory (or a directory against a file):
-            # another action stored the same provenance first. Keep theirs.
-            if not _lexists(final):
-                raise
+        if _lexists(final):
+            # Another action stored the same provenance first. Keep theirs.
             await self.remove(staging)
+            return await self.size(final)
+        try:
+            staged = os.lstat(staging)
+        except FileNotFoundError:
+            os.makedirs(final, exist_ok=True)
+            logger.debug(
+                "no output at %s: stored an empty dataset",
+                staging,
+                extra={"event": "dataset_empty", "path": final},
+            )
+            return 0
+        if stat.S_ISDIR(staged.st_mode):
+            try:
+                # rename is atomic: the whole tree appears under `final` or none of it;
+                # it fails onto a non-empty directory, so nobody's output is clobbered.
+                os.rename(staging, final)
+            except OSError:
+                if not _lexists(final):
+                    raise
+                await self.remove(staging)
+        else:
+            # A file: link (never overwrites) rather than rename (would clobber a twin's file).
+            try:
+                os.link(staging, final)
+            except FileExistsError:
+                pass
+            except OSError:
+                os.replace(staging, final)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
         return await self.size(final)
 
     def _promote_remote(self, staging: str, final: str) -> int:

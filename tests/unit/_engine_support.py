@@ -176,3 +176,16 @@ def write_output(
     )
     path.write_bytes(content)
     return path
+
+
+def content(path: str | Path) -> bytes:
+    """The bytes of a dataset file (sync: keeps blocking I/O out of the async tests)."""
+    return Path(path).read_bytes()
+
+
+def is_dir(path: str | Path) -> bool:
+    return Path(path).is_dir()
+
+
+def exists(path: str | Path) -> bool:
+    return Path(path).exists()

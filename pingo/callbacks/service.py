@@ -1,0 +1,534 @@
+"""The callback system: what happens when work starts, succeeds, fails or is killed.
+
+Every callback names an action (by its callback id) and the attempt it belongs
+to. A callback for an older attempt is stale and changes nothing; the same
+callback twice leaves the same state (each step is a compare-and-set that only
+the first caller wins, and every step is safe to redo after a crash).
+
+Success stores the dataset *before* the action becomes FINISHED, and the action
+becomes FINISHED before its children are released: whoever sees a finished
+parent can read its dataset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from pingo import errors, metrics, states
+from pingo.store import protocol
+
+if TYPE_CHECKING:
+    from pingo.config import Settings
+    from pingo.datasets.storage import DatasetStorage
+
+logger = logging.getLogger(__name__)
+
+A = states.ActionState
+D = states.DatasetState
+W = states.WorkflowState
+T = states.Trigger
+
+#: States in which an executor may call back for the current attempt.
+_EXECUTING: frozenset[states.ActionState] = frozenset({A.SUBMITTED, A.RUNNING})
+#: States in which an action has not started and can simply be killed.
+_NOT_STARTED: frozenset[states.ActionState] = frozenset({A.WAITING, A.READY, A.PROCESSING})
+#: States in which an action is still to run (the workflow is not done).
+_LEFT: frozenset[states.ActionState] = frozenset(
+    {A.WAITING, A.READY, A.PROCESSING, A.SUBMITTED, A.RUNNING}
+)
+#: Where a computed dataset goes once its files are stored.
+_STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
+    D.TO_STORE: D.STORED,
+    D.TO_LEAF: D.LEAF,
+    D.TO_DELETE: D.STORED_TO_DELETE,
+}
+#: A deletor holds the dataset: its files are going away.
+_BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
+#: How often success polls a dataset that a deletor is removing.
+_DELETION_POLL_S = 0.05
+
+
+class StaleCallback(errors.Conflict):
+    """The callback belongs to an attempt that is not the action's current one."""
+
+    code = "STALE_CALLBACK"
+
+
+KillAction = Callable[[protocol.ActionRecord], Awaitable[None]]
+
+
+class CallbackService:
+    """Applies callbacks to actions, datasets and workflows (implements `Reporter`)."""
+
+    def __init__(
+        self,
+        store: protocol.Store,
+        storage: DatasetStorage,
+        settings: Settings,
+        *,
+        on_ready: Callable[[], None] = lambda: None,
+        kill_action: KillAction | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.settings = settings
+        self.on_ready = on_ready
+        self.kill_action = kill_action
+
+    # -------------------------------------------------------------- callbacks
+
+    async def running(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
+        """The executor started the work: SUBMITTED → RUNNING."""
+        action = await self._current(callback_id, attempt)
+        if action.state is not A.SUBMITTED:
+            return action
+        changes = protocol.ActionChanges(
+            started_at=self.store.clock() if action.started_at is None else protocol.KEEP
+        )
+        moved = await self._move(action, {A.SUBMITTED}, A.RUNNING, T.CALLBACK, changes)
+        return moved or await self._reread(action)
+
+    async def success(
+        self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+    ) -> protocol.ActionRecord:
+        """The work succeeded: store the dataset, finish the action, release its children."""
+        started = time.perf_counter()
+        action = await self._current(callback_id, attempt)
+        if action.state not in _EXECUTING:
+            return action
+        now = self.store.clock()
+        if runtime_s is None and action.started_at is not None:
+            runtime_s = max(0.0, (now - action.started_at).total_seconds())
+        await self._store_dataset(action, runtime_s)
+        changes = protocol.ActionChanges(
+            finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
+        )
+        finished = await self._move(action, _EXECUTING, A.FINISHED, T.CALLBACK, changes)
+        if finished is None:
+            return await self._reread(action)
+        await self._release_inputs(finished)
+        released: list[protocol.ActionRecord] = []
+        if finished.children:
+            released = await self.store.release_parent(
+                finished.workflow_id, finished.action_id, finished.children
+            )
+        if released:
+            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            self.on_ready()
+        else:
+            # A child made READY means work is left; otherwise check the workflow.
+            await self._finish_if_done(finished.workflow_id, T.CALLBACK)
+        logger.info(
+            "action %s/%s finished",
+            finished.workflow_id,
+            finished.action_id,
+            extra={
+                "event": "action_finished",
+                "workflow_id": finished.workflow_id,
+                "action_id": finished.action_id,
+                "ready": len(released),
+            },
+        )
+        metrics.CALLBACK_SECONDS.labels(kind="success").observe(time.perf_counter() - started)
+        return finished
+
+    async def failed(self, callback_id: str, attempt: int, error: str) -> protocol.ActionRecord:
+        """The work failed: retry after backoff while attempts remain, else FAILED."""
+        action = await self._current(callback_id, attempt)
+        if action.state not in _EXECUTING:
+            return action
+        moved = await self._fail_attempt(action, error, T.CALLBACK)
+        return moved or await self._reread(action)
+
+    async def killed(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
+        """The work was killed: KILLED, its partial output and claims dropped."""
+        action = await self._current(callback_id, attempt)
+        if action.state not in _EXECUTING:
+            return action
+        now = self.store.clock()
+        changes = protocol.ActionChanges(finished_at=now, error="killed", lease_expires_at=None)
+        moved = await self._move(action, _EXECUTING, A.KILLED, T.CALLBACK, changes)
+        if moved is None:
+            return await self._reread(action)
+        await self._remove_staging(moved)
+        await self._discard(moved)
+        # Killed behind Pingo's back (the user did not kill the workflow): its
+        # descendants can never run, exactly as after a failure.
+        await self._after_failure(
+            moved, f"action {moved.action_id} ({moved.name}) was killed", T.CALLBACK
+        )
+        return moved
+
+    async def submit_failed(
+        self, action: protocol.ActionRecord, error: str
+    ) -> protocol.ActionRecord:
+        """The executor refused the submission: READY with backoff, or FAILED past maxAttempts."""
+        moved = await self._fail_attempt(action, error, T.SUBMITTER)
+        return moved or await self._reread(action)
+
+    async def release_lost(
+        self, action: protocol.ActionRecord, reason: str
+    ) -> protocol.ActionRecord | None:
+        """The node running the action died: READY again (the attempt counts), or FAILED.
+
+        None when the action moved on meanwhile (a callback or another reaper won).
+        """
+        if action.state not in _EXECUTING:
+            return None
+        return await self._fail_attempt(action, reason, T.REAPER)
+
+    async def kill_workflow(self, workflow_id: str) -> protocol.WorkflowRecord:
+        """The user kills a workflow: it becomes KILLED and so does every unfinished action."""
+        workflow = await self.store.get_workflow(workflow_id)
+        if workflow is None:
+            raise errors.NotFound(f"no workflow {workflow_id}")
+        if workflow.state is W.RUNNING:
+            states.ensure_transition(W.RUNNING, W.KILLED, T.USER)
+            moved = await self.store.transition_workflow(
+                workflow_id,
+                {W.RUNNING},
+                W.KILLED,
+                protocol.WorkflowChanges(finished_at=self.store.clock(), error="killed by user"),
+            )
+            workflow = moved or await self._workflow(workflow_id)
+        if workflow.state is not W.KILLED:
+            raise errors.Conflict(f"workflow {workflow_id} already ended {workflow.state.value}")
+        # Swept even when it was KILLED already: a kill interrupted by a crash finishes now.
+        await self._sweep(workflow_id, "workflow killed", T.USER)
+        logger.info(
+            "workflow %s killed",
+            workflow_id,
+            extra={"event": "workflow_killed", "workflow_id": workflow_id},
+        )
+        return workflow
+
+    # ---------------------------------------------------------------- success
+
+    async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
+        """Promote the attempt's output onto the dataset path and mark the dataset stored."""
+        dataset = await self._settled_dataset(action.dataset_id)
+        managed = bool(action.definition.get("isManaged", True))
+        if managed:
+            staging = self.storage.staging_path(
+                action.dataset_id, action.workflow_id, action.action_id, action.attempts
+            )
+            path = dataset.path
+            size = await self.storage.promote(staging, path)
+        else:
+            # The user's own path: the work wrote there directly; measure it.
+            path = str(action.definition.get("outputPath") or dataset.path)
+            size = await self.storage.size(path)
+        now = self.store.clock()
+        changes = protocol.DatasetChanges(
+            size_bytes=size,
+            compute_s=runtime_s,
+            stored_at=now,
+            path=path,
+            producer_workflow_id=action.workflow_id,
+            producer_action_id=action.action_id,
+        )
+        # A few rounds at most: each lost CAS means another writer moved it on.
+        for _ in range(5):
+            target = _STORED_TARGET.get(dataset.state)
+            if target is None and dataset.state is D.DELETED:
+                # Evicted or failed elsewhere while this attempt ran: store it again.
+                target = D.LEAF if await self._is_leaf(action) else D.STORED
+            if target is None:
+                # STORED / LEAF / STORED_TO_DELETE: the same provenance is on disk
+                # already (stored by someone else); keep it as it is.
+                return
+            states.ensure_transition(dataset.state, target, T.CALLBACK)
+            moved = await self.store.transition_dataset(
+                dataset.id, {dataset.state}, target, changes
+            )
+            if moved is not None:
+                return
+            dataset = await self._settled_dataset(action.dataset_id)
+        raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")
+
+    async def _settled_dataset(self, dataset_id: str) -> protocol.DatasetRecord:
+        """The dataset once no deletor is removing its files (they would race a promotion)."""
+        deadline = time.monotonic() + 2 * self.settings.lease_s
+        while True:
+            dataset = await self.store.get_dataset(dataset_id)
+            if dataset is None:
+                raise errors.NotFound(f"no dataset {dataset_id}")
+            if dataset.state not in _BEING_DELETED:
+                return dataset
+            if time.monotonic() > deadline:
+                raise errors.Conflict(f"dataset {dataset_id} is being deleted; retry the callback")
+            await asyncio.sleep(_DELETION_POLL_S)
+
+    async def _is_leaf(self, action: protocol.ActionRecord) -> bool:
+        """Whether no action of its workflow reads it (rare path: the dataset was DELETED)."""
+        workflow = await self.store.get_workflow(action.workflow_id)
+        if workflow is None:
+            return not action.children
+        for other in workflow.document.get("actions", ()):
+            for parent in other.get("parentActions", ()) or ():
+                if isinstance(parent, Mapping) and parent.get("id") == action.action_id:
+                    return False
+        return True
+
+    # ---------------------------------------------------------------- failure
+
+    async def _fail_attempt(
+        self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
+    ) -> protocol.ActionRecord | None:
+        """Retry the action after backoff, or fail it for good; None when it moved on."""
+        await self._remove_staging(action)
+        now = self.store.clock()
+        if action.attempts < action.max_attempts:
+            delay = self.settings.retry_backoff_s * 2 ** max(action.attempts - 1, 0)
+            changes = protocol.ActionChanges(
+                owner=None,
+                lease_expires_at=None,
+                not_before=now + timedelta(seconds=delay),
+                external_id=None,
+                error=error,
+            )
+            expected = _EXECUTING & states.sources(A.READY, trigger)
+            moved = await self._move(action, expected, A.READY, trigger, changes)
+            if moved is not None:
+                logger.warning(
+                    "action %s/%s attempt %d failed (%s); retrying in %.1f s",
+                    action.workflow_id,
+                    action.action_id,
+                    action.attempts,
+                    error,
+                    delay,
+                    extra={
+                        "event": "action_retry",
+                        "workflow_id": action.workflow_id,
+                        "action_id": action.action_id,
+                        "attempt": action.attempts,
+                    },
+                )
+            return moved
+        changes = protocol.ActionChanges(finished_at=now, error=error, lease_expires_at=None)
+        expected = _EXECUTING & states.sources(A.FAILED, trigger)
+        moved = await self._move(action, expected, A.FAILED, trigger, changes)
+        if moved is None:
+            return None
+        logger.warning(
+            "action %s/%s failed after %d attempts: %s",
+            action.workflow_id,
+            action.action_id,
+            action.attempts,
+            error,
+            extra={
+                "event": "action_failed",
+                "workflow_id": action.workflow_id,
+                "action_id": action.action_id,
+            },
+        )
+        await self._discard(moved)
+        await self._after_failure(
+            moved, f"action {moved.action_id} ({moved.name}) failed: {error}", trigger
+        )
+        return moved
+
+    async def _after_failure(
+        self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
+    ) -> None:
+        """Apply the workflow's onFailure after `action` ended FAILED or KILLED."""
+        workflow = await self.store.get_workflow(action.workflow_id)
+        if workflow is None or workflow.state is not W.RUNNING:
+            return
+        if workflow.on_failure == "continue":
+            await self._kill_descendants(action)
+            await self._finish_if_done(action.workflow_id, trigger, error)
+            return
+        # abort: the workflow fails first, so no success elsewhere can end it SUCCEEDED.
+        states.ensure_transition(W.RUNNING, W.FAILED, trigger)
+        await self.store.transition_workflow(
+            action.workflow_id,
+            {W.RUNNING},
+            W.FAILED,
+            protocol.WorkflowChanges(finished_at=self.store.clock(), error=error),
+        )
+        await self._sweep(action.workflow_id, "workflow aborted", T.CALLBACK)
+
+    async def _kill_descendants(self, action: protocol.ActionRecord) -> None:
+        """onFailure "continue": what depends on the failed action can never run."""
+        by_id = {a.action_id: a for a in await self.store.list_actions(action.workflow_id)}
+        seen: set[int] = set()
+        frontier = list(action.children)
+        while frontier:
+            aid = frontier.pop()
+            if aid in seen or aid not in by_id:
+                continue
+            seen.add(aid)
+            frontier.extend(by_id[aid].children)
+        victims = [by_id[aid] for aid in sorted(seen) if by_id[aid].state in _NOT_STARTED]
+        error = f"parent action {action.action_id} did not finish"
+        await asyncio.gather(*(self._kill_not_started(v, error) for v in victims))
+
+    async def _kill_not_started(self, action: protocol.ActionRecord, error: str) -> None:
+        changes = protocol.ActionChanges(
+            finished_at=self.store.clock(), error=error, owner=None, lease_expires_at=None
+        )
+        moved = await self._move(action, _NOT_STARTED, A.KILLED, T.CALLBACK, changes)
+        if moved is not None:
+            await self._discard(moved)
+
+    async def _sweep(self, workflow_id: str, error: str, trigger: states.Trigger) -> None:
+        """Kill every unfinished action of the workflow; stop running ones through executors."""
+        for state in _NOT_STARTED:
+            states.ensure_transition(state, A.KILLED, trigger)
+        now = self.store.clock()
+        killed = await self.store.transition_actions(
+            workflow_id,
+            _NOT_STARTED,
+            A.KILLED,
+            protocol.ActionChanges(finished_at=now, error=error, owner=None, lease_expires_at=None),
+        )
+        if killed:
+            metrics.ACTION_TRANSITIONS.labels(state=A.KILLED.value).inc(len(killed))
+        await asyncio.gather(*(self._discard(a) for a in killed))
+        # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
+        running = [a for a in await self.store.list_actions(workflow_id) if a.state in _EXECUTING]
+        await asyncio.gather(*(self._stop_running(a, error, trigger) for a in running))
+
+    async def _stop_running(
+        self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
+    ) -> None:
+        if self.kill_action is not None:
+            try:
+                await self.kill_action(action)
+            except Exception:
+                # Marking it KILLED still stops Pingo from using its output.
+                logger.warning(
+                    "could not stop %s/%s through its executor",
+                    action.workflow_id,
+                    action.action_id,
+                    exc_info=True,
+                    extra={"event": "action_kill_failed", "workflow_id": action.workflow_id},
+                )
+        changes = protocol.ActionChanges(
+            finished_at=self.store.clock(), error=error, lease_expires_at=None
+        )
+        moved = await self._move(action, _EXECUTING, A.KILLED, trigger, changes)
+        if moved is not None:
+            await self._remove_staging(moved)
+            await self._discard(moved)
+
+    # ---------------------------------------------------------------- helpers
+
+    async def _current(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
+        action = await self.store.get_action_by_callback(callback_id)
+        if action is None:
+            raise errors.NotFound(f"no action has callback id {callback_id}")
+        if attempt != action.attempts:
+            raise StaleCallback(
+                f"attempt {attempt} of action {action.workflow_id}/{action.action_id} "
+                f"is stale (current attempt: {action.attempts})"
+            )
+        return action
+
+    async def _reread(self, action: protocol.ActionRecord) -> protocol.ActionRecord:
+        current = await self.store.get_action(action.workflow_id, action.action_id)
+        if current is None:
+            raise errors.NotFound(f"no action {action.workflow_id}/{action.action_id}")
+        return current
+
+    async def _workflow(self, workflow_id: str) -> protocol.WorkflowRecord:
+        workflow = await self.store.get_workflow(workflow_id)
+        if workflow is None:
+            raise errors.NotFound(f"no workflow {workflow_id}")
+        return workflow
+
+    async def _move(
+        self,
+        action: protocol.ActionRecord,
+        expected: Collection[states.ActionState],
+        new: states.ActionState,
+        trigger: states.Trigger,
+        changes: protocol.ActionChanges,
+    ) -> protocol.ActionRecord | None:
+        """Check the edge, then compare-and-set on state and attempt; count the change."""
+        states.ensure_transition(action.state, new, trigger)
+        moved = await self.store.transition_action(
+            action.workflow_id,
+            action.action_id,
+            expected,
+            new,
+            changes,
+            if_attempt=action.attempts,
+        )
+        if moved is None:
+            logger.debug(
+                "action %s/%s moved on before %s",
+                action.workflow_id,
+                action.action_id,
+                new.value,
+                extra={"event": "action_cas_lost", "workflow_id": action.workflow_id},
+            )
+            return None
+        metrics.ACTION_TRANSITIONS.labels(state=new.value).inc()
+        return moved
+
+    async def _release_inputs(self, action: protocol.ActionRecord) -> None:
+        """Drop the claims this action held on the datasets it reads."""
+        key = protocol.claim_key(action.workflow_id, action.action_id)
+        inputs = set(action.inputs.values())
+        if inputs:
+            await asyncio.gather(*(self.store.remove_dataset_claim(ds, key) for ds in inputs))
+
+    async def _discard(self, action: protocol.ActionRecord) -> None:
+        """An action that will not finish: release its claims, give up its dataset."""
+        await self._release_inputs(action)
+        dataset = await self.store.get_dataset(action.dataset_id)
+        if (
+            dataset is None
+            or dataset.state not in states.DATASET_COMPUTING
+            or (dataset.producer_workflow_id, dataset.producer_action_id) != action.key
+        ):
+            # Someone else produces it (or it is on disk): theirs to finish.
+            return
+        states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
+        await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
+
+    async def _remove_staging(self, action: protocol.ActionRecord) -> None:
+        """Remove the attempt's partial output (never an unmanaged action's own path)."""
+        if action.attempts < 1 or not action.definition.get("isManaged", True):
+            return
+        staging = self.storage.staging_path(
+            action.dataset_id, action.workflow_id, action.action_id, action.attempts
+        )
+        with contextlib.suppress(OSError):
+            await self.storage.remove(staging)
+
+    async def _finish_if_done(
+        self, workflow_id: str, trigger: states.Trigger, error: str | None = None
+    ) -> None:
+        """End the workflow when none of its actions is left to run."""
+        counts = await self.store.count_actions(workflow_id)
+        if any(counts.get(s, 0) for s in _LEFT):
+            return
+        bad = counts.get(A.FAILED, 0) + counts.get(A.KILLED, 0)
+        if bad:
+            new = W.FAILED
+            message = error or f"{bad} action(s) failed or were killed"
+        else:
+            new, trigger, message = W.SUCCEEDED, T.CALLBACK, None
+        states.ensure_transition(W.RUNNING, new, trigger)
+        moved = await self.store.transition_workflow(
+            workflow_id,
+            {W.RUNNING},
+            new,
+            protocol.WorkflowChanges(finished_at=self.store.clock(), error=message),
+        )
+        if moved is not None:
+            logger.info(
+                "workflow %s %s",
+                workflow_id,
+                new.value,
+                extra={"event": "workflow_ended", "workflow_id": workflow_id, "state": new.value},
+            )

@@ -1,0 +1,454 @@
+"""Callbacks driven directly, as an executor would: staging written, then running/success/….
+
+Each test plans a real workflow with the workflow manager, moves actions as the
+scraper and submitter do, writes output into the staging path, and calls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo import errors, states
+from pingo.callbacks.service import CallbackService, StaleCallback
+from pingo.config import Settings
+from pingo.datasets.storage import DatasetStorage
+from pingo.store import protocol
+from pingo.workflows import planner
+from tests.unit._engine_support import (
+    BACKENDS,
+    CHAIN,
+    ManualClock,
+    content,
+    is_dir,
+    make_settings,
+    make_storage,
+    open_backend,
+    start_attempt,
+    walk_dataset,
+    workflow,
+    write_output,
+)
+
+A = states.ActionState
+D = states.DatasetState
+W = states.WorkflowState
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Any]:
+    async for s in open_backend(request.param, tmp_path, clock):
+        yield s
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path)
+
+
+@pytest.fixture
+def storage(settings: Settings) -> DatasetStorage:
+    return make_storage(settings)
+
+
+class Killer:
+    """Stands where an executor's kill would be: records what it was asked to stop."""
+
+    def __init__(self) -> None:
+        self.killed: list[tuple[str, int]] = []
+        self.wakes = 0
+
+    async def __call__(self, action: protocol.ActionRecord) -> None:
+        self.killed.append(action.key)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+@pytest.fixture
+def killer() -> Killer:
+    return Killer()
+
+
+@pytest.fixture
+def callbacks(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, killer: Killer
+) -> CallbackService:
+    return CallbackService(store, storage, settings, on_ready=killer.wake, kill_action=killer)
+
+
+@pytest.fixture
+def manager(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, callbacks: CallbackService
+) -> planner.WorkflowManager:
+    return planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
+
+
+async def get(store: protocol.Store, workflow_id: str, action_id: int) -> protocol.ActionRecord:
+    action = await store.get_action(workflow_id, action_id)
+    assert action is not None
+    return action
+
+
+async def dataset(store: protocol.Store, dataset_id: str) -> protocol.DatasetRecord:
+    record = await store.get_dataset(dataset_id)
+    assert record is not None
+    return record
+
+
+async def wf_state(store: protocol.Store, workflow_id: str) -> states.WorkflowState:
+    record = await store.get_workflow(workflow_id)
+    assert record is not None
+    return record.state
+
+
+async def run_ok(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    workflow_id: str,
+    action_id: int,
+    content: bytes = b"out",
+) -> protocol.ActionRecord:
+    action = await start_attempt(store, workflow_id, action_id)
+    await callbacks.running(action.callback_id, action.attempts)
+    write_output(storage, action, content)
+    return await callbacks.success(action.callback_id, action.attempts, runtime_s=1.5)
+
+
+# ---------------------------------------------------------------------- success
+
+
+async def test_success_stores_releases_and_finishes_the_workflow(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    killer: Killer,
+) -> None:
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    first = await start_attempt(store, record.id, 1)
+    running = await callbacks.running(first.callback_id, 1)
+    assert running.state is A.RUNNING
+    staging = write_output(storage, first, b"12345")
+    done = await callbacks.success(first.callback_id, 1, runtime_s=2.0)
+    assert done.state is A.FINISHED and done.runtime_s == 2.0 and done.finished_at is not None
+    d1 = await dataset(store, first.dataset_id)
+    assert d1.state is D.STORED and d1.size_bytes == 5 and d1.compute_s == 2.0
+    assert content(d1.path) == b"12345" and not staging.exists()
+    assert (await get(store, record.id, 2)).state is A.READY
+    assert killer.wakes == 1
+    # Action 2 still claims its input until it finishes.
+    assert d1.claims == (protocol.claim_key(record.id, 2),)
+
+    await run_ok(store, storage, callbacks, record.id, 2)
+    assert (await dataset(store, first.dataset_id)).claims == ()
+    assert await wf_state(store, record.id) is W.RUNNING
+    third = await run_ok(store, storage, callbacks, record.id, 3)
+    assert (await dataset(store, third.dataset_id)).state is D.LEAF
+    assert await wf_state(store, record.id) is W.SUCCEEDED
+
+    # Resubmitting now runs nothing.
+    again = await manager.submit(workflow(CHAIN), owner="ann")
+    assert again.state is W.SUCCEEDED
+
+
+async def test_callbacks_are_idempotent_and_reject_stale_attempts(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow({1: [], 2: [1]}), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    with pytest.raises(errors.NotFound):
+        await callbacks.success("no-such-callback", 1)
+    with pytest.raises(StaleCallback) as stale:
+        await callbacks.success(action.callback_id, 0)
+    assert stale.value.code == "STALE_CALLBACK"
+    assert isinstance(stale.value, errors.Conflict)
+
+    once = await callbacks.running(action.callback_id, 1)
+    twice = await callbacks.running(action.callback_id, 1)
+    assert once == twice
+    write_output(storage, action)
+    first = await callbacks.success(action.callback_id, 1)
+    second = await callbacks.success(action.callback_id, 1)
+    assert first == second
+    assert (await get(store, record.id, 1)) == first
+    # Late callbacks for a finished attempt change nothing.
+    assert await callbacks.failed(action.callback_id, 1, "late") == first
+    assert await callbacks.killed(action.callback_id, 1) == first
+    assert await callbacks.running(action.callback_id, 1) == first
+    assert (await get(store, record.id, 2)).state is A.READY
+
+
+async def test_success_without_output_stores_an_empty_dataset(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow({1: []}), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    await callbacks.success(action.callback_id, 1)
+    d = await dataset(store, action.dataset_id)
+    assert d.state is D.LEAF and d.size_bytes == 0
+    assert is_dir(d.path)
+    assert await wf_state(store, record.id) is W.SUCCEEDED
+
+
+async def test_success_keeps_a_dataset_someone_else_stored(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    # Two workflows compute the same leaf at once (the original's in-flight rule).
+    w1 = await manager.submit(workflow({1: []}), owner="ann")
+    w2 = await manager.submit(workflow({1: []}), owner="bob")
+    a1 = await start_attempt(store, w1.id, 1)
+    a2 = await start_attempt(store, w2.id, 1)
+    write_output(storage, a1, b"first")
+    staging2 = write_output(storage, a2, b"second!")
+    await callbacks.success(a1.callback_id, 1)
+    await callbacks.success(a2.callback_id, 1)
+    d = await dataset(store, a1.dataset_id)
+    assert d.state is D.LEAF and content(d.path) == b"first" and d.size_bytes == 5
+    assert not staging2.exists()
+    assert await wf_state(store, w2.id) is W.SUCCEEDED
+
+
+async def test_success_after_the_dataset_was_deleted_meanwhile(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    await walk_dataset(store, action.dataset_id, [D.DELETED])  # another producer failed
+    write_output(storage, action)
+    await callbacks.success(action.callback_id, 1)
+    assert (await dataset(store, action.dataset_id)).state is D.STORED  # not a leaf
+
+    leaf_wf = await manager.submit(workflow({1: []}, tag="leaf"), owner="ann")
+    leaf = await start_attempt(store, leaf_wf.id, 1)
+    await walk_dataset(store, leaf.dataset_id, [D.DELETED])
+    await callbacks.success(leaf.callback_id, 1)
+    assert (await dataset(store, leaf.dataset_id)).state is D.LEAF
+
+
+async def test_success_waits_for_a_deletion_in_progress(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow({1: []}), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    # The same provenance, stored earlier, is being removed by a deletor right now.
+    await walk_dataset(store, action.dataset_id, [D.DELETED, D.STORED, D.STORED_TO_DELETE])
+    await walk_dataset(store, action.dataset_id, [D.PROCESSING, D.DELETING])
+    write_output(storage, action, b"fresh")
+
+    async def deletor_finishes() -> None:
+        await asyncio.sleep(0.15)
+        await walk_dataset(store, action.dataset_id, [D.DELETED])
+
+    finisher = asyncio.create_task(deletor_finishes())
+    done = await callbacks.success(action.callback_id, 1)
+    await finisher
+    assert done.state is A.FINISHED
+    d = await dataset(store, action.dataset_id)
+    assert d.state is D.LEAF and content(d.path) == b"fresh"
+
+
+async def test_unmanaged_success_measures_the_users_path(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "users-own"
+    doc = workflow({1: []}, extra={1: {"isManaged": False, "outputPath": str(out)}})
+    record = await manager.submit(doc, owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    out.mkdir()
+    (out / "part-0").write_bytes(b"abc")
+    (out / "part-1").write_bytes(b"defg")
+    await callbacks.success(action.callback_id, 1)
+    d = await dataset(store, action.dataset_id)
+    assert d.state is D.LEAF and d.size_bytes == 7 and d.path == str(out)
+
+
+# ---------------------------------------------------------------------- failure
+
+
+async def test_failure_retries_with_backoff_then_fails_and_aborts(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    clock: ManualClock,
+    killer: Killer,
+) -> None:
+    doc = workflow({1: [], 2: [1], 3: []}, end=2, extra={1: {"maxAttempts": 2}})
+    record = await manager.submit(doc, owner="ann")
+    sibling = await start_attempt(store, record.id, 3)  # independent, running meanwhile
+    action = await start_attempt(store, record.id, 1)
+    staging = write_output(storage, action, b"partial")
+    retried = await callbacks.failed(action.callback_id, 1, "exit 1")
+    assert retried.state is A.READY and retried.attempts == 1 and retried.error == "exit 1"
+    assert retried.owner is None and retried.lease_expires_at is None
+    assert retried.not_before == clock.now + timedelta(seconds=1.0)
+    assert not staging.exists()
+    # The same failure again changes nothing.
+    assert await callbacks.failed(action.callback_id, 1, "exit 1") == retried
+
+    clock.advance(1.0)
+    action = await start_attempt(store, record.id, 1)
+    assert action.attempts == 2
+    write_output(storage, action, b"partial")
+    failed = await callbacks.failed(action.callback_id, 2, "exit 2")
+    assert failed.state is A.FAILED and failed.finished_at is not None
+    assert (await dataset(store, action.dataset_id)).state is D.DELETED
+    # abort: what has not started is KILLED, what runs is stopped, the workflow FAILED.
+    assert (await get(store, record.id, 2)).state is A.KILLED
+    assert (await get(store, record.id, 3)).state is A.KILLED
+    assert killer.killed == [sibling.key]
+    wf = await store.get_workflow(record.id)
+    assert wf is not None and wf.state is W.FAILED and "exit 2" in (wf.error or "")
+    assert (await dataset(store, action.dataset_id)).claims == ()
+    # The stopped sibling's executor reports later: nothing changes.
+    late = await callbacks.killed(sibling.callback_id, 1)
+    assert late.state is A.KILLED
+
+
+async def test_backoff_grows_exponentially(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    clock: ManualClock,
+) -> None:
+    record = await manager.submit(workflow({1: []}, extra={1: {"maxAttempts": 4}}), owner="ann")
+    delays = []
+    for attempt in (1, 2, 3):
+        action = await start_attempt(store, record.id, 1)
+        retried = await callbacks.failed(action.callback_id, attempt, "boom")
+        assert retried.not_before is not None
+        delays.append((retried.not_before - clock.now).total_seconds())
+        clock.advance(10)
+    assert delays == [1.0, 2.0, 4.0]
+
+
+async def test_failure_with_continue_lets_independent_branches_finish(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    doc = workflow(
+        {1: [], 2: [1], 3: [2], 4: []}, end=3, on_failure="continue",
+        extra={1: {"maxAttempts": 1}},
+    )  # fmt: skip
+    record = await manager.submit(doc, owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    await callbacks.failed(action.callback_id, 1, "bad input")
+    assert (await get(store, record.id, 2)).state is A.KILLED
+    assert (await get(store, record.id, 3)).state is A.KILLED
+    assert (await get(store, record.id, 4)).state is A.READY
+    assert await wf_state(store, record.id) is W.RUNNING
+    await run_ok(store, storage, callbacks, record.id, 4)
+    assert (await dataset(store, (await get(store, record.id, 4)).dataset_id)).state is D.LEAF
+    wf = await store.get_workflow(record.id)
+    assert wf is not None and wf.state is W.FAILED and wf.finished_at is not None
+
+
+async def test_killed_callback_kills_the_action_and_fails_the_workflow(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    staging = write_output(storage, action)
+    killed = await callbacks.killed(action.callback_id, 1)
+    assert killed.state is A.KILLED
+    assert not staging.exists()
+    assert (await dataset(store, action.dataset_id)).state is D.DELETED
+    assert (await get(store, record.id, 2)).state is A.KILLED
+    assert await wf_state(store, record.id) is W.FAILED
+    assert await callbacks.killed(action.callback_id, 1) == killed
+
+
+async def test_submit_failed_and_release_lost(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    doc = workflow({1: [], 2: []}, end=2, extra={1: {"maxAttempts": 1}, 2: {"maxAttempts": 2}})
+    record = await manager.submit(doc, owner="ann", idempotency_key=None)
+    second = await start_attempt(store, record.id, 2)
+    lost = await callbacks.release_lost(second, "node died")
+    assert lost is not None and lost.state is A.READY and lost.error == "node died"
+    assert await callbacks.release_lost(second, "node died") is None  # already handled
+
+    first = await start_attempt(store, record.id, 1)
+    failed = await callbacks.submit_failed(first, "no such executable")
+    assert failed.state is A.FAILED
+    assert await wf_state(store, record.id) is W.FAILED
+    assert (await get(store, record.id, 2)).state is A.KILLED
+
+
+# ------------------------------------------------------------------------- kill
+
+
+async def test_kill_workflow(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    killer: Killer,
+) -> None:
+    seed = await manager.submit(workflow({1: []}), owner="ann")
+    await run_ok(store, storage, callbacks, seed.id, 1)
+    record = await manager.submit(workflow({1: [], 2: [1], 3: [1], 4: [2, 3]}), owner="ann")
+    running = await start_attempt(store, record.id, 2)
+    staging = write_output(storage, running)
+    killed = await manager.kill(record.id)
+    assert killed.state is W.KILLED and killed.finished_at is not None
+    assert killer.killed == [running.key]
+    actions = {a.action_id: a for a in await store.list_actions(record.id)}
+    assert actions[1].state is A.FINISHED and actions[1].reused
+    assert {actions[i].state for i in (2, 3, 4)} == {A.KILLED}
+    assert not staging.exists()
+    # No claim is left behind and nothing is left being computed.
+    d1 = await dataset(store, actions[1].dataset_id)
+    assert d1.claims == () and d1.state is D.LEAF
+    for i in (2, 3, 4):
+        d = await dataset(store, actions[i].dataset_id)
+        assert d.state is D.DELETED and d.claims == ()
+    # Killing again is harmless; the executor's own report changes nothing.
+    assert (await manager.kill(record.id)).state is W.KILLED
+    assert (await callbacks.killed(running.callback_id, 1)).state is A.KILLED
+    with pytest.raises(errors.NotFound):
+        await manager.kill("wf-none")
+    with pytest.raises(errors.Conflict):
+        await manager.kill(seed.id)  # already SUCCEEDED
