@@ -116,7 +116,7 @@ def _opt_at(micros: int | None) -> datetime | None:
 
 
 def _dump_json(value: Mapping[str, Any] | None) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
 def _load_json(text: str | None) -> Any:
@@ -138,6 +138,7 @@ def _action_id(workflow_id: str, action_id: int) -> str:
 def _workflow_doc(record: WorkflowRecord) -> Doc:
     doc: Doc = {
         "_id": record.id,
+        "id": record.id,  # the last sort key of listings (see _create_indexes)
         "name": record.name,
         "owner": record.owner,
         "state": record.state.value,
@@ -245,6 +246,7 @@ def _action(doc: Doc) -> ActionRecord:
 def _dataset_doc(plan: DatasetPlan, now_us: int) -> Doc:
     return {
         "_id": plan.id,
+        "id": plan.id,  # the last sort key of listings (see _create_indexes)
         "state": plan.state.value,
         "path": plan.path,
         "scope": plan.scope,
@@ -464,28 +466,39 @@ class MongoStore:
         asc = pymongo.ASCENDING
         desc = pymongo.DESCENDING
         actions, datasets, workflows = self._actions, self._datasets, self._workflows
-        # The scraper: READY by not_before, oldest update first...
+        # Every sorted query has an index that yields its whole sort order, so a claim
+        # or a page reads a few index entries instead of sorting every match. Sort
+        # keys end with a copy of `_id` (`id`, `seq`): nx-27017 fails every insert
+        # into a collection that has `_id` in a compound index.
+        #
+        # The scraper's claim: an $or over READY and PROCESSING, each branch an
+        # equality on state then the (updated_at, workflow, action) order, which a
+        # server merges from two scans of this index; also list_actions_in_states.
         await actions.create_index(
-            [("state", asc), ("ready_at_us", asc), ("updated_at_us", asc)], name="claimable"
+            [("state", asc), ("updated_at_us", asc), ("workflow_id", asc), ("action_id", asc)],
+            name="claimable",
         )
-        # ...and claim states whose lease expired (scraper and reaper).
+        # The reaper: claim states whose lease expired.
         await actions.create_index(
             [("state", asc), ("lease_expires_at_us", asc)], name="lease_expiry"
         )
-        await actions.create_index([("state", asc), ("updated_at_us", asc)], name="state_age")
         await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
-        await datasets.create_index([("state", asc), ("updated_at_us", asc)], name="state_age")
-        # Newest-first listings sort on (created_at, _id) but index created_at alone:
-        # nx-27017 fails every insert into a collection with `_id` in a compound index.
-        await datasets.create_index([("created_at_us", desc)], name="newest")
-        await workflows.create_index([("owner", asc), ("created_at_us", desc)], name="owner")
-        await workflows.create_index([("created_at_us", desc)], name="newest")
+        # The deletor and retention: by state, oldest update first.
+        await datasets.create_index(
+            [("state", asc), ("updated_at_us", asc), ("id", asc)], name="state_age"
+        )
+        # Newest-first listings, unfiltered and by each filter.
+        newest = [("created_at_us", desc), ("id", desc)]
+        await datasets.create_index(newest, name="newest")
+        await datasets.create_index([("state", asc), *newest], name="state_newest")
+        await workflows.create_index(newest, name="newest")
+        await workflows.create_index([("owner", asc), *newest], name="owner_newest")
+        await workflows.create_index([("state", asc), *newest], name="state_newest")
         await workflows.create_index(
             [("idempotency", asc)], name="idempotency", unique=True, sparse=True
         )
         await self._users.create_index([("token_hash", asc)], name="token_hash", unique=True)
-        # Events repeat their _id as `seq` to index it (see "newest" above).
         await self._events.create_index([("kind", asc), ("seq", desc)], name="kind")
         await self._events.create_index([("dataset_id", asc), ("seq", desc)], name="dataset")
 
@@ -629,7 +642,7 @@ class MongoStore:
     async def _page(
         collection: AsyncCollection[Doc], query: Doc, limit: int, cursor: str | None
     ) -> list[Doc]:
-        """Up to `limit + 1` documents after `cursor`, newest first by (created_at, _id)."""
+        """Up to `limit + 1` documents after `cursor`, newest first by (created_at, id)."""
         if limit <= 0:
             return []
         if cursor is not None:
@@ -638,13 +651,13 @@ class MongoStore:
             after = {
                 "$or": [
                     {"created_at_us": {"$lt": at_us}},
-                    {"created_at_us": at_us, "_id": {"$lt": item_id}},
+                    {"created_at_us": at_us, "id": {"$lt": item_id}},
                 ]
             }
             # $and, not sibling keys: nx-27017 would join `filters AND a OR b`.
             query = {"$and": [query, after]} if query else after
         found = collection.find(
-            query, sort=[("created_at_us", pymongo.DESCENDING), ("_id", pymongo.DESCENDING)]
+            query, sort=[("created_at_us", pymongo.DESCENDING), ("id", pymongo.DESCENDING)]
         ).limit(limit + 1)
         return await found.to_list(None)
 
@@ -1152,7 +1165,7 @@ class MongoStore:
 #: Oldest update first; ties in the memory store's order (workflow id, then action id).
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: Oldest update first, then by id.
-_OLDEST_DATASET = [("updated_at_us", 1), ("_id", 1)]
+_OLDEST_DATASET = [("updated_at_us", 1), ("id", 1)]
 
 
 def _make_page(items: list[R], limit: int) -> Page[R]:

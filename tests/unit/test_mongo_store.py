@@ -129,12 +129,17 @@ async def test_indexes_are_created_at_start_and_again_idempotently() -> None:
     db = client["idx"]
     actions = await db["actions"].index_information()
     assert actions["callback_id"].get("unique") is True
-    assert actions["claimable"]["key"] == [("state", 1), ("ready_at_us", 1), ("updated_at_us", 1)]
+    assert actions["claimable"]["key"] == [
+        ("state", 1),
+        ("updated_at_us", 1),
+        ("workflow_id", 1),
+        ("action_id", 1),
+    ]
     assert actions["lease_expiry"]["key"] == [("state", 1), ("lease_expires_at_us", 1)]
     workflows = await db["workflows"].index_information()
     assert workflows["idempotency"].get("unique") is True
     assert workflows["idempotency"].get("sparse") is True
-    assert workflows["owner"]["key"] == [("owner", 1), ("created_at_us", -1)]
+    assert workflows["owner_newest"]["key"] == [("owner", 1), ("created_at_us", -1), ("id", -1)]
     assert (await db["users"].index_information())["token_hash"].get("unique") is True
     assert "state_age" in await db["datasets"].index_information()
 
