@@ -1,0 +1,120 @@
+"""Datasets as users see them: deleting one, its lineage, and the storage they use."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pingo import errors, states
+from pingo.store import protocol
+
+if TYPE_CHECKING:
+    from pingo.datasets.storage import DatasetStorage
+
+logger = logging.getLogger(__name__)
+
+D = states.DatasetState
+
+#: States whose files are still on disk (counted as used storage).
+USING_STORAGE: frozenset[states.DatasetState] = states.DATASET_ON_DISK | {D.PROCESSING, D.DELETING}
+#: States in which a deletion is already under way or done.
+_GOING: frozenset[states.DatasetState] = frozenset(
+    {D.STORED_TO_DELETE, D.PROCESSING, D.DELETING, D.DELETED}
+)
+
+
+class DatasetService:
+    """User-facing dataset operations."""
+
+    def __init__(
+        self,
+        store: protocol.Store,
+        storage: DatasetStorage,
+        *,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.capacity_bytes = capacity_bytes
+
+    async def mark_for_deletion(
+        self, dataset_id: str, *, force: bool = False
+    ) -> protocol.DatasetRecord:
+        """Mark a stored dataset for the deletor (a LEAF only with `force`).
+
+        The deletor waits for its claims; a deletion already under way (or done)
+        is returned as it is.
+        """
+        for _ in range(5):
+            record = await self.store.get_dataset(dataset_id)
+            if record is None:
+                raise errors.NotFound(f"no dataset {dataset_id}")
+            if record.state in _GOING:
+                return record
+            if record.state is D.LEAF and not force:
+                raise errors.Conflict(
+                    f"dataset {dataset_id} is the output of a leaf action; delete it with force"
+                )
+            if record.state in states.DATASET_COMPUTING:
+                raise errors.Conflict(f"dataset {dataset_id} is being computed")
+            states.ensure_transition(record.state, D.STORED_TO_DELETE, states.Trigger.USER)
+            moved = await self.store.transition_dataset(
+                dataset_id, {record.state}, D.STORED_TO_DELETE
+            )
+            if moved is not None:
+                logger.info(
+                    "dataset %s marked for deletion",
+                    dataset_id,
+                    extra={"event": "dataset_marked_for_deletion", "dataset_id": dataset_id},
+                )
+                return moved
+        raise errors.Conflict(f"dataset {dataset_id} keeps changing; retry")
+
+    async def lineage(self, dataset_id: str) -> dict[str, Any]:
+        """The dataset and all its ancestors: `{"datasetId", "nodes", "edges"}` (parent → child)."""
+        root = await self.store.get_dataset(dataset_id)
+        if root is None:
+            raise errors.NotFound(f"no dataset {dataset_id}")
+        nodes: dict[str, protocol.DatasetRecord | None] = {root.id: root}
+        edges: list[dict[str, str]] = []
+        frontier = [root]
+        while frontier:
+            for child in frontier:
+                edges.extend({"from": p, "to": child.id} for p in child.parents)
+            wanted = {p for child in frontier for p in child.parents if p not in nodes}
+            found = await self.store.get_datasets(wanted) if wanted else {}
+            for p in wanted:
+                nodes[p] = found.get(p)
+            frontier = list(found.values())
+        return {
+            "datasetId": dataset_id,
+            "nodes": [_node(i, r) for i, r in nodes.items()],
+            "edges": edges,
+        }
+
+    async def storage_summary(self) -> dict[str, Any]:
+        """`{"usedBytes", "bytesByState"}` (and `capacityBytes` when a budget is set)."""
+        by_state = await self.store.bytes_by_state()
+        summary: dict[str, Any] = {
+            "usedBytes": sum(n for s, n in by_state.items() if s in USING_STORAGE),
+            "bytesByState": {s.value: n for s, n in sorted(by_state.items())},
+        }
+        if self.capacity_bytes is not None:
+            summary["capacityBytes"] = self.capacity_bytes
+        return summary
+
+
+def _node(dataset_id: str, record: protocol.DatasetRecord | None) -> dict[str, Any]:
+    if record is None:
+        # An input whose record is gone: still part of the lineage.
+        return {"id": dataset_id, "state": None}
+    return {
+        "id": record.id,
+        "state": record.state.value,
+        "actionType": record.action_type,
+        "sizeBytes": record.size_bytes,
+        "isManaged": record.is_managed,
+        "producerWorkflowId": record.producer_workflow_id,
+        "producerActionId": record.producer_action_id,
+        "storedAt": None if record.stored_at is None else record.stored_at.isoformat(),
+    }

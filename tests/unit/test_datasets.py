@@ -1,0 +1,226 @@
+"""Dataset storage (real files, local and fsspec memory://) and the user-facing dataset service."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from pingo import errors, states
+from pingo.callbacks.service import CallbackService
+from pingo.config import Settings
+from pingo.datasets.service import DatasetService
+from pingo.datasets.storage import DatasetStorage
+from pingo.store import protocol
+from pingo.workflows import planner
+from tests.unit._engine_support import (
+    BACKENDS,
+    CHAIN,
+    ManualClock,
+    content,
+    exists,
+    is_dir,
+    make_settings,
+    make_storage,
+    open_backend,
+    start_attempt,
+    walk_dataset,
+    workflow,
+    write_output,
+)
+
+D = states.DatasetState
+
+DS = "ab" + "0" * 62
+
+
+def make_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+# ----------------------------------------------------------------- local storage
+
+
+def test_paths(tmp_path: Path) -> None:
+    storage = DatasetStorage(str(tmp_path / "data"))
+    assert storage.path_for(DS) == f"{tmp_path}/data/ab/{DS}"
+    staging = storage.staging_path(DS, "wf-1", 3, 2)
+    assert staging == f"{tmp_path}/data/.staging/{DS}.wf-1.3.2"
+    assert is_dir(tmp_path / "data" / ".staging")  # ready for programs to write into
+    assert DatasetStorage(f"file://{tmp_path}/data").path_for(DS) == storage.path_for(DS)
+
+
+async def test_promote_a_tree_and_measure_it(tmp_path: Path) -> None:
+    storage = DatasetStorage(str(tmp_path / "data"))
+    staging = storage.staging_path(DS, "wf", 1, 1)
+    make_tree(Path(staging), {"part-0": b"abc", "sub/part-1": b"defgh"})
+    final = storage.path_for(DS)
+    assert await storage.promote(staging, final) == 8
+    assert content(Path(final) / "sub" / "part-1") == b"defgh"
+    assert not await storage.exists(staging)
+    assert await storage.size(final) == 8
+
+
+async def test_promote_keeps_what_someone_else_stored(tmp_path: Path) -> None:
+    storage = DatasetStorage(str(tmp_path / "data"))
+    final = storage.path_for(DS)
+    first = storage.staging_path(DS, "wf", 1, 1)
+    make_tree(Path(first), {"a": b"first"})
+    await storage.promote(first, final)
+    second = storage.staging_path(DS, "wf2", 1, 1)
+    make_tree(Path(second), {"a": b"second!", "b": b"x"})
+    assert await storage.promote(second, final) == 5
+    assert content(Path(final) / "a") == b"first"
+    assert not exists(second)
+    # Files too: a twin's file is never clobbered.
+    file_ds = "cd" + "1" * 62
+    for wf, data in (("wf", b"one"), ("wf2", b"two!")):
+        staging = storage.staging_path(file_ds, wf, 1, 1)
+        make_tree(Path(staging).parent, {Path(staging).name: data})
+        await storage.promote(staging, storage.path_for(file_ds))
+        assert not exists(staging)
+    assert content(storage.path_for(file_ds)) == b"one"
+
+
+async def test_promote_without_output_stores_an_empty_dataset(tmp_path: Path) -> None:
+    storage = DatasetStorage(str(tmp_path / "data"))
+    final = storage.path_for(DS)
+    assert await storage.promote(storage.staging_path(DS, "wf", 1, 1), final) == 0
+    assert is_dir(final)
+
+
+async def test_remove_and_size_are_safe_on_absent_paths(tmp_path: Path) -> None:
+    storage = DatasetStorage(str(tmp_path / "data"))
+    tree = make_tree(tmp_path / "data" / "t", {"x/y": b"12", "z": b"3"})
+    assert await storage.size(str(tree)) == 3
+    await storage.remove(str(tree))
+    await storage.remove(str(tree))
+    assert not await storage.exists(str(tree))
+    assert await storage.size(str(tree)) == 0
+    file = tmp_path / "data" / "f"
+    file.write_bytes(b"1234")
+    assert await storage.size(str(file)) == 4
+    await storage.remove(str(file))
+    assert not exists(file)
+
+
+async def test_fsspec_memory_filesystem() -> None:
+    root = f"memory://pingo-{uuid.uuid4().hex}"
+    storage = DatasetStorage(root)
+    assert not storage.is_local
+    final = storage.path_for(DS)
+    assert final == f"{root}/ab/{DS}"
+    staging = storage.staging_path(DS, "wf", 1, 1)
+    fs = fsspec.filesystem("memory")
+    fs.pipe({f"{staging}/part-0": b"hello", f"{staging}/part-1": b"!"})
+    assert await storage.promote(staging, final) == 6
+    assert await storage.exists(final) and not await storage.exists(staging)
+    assert fs.cat(f"{final}/part-0") == b"hello"
+    assert await storage.size(final) == 6
+    await storage.remove(final)
+    await storage.remove(final)
+    assert not await storage.exists(final)
+    assert await storage.size(final) == 0
+
+
+# -------------------------------------------------------------- dataset service
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Any]:
+    async for s in open_backend(request.param, tmp_path, clock):
+        yield s
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path)
+
+
+@pytest.fixture
+def storage(settings: Settings) -> DatasetStorage:
+    return make_storage(settings)
+
+
+async def computed_chain(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings
+) -> list[protocol.ActionRecord]:
+    """Plan and run the chain 1 → 2 → 3, writing real files; its actions, by id."""
+    manager = planner.WorkflowManager(store, storage, settings)
+    callbacks = CallbackService(store, storage, settings)
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    for aid, data in ((1, b"a"), (2, b"bb"), (3, b"ccc")):
+        action = await start_attempt(store, record.id, aid)
+        write_output(storage, action, data)
+        await callbacks.success(action.callback_id, action.attempts)
+    return await store.list_actions(record.id)
+
+
+async def test_mark_for_deletion(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings
+) -> None:
+    _, a2, a3 = await computed_chain(store, storage, settings)
+    service = DatasetService(store, storage)
+    marked = await service.mark_for_deletion(a2.dataset_id)
+    assert marked.state is D.STORED_TO_DELETE
+    assert (await service.mark_for_deletion(a2.dataset_id)).state is D.STORED_TO_DELETE
+    with pytest.raises(errors.Conflict):
+        await service.mark_for_deletion(a3.dataset_id)  # a leaf: only with force
+    assert (await service.mark_for_deletion(a3.dataset_id, force=True)).state is (
+        D.STORED_TO_DELETE
+    )
+    with pytest.raises(errors.NotFound):
+        await service.mark_for_deletion("f" * 64)
+
+
+async def test_mark_for_deletion_refuses_a_dataset_being_computed(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings
+) -> None:
+    manager = planner.WorkflowManager(store, storage, settings)
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    action = (await store.list_actions(record.id))[0]
+    with pytest.raises(errors.Conflict):
+        await DatasetService(store, storage).mark_for_deletion(action.dataset_id)
+
+
+async def test_lineage(store: protocol.Store, storage: DatasetStorage, settings: Settings) -> None:
+    a1, a2, a3 = await computed_chain(store, storage, settings)
+    lineage = await DatasetService(store, storage).lineage(a3.dataset_id)
+    assert lineage["datasetId"] == a3.dataset_id
+    assert [n["id"] for n in lineage["nodes"]] == [a3.dataset_id, a2.dataset_id, a1.dataset_id]
+    assert lineage["edges"] == [
+        {"from": a2.dataset_id, "to": a3.dataset_id},
+        {"from": a1.dataset_id, "to": a2.dataset_id},
+    ]
+    assert lineage["nodes"][0]["state"] == "LEAF" and lineage["nodes"][0]["sizeBytes"] == 3
+    with pytest.raises(errors.NotFound):
+        await DatasetService(store, storage).lineage("f" * 64)
+
+
+async def test_storage_summary(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings
+) -> None:
+    a1, *_ = await computed_chain(store, storage, settings)
+    service = DatasetService(store, storage, capacity_bytes=100)
+    await walk_dataset(store, a1.dataset_id, [D.STORED_TO_DELETE])
+    summary = await service.storage_summary()
+    assert summary == {
+        "usedBytes": 6,
+        "bytesByState": {"STORED": 2, "LEAF": 3, "STORED_TO_DELETE": 1},
+        "capacityBytes": 100,
+    }
