@@ -1,0 +1,329 @@
+"""Workflows over real HTTP: submit, document shape, dry run, idempotency, pages, kill, rerun."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from pingo.states import ActionState
+
+from .conftest import REPO, Api, chain, command_workflow, sleeper
+
+WORKFLOW_KEYS = [
+    "id", "name", "owner", "state", "createdAt", "finishedAt", "counts", "endDatasetId", "actions",
+]  # fmt: skip
+ACTION_KEYS = [
+    "actionId", "name", "type", "state", "datasetId", "reused", "attempts", "startedAt",
+    "finishedAt",
+]  # fmt: skip
+
+
+async def test_submit_answers_201_with_location_and_the_workflow_document(api: Api) -> None:
+    response = await api.client.post(
+        "/api/v1/workflows", json=chain("shape"), headers=api.auth("admin")
+    )
+    assert response.status == 201
+    document = await response.json()
+    assert response.headers["Location"] == f"/api/v1/workflows/{document['id']}"
+    assert list(document) == WORKFLOW_KEYS
+    assert document["owner"] == "admin"
+    assert document["name"] == "chain"
+    assert [a["actionId"] for a in document["actions"]] == [1, 2, 3]
+    assert all(list(a) == ACTION_KEYS for a in document["actions"])
+    assert set(document["counts"]) == {s.value for s in ActionState}
+    assert sum(document["counts"].values()) == 3
+    assert document["endDatasetId"] == document["actions"][-1]["datasetId"]
+
+    done = await api.wait(document["id"])
+    assert done["state"] == "SUCCEEDED"
+    assert done["finishedAt"] is not None
+    assert done["counts"]["FINISHED"] == 3
+    assert all(a["attempts"] == 1 and not a["reused"] for a in done["actions"])
+    assert all(a["startedAt"] and a["finishedAt"] for a in done["actions"])
+
+
+async def test_resubmission_reuses_every_action(api: Api) -> None:
+    first = await api.submit(chain("reuse"))
+    assert (await api.wait(first["id"]))["state"] == "SUCCEEDED"
+    again = await api.submit(chain("reuse"))
+    assert again["state"] == "SUCCEEDED"
+    assert again["id"] != first["id"]
+    assert all(a["reused"] and a["attempts"] == 0 for a in again["actions"])
+    assert [a["datasetId"] for a in again["actions"]] == [a["datasetId"] for a in first["actions"]]
+
+
+async def test_dry_run_returns_the_plan_and_stores_nothing(api: Api) -> None:
+    response = await api.client.post(
+        "/api/v1/workflows?dryRun=true", json=chain("dry"), headers=api.auth("admin")
+    )
+    assert response.status == 200
+    plan = await response.json()
+    assert [a["actionId"] for a in plan["actions"]] == [1, 2, 3]
+    assert plan["summary"]["compute"] == 3
+    assert all(a["compute"] and a["reason"] == "absent" for a in plan["actions"])
+    listing = await api.client.get("/api/v1/workflows", headers=api.auth("admin"))
+    assert (await listing.json())["items"] == []
+    datasets = await api.client.get("/api/v1/datasets", headers=api.auth("admin"))
+    assert (await datasets.json())["items"] == []
+
+    # After a real run, the dry run says every action would be skipped.
+    done = await api.wait((await api.submit(chain("dry")))["id"])
+    assert done["state"] == "SUCCEEDED"
+    again = await api.client.post(
+        "/api/v1/workflows?dryRun=true", json=chain("dry"), headers=api.auth("admin")
+    )
+    assert not any(a["compute"] for a in (await again.json())["actions"])
+
+
+async def test_idempotency_key_returns_the_same_workflow(users_api: Api) -> None:
+    api = users_api
+    headers = {**api.auth("alice"), "Idempotency-Key": "order-42"}
+    first = await api.client.post("/api/v1/workflows", json=chain("idem"), headers=headers)
+    second = await api.client.post("/api/v1/workflows", json=chain("idem"), headers=headers)
+    assert first.status == second.status == 201
+    assert "Idempotent-Replayed" not in first.headers
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert (await first.json())["id"] == (await second.json())["id"]
+    assert first.headers["Location"] == second.headers["Location"]
+
+    # The same key with another document is refused, and stores nothing.
+    other = await api.client.post("/api/v1/workflows", json=chain("other"), headers=headers)
+    assert other.status == 422
+    assert (await other.json())["code"] == "IDEMPOTENCY_KEY_REUSED"
+
+    # Keys are per user: bob's "order-42" is his own workflow.
+    bob = await api.client.post(
+        "/api/v1/workflows",
+        json=chain("idem"),
+        headers={**api.auth("bob"), "Idempotency-Key": "order-42"},
+    )
+    assert bob.status == 201
+    assert (await bob.json())["id"] != (await first.json())["id"]
+    listing = await api.client.get("/api/v1/workflows", headers=api.auth("admin"))
+    assert len((await listing.json())["items"]) == 2
+
+
+async def test_concurrent_retries_with_one_key_make_one_workflow(api: Api) -> None:
+    headers = {**api.auth("admin"), "Idempotency-Key": "burst"}
+    responses = await asyncio.gather(
+        *(api.client.post("/api/v1/workflows", json=chain("burst"), headers=headers)
+          for _ in range(5))
+    )  # fmt: skip
+    assert {r.status for r in responses} == {201}
+    ids = {(await r.json())["id"] for r in responses}
+    assert len(ids) == 1
+
+
+async def test_pagination_is_stable_while_workflows_are_added(api: Api) -> None:
+    before = [(await api.submit(chain(f"page{i}", n=1)))["id"] for i in range(7)]
+    seen: list[str] = []
+    cursor: str | None = None
+    added = 0
+    while True:
+        query = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        response = await api.client.get(
+            "/api/v1/workflows", params=query, headers=api.auth("admin")
+        )
+        assert response.status == 200
+        page = await response.json()
+        assert len(page["items"]) <= 3
+        seen.extend(item["id"] for item in page["items"])
+        # Newer workflows arrive between pages; they must not shift or repeat items.
+        await api.submit(chain(f"late{added}", n=1))
+        added += 1
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(before))
+    assert len(set(seen)) == len(seen)
+
+
+async def test_list_filters_by_state_and_name_and_checks_parameters(api: Api) -> None:
+    ok = await api.submit(chain("filter-ok", n=1, name="good"))
+    bad = await api.submit(command_workflow({1: ["sh", "-c", "exit 3"]}, name="bad",
+                                            extra={1: {"maxAttempts": 1}}))  # fmt: skip
+    assert (await api.wait(ok["id"]))["state"] == "SUCCEEDED"
+    assert (await api.wait(bad["id"]))["state"] == "FAILED"
+
+    async def ids(query: dict[str, str]) -> list[str]:
+        response = await api.client.get("/api/v1/workflows", params=query,
+                                        headers=api.auth("admin"))  # fmt: skip
+        assert response.status == 200
+        return [w["id"] for w in (await response.json())["items"]]
+
+    assert await ids({"state": "FAILED"}) == [bad["id"]]
+    assert await ids({"state": "succeeded"}) == [ok["id"]]
+    assert await ids({"name": "good"}) == [ok["id"]]
+    assert await ids({"name": "none"}) == []
+    for query in ({"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"state": "DONE"},
+                  {"cursor": "not-a-cursor"}):  # fmt: skip
+        response = await api.client.get("/api/v1/workflows", params=query,
+                                        headers=api.auth("admin"))  # fmt: skip
+        assert response.status == 400, query
+        problem = await response.json()
+        assert problem["code"] == "INVALID_PARAMETER"
+        assert response.content_type == "application/problem+json"
+
+
+async def test_failed_action_shows_its_error_and_log(api: Api) -> None:
+    document = command_workflow(
+        {1: ["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7"]},
+        extra={1: {"maxAttempts": 2}},
+    )
+    submitted = await api.submit(document)
+    done = await api.wait(submitted["id"])
+    assert done["state"] == "FAILED"
+    action = done["actions"][0]
+    assert action["state"] == "FAILED"
+    assert action["attempts"] == 2
+    detail = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/1", headers=api.auth("admin")
+    )
+    body = await detail.json()
+    assert body["error"]
+    assert body["callbackId"]
+    assert body["definition"]["command"] == document["actions"][0]["command"]
+    assert set(body) >= {"callbackId", "externalId", "definition", "error"}
+
+    log = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/1/logs", headers=api.auth("admin")
+    )
+    assert log.status == 200
+    assert log.content_type == "text/plain"
+    text = await log.text()
+    assert "to-stdout" in text and "to-stderr" in text
+    first = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/1/logs?attempt=1", headers=api.auth("admin")
+    )
+    assert first.status == 200
+    missing = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/1/logs?attempt=3", headers=api.auth("admin")
+    )
+    assert missing.status == 400
+    nothing = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/9", headers=api.auth("admin")
+    )
+    assert nothing.status == 404
+
+
+async def test_reused_action_has_no_log(api: Api) -> None:
+    await api.wait((await api.submit(chain("nolog", n=1)))["id"])
+    again = await api.submit(chain("nolog", n=1))
+    response = await api.client.get(
+        f"/api/v1/workflows/{again['id']}/actions/1/logs", headers=api.auth("admin")
+    )
+    assert response.status == 404
+    assert (await response.json())["code"] == "NOT_FOUND"
+
+
+async def test_kill_stops_a_running_workflow(api: Api) -> None:
+    submitted = await api.submit(sleeper("kill"))
+    await api.wait_action(submitted["id"], 1, {"SUBMITTED", "RUNNING"})
+    response = await api.client.post(
+        f"/api/v1/workflows/{submitted['id']}/kill", headers=api.auth("admin")
+    )
+    assert response.status == 200
+    document = await response.json()
+    assert document["state"] == "KILLED"
+    final = await api.wait_action(submitted["id"], 1, {"KILLED"})
+    assert final["state"] == "KILLED"
+
+
+async def test_rerun_makes_a_new_workflow_forcing_named_actions(api: Api) -> None:
+    original = await api.wait((await api.submit(chain("rerun")))["id"])
+    assert original["state"] == "SUCCEEDED"
+    response = await api.client.post(
+        f"/api/v1/workflows/{original['id']}/rerun",
+        json={"force": ["step2"]},
+        headers=api.auth("admin"),
+    )
+    assert response.status == 201
+    rerun = await response.json()
+    assert rerun["id"] != original["id"]
+    assert response.headers["Location"] == f"/api/v1/workflows/{rerun['id']}"
+    done = await api.wait(rerun["id"])
+    assert done["state"] == "SUCCEEDED"
+    by_id = {a["actionId"]: a for a in done["actions"]}
+    assert by_id[1]["reused"]
+    assert not by_id[2]["reused"] and by_id[2]["attempts"] == 1
+
+    plain = await api.client.post(
+        f"/api/v1/workflows/{original['id']}/rerun", headers=api.auth("admin")
+    )
+    assert plain.status == 201
+    assert (await plain.json())["state"] == "SUCCEEDED"  # everything stored: all reused
+
+    unknown = await api.client.post(
+        f"/api/v1/workflows/{original['id']}/rerun",
+        json={"force": ["nope", 99], "extra": 1},
+        headers=api.auth("admin"),
+    )
+    assert unknown.status == 422
+    pointers = {e["pointer"] for e in (await unknown.json())["errors"]}
+    assert pointers == {"/force/0", "/force/1", "/extra"}
+
+
+async def test_datasets_storage_and_lineage(api: Api) -> None:
+    done = await api.wait((await api.submit(chain("ds")))["id"])
+    end = done["endDatasetId"]
+    response = await api.client.get(f"/api/v1/datasets/{end}", headers=api.auth("admin"))
+    assert response.status == 200
+    dataset = await response.json()
+    assert dataset["state"] == "LEAF"
+    assert dataset["sizeBytes"] > 0
+    assert dataset["producedBy"]["workflowId"] == done["id"]
+    assert dataset["producedBy"]["actionId"] == 3
+    assert dataset["parents"] == [done["actions"][1]["datasetId"]]
+    assert {"state", "sizeBytes", "path", "claims", "producedBy", "parents"} <= set(dataset)
+
+    lineage = await (
+        await api.client.get(f"/api/v1/datasets/{end}/lineage", headers=api.auth("admin"))
+    ).json()
+    assert {n["id"] for n in lineage["nodes"]} == {a["datasetId"] for a in done["actions"]}
+    assert len(lineage["edges"]) == 2
+
+    listing = await (
+        await api.client.get("/api/v1/datasets?state=STORED", headers=api.auth("admin"))
+    ).json()
+    assert {d["id"] for d in listing["items"]} == {a["datasetId"] for a in done["actions"][:2]}
+    storage = await (await api.client.get("/api/v1/storage", headers=api.auth("admin"))).json()
+    assert set(storage) == {"capacityBytes", "usedBytes", "bytesByState", "policy", "decisions"}
+    assert storage["usedBytes"] == sum(storage["bytesByState"].values())
+    assert storage["decisions"] == []
+
+    pinned = await api.client.post(f"/api/v1/datasets/{end}/pin", headers=api.auth("admin"))
+    assert (await pinned.json())["pinned"] is True
+    unpinned = await api.client.post(f"/api/v1/datasets/{end}/unpin", headers=api.auth("admin"))
+    assert (await unpinned.json())["pinned"] is False
+
+    leaf = await api.client.delete(f"/api/v1/datasets/{end}", headers=api.auth("admin"))
+    assert leaf.status == 409  # a LEAF needs ?force=true
+    forced = await api.client.delete(
+        f"/api/v1/datasets/{end}?force=true", headers=api.auth("admin")
+    )
+    assert forced.status == 202
+    assert (await forced.json())["state"] in {"STORED_TO_DELETE", "PROCESSING", "DELETING",
+                                               "DELETED"}  # fmt: skip
+
+
+async def test_wordcount_example_end_to_end_and_reused_on_resubmit(
+    api: Api, monkeypatch: Any
+) -> None:
+    # The example's paths are relative to the server's working directory: the repository.
+    monkeypatch.chdir(REPO)
+    document = json.loads((REPO / "examples" / "wordcount.json").read_text())
+    done = await api.wait((await api.submit(document))["id"])
+    assert done["state"] == "SUCCEEDED", done
+    assert len(done["actions"]) >= 4
+    report = await (
+        await api.client.get(f"/api/v1/datasets/{done['endDatasetId']}", headers=api.auth("admin"))
+    ).json()
+    text = await asyncio.to_thread(Path(report["path"]).read_text, encoding="utf-8")
+    assert "words; the 10 most frequent" in text
+    assert text.splitlines()[1].split()[0] == "the"
+
+    again = await api.submit(document)
+    assert again["state"] == "SUCCEEDED"
+    assert all(a["reused"] for a in again["actions"])
