@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pingo import errors
 from pingo.actions.executors import placeholders
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
@@ -29,15 +30,26 @@ logger = logging.getLogger(__name__)
 KILL_GRACE_S = 5.0
 
 
-def find_program(name: str) -> str:
-    """`name` as given when it is a path, else from PATH, else beside this Python (the venv)."""
+def find_program(name: str, setting: str) -> str:
+    """`name` as given when it is a path, else from PATH, else beside this Python (the venv).
+
+    Raises `ConfigurationError` naming `setting` when there is no such program, so
+    a node without a cluster client leaves the action type unconfigured (and
+    submissions of it are refused) instead of failing each action at run time.
+    """
     if os.sep in name:
-        return name
-    found = shutil.which(name)
-    if found:
-        return found
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.exists() else name
+        found: str | None = name if os.access(name, os.X_OK) else None
+    else:
+        found = shutil.which(name)
+        beside = Path(sys.executable).parent / name
+        if found is None and beside.exists():
+            found = str(beside)
+    if found is None:
+        raise errors.ConfigurationError(
+            f"{name!r} is not an executable program (looked on PATH and beside {sys.executable});"
+            f" set {setting}"
+        )
+    return found
 
 
 def ensure_local_parent(path: str) -> None:

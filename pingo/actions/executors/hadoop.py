@@ -66,9 +66,10 @@ class HadoopExecutor(ClientProcessExecutor):
     def __init__(self, settings: Settings, reporter: Reporter, generation: Generation) -> None:
         super().__init__(settings, reporter)
         self.generation = generation
+        self.hadoop = find_program(settings.hadoop_bin, "PINGO_HADOOP_BIN")
 
     def build_command(self, submission: Submission) -> list[str]:
-        return hadoop_command(find_program(self.settings.hadoop_bin), self.generation, submission)
+        return hadoop_command(self.hadoop, self.generation, submission)
 
     async def on_exit(self, submission: Submission, returncode: int) -> None:
         # A client that fails never got a job to the cluster, so no notification

@@ -61,10 +61,16 @@ class SparkExecutor(ClientProcessExecutor):
 
     kind = "spark"
 
+    def __init__(self, settings: Settings, reporter: Reporter) -> None:
+        super().__init__(settings, reporter)
+        self.spark_submit = find_program(settings.spark_submit_bin, "PINGO_SPARK_SUBMIT_BIN")
+
     def build_command(self, submission: Submission) -> list[str]:
-        spark_submit = find_program(self.settings.spark_submit_bin)
         command = spark_submit_command(
-            spark_submit, self.settings.spark_master, self.settings.spark_deploy_mode, submission
+            self.spark_submit,
+            self.settings.spark_master,
+            self.settings.spark_deploy_mode,
+            submission,
         )
         return wrapped_command(submission, command)
 
