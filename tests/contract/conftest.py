@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -112,11 +112,12 @@ def make_store(backend: Backend, clock: Callable[[], datetime]) -> Store:
 
         from pingo.store.mongo import MongoStore
 
-        return MongoStore(
+        mock = MongoStore(
             mongomock_motor.AsyncMongoMockClient(),  # type: ignore[arg-type]
             f"pingo_test_{uuid.uuid4().hex[:12]}",
             clock=clock,
         )
+        return cast(Store, mock)
     assert backend.url is not None
     return open_store(backend.url, clock=clock)
 

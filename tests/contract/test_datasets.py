@@ -123,7 +123,7 @@ async def test_list_datasets_newest_first_with_cursor(
     stored = await store.list_datasets(state=D.STORED)
     assert [d.id for d in stored.items] == [made[3], made[1]]
 
-    seen = []
+    seen: list[str] = []
     page = await store.list_datasets(limit=2)
     seen.extend(d.id for d in page.items)
     while page.next_cursor is not None:
