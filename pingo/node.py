@@ -111,9 +111,19 @@ class Node:
         )
         factories = base.load_executor_factories() if executors is None else dict(executors)
         reporter = _HeldReporter(self.callbacks, self.held)
-        self.executors: dict[str, base.Executor] = {
-            action_type: factory(settings, reporter) for action_type, factory in factories.items()
-        }
+        self.executors: dict[str, base.Executor] = {}
+        for action_type, factory in factories.items():
+            try:
+                self.executors[action_type] = factory(settings, reporter)
+            except errors.ConfigurationError as exc:
+                # A cluster client missing on this machine (no `hadoop`, no `spark-submit`)
+                # must not stop the node: the API refuses that type at submission instead.
+                logger.warning(
+                    "no executor for %s actions on this node: %s",
+                    action_type,
+                    exc.message,
+                    extra={"event": "executor_unavailable", "action_type": action_type},
+                )
         extra = {} if observe_dispatch is None else {"observe_dispatch": observe_dispatch}
         self.submitters = [
             Submitter(
