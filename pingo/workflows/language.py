@@ -393,7 +393,8 @@ def _check_graph(doc: Mapping[str, Any], actions: list[Any]) -> _Checked:
 
     for key in ("startActionId", "endActionId"):
         ref = _as_id(doc.get(key))
-        if ref is not None and ref not in index_of:
+        # With no action at all, NO_ACTIONS already says everything.
+        if ref is not None and actions and ref not in index_of:
             issues.append(ValidationIssue(UNKNOWN_ACTION_ID, f"no action has id {ref}", f"/{key}"))
 
     for index, entries in enumerate(entries_at):
@@ -502,6 +503,8 @@ def _cycle_issue(checked: _Checked, actions: list[Any]) -> ValidationIssue:
         current = min(pid for pid in checked.parents[current] if pid in stuck)
     cycle = path[seen[current] :]  # each element's parent is the next one
     cycle.reverse()  # now parent → child
+    first = cycle.index(min(cycle))  # shown from its smallest id, for stable messages
+    cycle = cycle[first:] + cycle[:first]
     child, parent = cycle[0], cycle[-1]
     index = checked.index_of[child]
     position = next(pos for pos, pid in _parent_entries(actions[index]) if pid == parent)
