@@ -50,6 +50,8 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
 }
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
+#: Workflows whose onFailure is remembered.
+_CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.
 _DELETION_POLL_S = 0.05
 
@@ -80,6 +82,7 @@ class CallbackService:
         self.settings = settings
         self.on_ready = on_ready
         self.kill_action = kill_action
+        self._on_failure_cache: dict[str, str] = {}
 
     # -------------------------------------------------------------- callbacks
 
@@ -121,8 +124,7 @@ class CallbackService:
         if released:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
             self.on_ready()
-        else:
-            # A child made READY means work is left; otherwise check the workflow.
+        elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
         logger.info(
             "action %s/%s finished",
@@ -275,6 +277,29 @@ class CallbackService:
                 if isinstance(parent, Mapping) and parent.get("id") == action.action_id:
                     return False
         return True
+
+    async def _may_be_last(self, finished: protocol.ActionRecord) -> bool:
+        """Whether this success may have ended the workflow (a cheap filter before counting).
+
+        A child runs after its parent, so the last action of a workflow to finish
+        has no computing child, unless its children were KILLED because another
+        branch failed, which only a "continue" workflow survives RUNNING.
+        """
+        if not finished.children:
+            return True
+        return await self._on_failure(finished.workflow_id) == "continue"
+
+    async def _on_failure(self, workflow_id: str) -> str:
+        """The workflow's onFailure (immutable, so cached)."""
+        cached = self._on_failure_cache.get(workflow_id)
+        if cached is not None:
+            return cached
+        workflow = await self.store.get_workflow(workflow_id)
+        value = "abort" if workflow is None else workflow.on_failure
+        if len(self._on_failure_cache) >= _CACHE_SIZE:
+            self._on_failure_cache.pop(next(iter(self._on_failure_cache)))
+        self._on_failure_cache[workflow_id] = value
+        return value
 
     # ---------------------------------------------------------------- failure
 

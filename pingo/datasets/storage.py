@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from typing import Any
 
 import fsspec.core
@@ -72,40 +73,46 @@ class DatasetStorage:
         return await asyncio.to_thread(self._promote_remote, staging, final)
 
     async def _promote_local(self, staging: str, final: str) -> int:
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        if _lexists(final):
-            # Another action stored the same provenance first. Keep theirs.
-            await self.remove(staging)
-            return await self.size(final)
+        # The common cases cost a few syscalls and no thread: this runs once per action.
         try:
-            staged = os.lstat(staging)
+            staged: os.stat_result | None = os.lstat(staging)
         except FileNotFoundError:
-            os.makedirs(final, exist_ok=True)
+            staged = None
+        if staged is None:
+            try:
+                _mkdir(final)
+            except FileExistsError:
+                return await self.size(final)
             logger.debug(
                 "no output at %s: stored an empty dataset",
                 staging,
                 extra={"event": "dataset_empty", "path": final},
             )
             return 0
+        if _lexists(final):
+            # Another action stored the same provenance first. Keep theirs.
+            await self.remove(staging)
+            return await self.size(final)
         if stat.S_ISDIR(staged.st_mode):
             try:
                 # rename is atomic: the whole tree appears under `final` or none of it;
                 # it fails onto a non-empty directory, so nobody's output is clobbered.
-                os.rename(staging, final)
+                _with_parent(os.rename, staging, final)
             except OSError:
                 if not _lexists(final):
                     raise
                 await self.remove(staging)
-        else:
-            # A file: link (never overwrites) rather than rename (would clobber a twin's file).
-            try:
-                os.link(staging, final)
-            except FileExistsError:
-                pass
-            except OSError:
-                os.replace(staging, final)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(staging)
+            return await self.size(final)
+        # A file: link (never overwrites) rather than rename (would clobber a twin's file).
+        try:
+            _with_parent(os.link, staging, final)
+        except FileExistsError:
+            pass
+        except OSError:
+            # No hard links here (some mounted filesystems): rename instead.
+            _with_parent(os.replace, staging, final)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
         return await self.size(final)
 
     def _promote_remote(self, staging: str, final: str) -> int:
@@ -130,6 +137,9 @@ class DatasetStorage:
                 return 0
             if not stat.S_ISDIR(st.st_mode):
                 return st.st_size
+            flat = _flat_dir_size(path)
+            if flat is not None:
+                return flat
             return await asyncio.to_thread(_tree_size, path)
         return await asyncio.to_thread(self._size_remote, path)
 
@@ -163,6 +173,22 @@ class DatasetStorage:
         return bool(await asyncio.to_thread(self._fs.exists, self._fs._strip_protocol(path)))
 
 
+#: A directory with no subdirectory and at most this many entries is measured inline.
+_INLINE_ENTRIES = 64
+
+
+def _flat_dir_size(path: str) -> int | None:
+    """The size of a small flat directory (one scandir), or None when it needs a real walk."""
+    total = 0
+    with os.scandir(path) as entries:
+        for count, entry in enumerate(entries):
+            if count >= _INLINE_ENTRIES or entry.is_dir(follow_symlinks=False):
+                return None
+            with contextlib.suppress(FileNotFoundError):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
 def _tree_size(path: str) -> int:
     total = 0
     for dirpath, _dirnames, filenames in os.walk(path):
@@ -187,3 +213,23 @@ def _is_real_dir(path: str) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+def _mkdir(path: str) -> None:
+    """Create the directory `path` (and its parents); FileExistsError if anything is there."""
+    try:
+        os.mkdir(path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path)
+
+
+def _with_parent(move: Callable[[str, str], None], src: str, dst: str) -> None:
+    """`move(src, dst)`, creating `dst`'s parent directory the first time it is missing."""
+    try:
+        move(src, dst)
+    except FileNotFoundError:
+        if not _lexists(src):
+            raise
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        move(src, dst)
