@@ -157,6 +157,9 @@ def problem_response(
 
 def status_for(exc: errors.PingoError) -> int:
     """The HTTP status of a Pingo error (500 for anything unmapped)."""
+    if exc.code == "MALFORMED_JSON":
+        # The language reports a body that is no JSON document at all this way.
+        return int(HTTPStatus.BAD_REQUEST)
     for cls, status in _STATUS_BY_ERROR:
         if isinstance(exc, cls):
             return int(status)
