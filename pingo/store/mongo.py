@@ -39,9 +39,10 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from urllib.parse import unquote
 
 import pymongo
-from pymongo import AsyncMongoClient, ReturnDocument, uri_parser
+from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConfigurationError as MongoConfigurationError
@@ -49,7 +50,6 @@ from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
-    InvalidURI,
     PyMongoError,
     WriteConcernError,
 )
@@ -350,6 +350,19 @@ def _values(items: Iterable[ActionState | DatasetState | WorkflowState]) -> list
     return sorted({item.value for item in items})
 
 
+def _split_url(url: str) -> tuple[str, set[str]]:
+    """The database named in a MongoDB URL ("" for none) and its option names, lower-cased.
+
+    Parsed by hand: pymongo's `parse_uri` resolves `mongodb+srv://` names through
+    DNS, and opening a store must not do I/O before it is entered.
+    """
+    _, _, rest = url.partition("://")
+    rest, _, query = rest.partition("?")
+    _, _, database = rest.partition("/")
+    options = {pair.partition("=")[0].lower() for pair in query.split("&") if pair}
+    return unquote(database), options
+
+
 def parse_write_concern(text: str) -> WriteConcern:
     """`majority` (or another tag set name), or a node count such as `1`; never unacknowledged."""
     text = text.strip()
@@ -431,21 +444,25 @@ class MongoStore:
     ) -> MongoStore:
         """A store on `mongodb://host/db` (database `pingo` when the URL names none).
 
-        Creating the client does not connect; the first operation (index creation
-        on `__aenter__`) does.
+        Creating the client does not connect (nor resolve a `mongodb+srv://` name);
+        the first operation (index creation on `__aenter__`) does.
         """
-        try:
-            parsed = uri_parser.parse_uri(url)
-        except (InvalidURI, MongoConfigurationError, ValueError) as exc:
-            raise errors.ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
-        options = {key.lower() for key in parsed["options"]}
+        database, options = _split_url(url)
         extra: dict[str, Any] = {"tz_aware": True, "appname": "pingo"}
         if "serverselectiontimeoutms" not in options:
             # Fail a request in seconds, not the driver's 30 s, when the store is down.
             extra["serverSelectionTimeoutMS"] = 10_000
-        client: AsyncMongoClient[Doc] = AsyncMongoClient(url, **extra)
-        database = parsed["database"] or DEFAULT_DATABASE
-        return cls(client, database, clock=clock, write_concern=write_concern, owns_client=True)
+        try:
+            client: AsyncMongoClient[Doc] = AsyncMongoClient(url, **extra)
+        except (MongoConfigurationError, ValueError) as exc:  # InvalidURI is a ConfigurationError
+            raise errors.ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
+        return cls(
+            client,
+            database or DEFAULT_DATABASE,
+            clock=clock,
+            write_concern=write_concern,
+            owns_client=True,
+        )
 
     @_translated
     async def __aenter__(self) -> Self:
