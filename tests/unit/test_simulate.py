@@ -1,0 +1,244 @@
+"""`pingo simulate`: traces, the submission sequence, the oracle and the engine replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pingo.cli import app
+from pingo.retention import oracle, sequence, simulate, traces
+from pingo.workflows import ids, language
+
+SMALL = (
+    "seismology-chameleon-100p-001.json",
+    "1000genome-chameleon-2ch-100k-001.json",
+    "srasearch-chameleon-10a-001.json",
+    "epigenomics-chameleon-hep-1seq-100k-001.json",
+)
+
+
+@pytest.fixture
+def small_traces(shared_dir: Path) -> list[Path]:
+    return [shared_dir / "traces" / name for name in SMALL]
+
+
+def test_raw_wfcommons_converts_like_make_workloads(shared_dir: Path) -> None:
+    trace = shared_dir / "traces" / SMALL[0]
+    script = shared_dir / "bench" / "make_workloads.py"
+    converted = subprocess.run(
+        [sys.executable, str(script), "wfcommons", str(trace)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    with trace.open() as f:
+        ours = traces.wfcommons_to_pingo(json.load(f), trace.stem)
+    assert ours == json.loads(converted)
+
+
+def test_marked_tasks_are_distinct_datasets_and_both_formats_load_alike(
+    shared_dir: Path, tmp_path: Path
+) -> None:
+    raw = shared_dir / "traces" / SMALL[0]
+    family = traces.load_family(raw)
+    definition = language.parse(family.document)
+    dataset_ids = ids.dataset_ids(definition, "server")
+    assert len(set(dataset_ids.values())) == family.action_count == 101
+    # The same trace already converted by make_workloads.py loads to the same family.
+    with raw.open() as f:
+        document = traces.wfcommons_to_pingo(json.load(f), raw.stem)
+    converted = tmp_path / raw.name
+    converted.write_text(json.dumps(document))
+    assert traces.load_family(converted).document == family.document
+    with pytest.raises(Exception, match="neither a Pingo workflow"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("[1, 2]")
+        traces.load_family(bad)
+
+
+def test_zipf_weights_fall_with_rank() -> None:
+    weights = sequence.zipf_weights(7, 1.1)
+    assert sum(weights) == pytest.approx(1.0)
+    assert weights == sorted(weights, reverse=True)
+    assert weights[0] / weights[1] == pytest.approx(2**1.1)
+
+
+def test_sequence_is_seeded_and_perturbations_accumulate(small_traces: list[Path]) -> None:
+    families = traces.load_families(small_traces)
+    first = sequence.generate(families, 60, seed=7)
+    assert first == sequence.generate(families, 60, seed=7)
+    assert first != sequence.generate(families, 60, seed=8)
+    previous: dict[str, sequence.Submission] = {}
+    for sub in first:
+        before = previous.get(sub.family)
+        if before is None:
+            assert sub.version == 0 and sub.perturbed_action is None
+        else:
+            assert sub.version == before.version + 1
+            old = {a["id"]: a for a in before.document["actions"]}
+            changed = [a for a in sub.document["actions"] if a != old[a["id"]]]
+            assert [a["id"] for a in changed] == [sub.perturbed_action]
+            assert changed[0]["command"][:-1] == old[sub.perturbed_action]["command"]
+        previous[sub.family] = sub
+    # Zipf: the most submitted family is far ahead of the least submitted one.
+    counts = Counter(s.family for s in sequence.generate(families, 400, seed=1)).most_common()
+    assert counts[0][1] > 3 * counts[-1][1]
+
+
+def _model(
+    index: int, datasets: tuple[str, ...], parents: tuple[tuple[int, ...], ...]
+) -> oracle.SubmissionModel:
+    children = {p for ps in parents for p in ps}
+    leaves = tuple(n for n in range(len(datasets)) if n not in children)
+    runtimes = {"a": 100.0, "b": 10.0, "c": 1.0}
+    return oracle.SubmissionModel(
+        index, "f", datasets, parents, leaves, tuple(runtimes[d[0]] for d in datasets)
+    )
+
+
+def test_oracle_evicts_the_farthest_next_read_counting_hidden_ancestors() -> None:
+    chain = ((), (0,), (1,))
+    models = [
+        _model(0, ("a0", "b0", "c0"), chain),
+        _model(1, ("a0", "b0", "c1"), chain),  # c changed: reads b0; a0 is hidden by b0
+        _model(2, ("a0", "b2", "c2"), chain),  # b changed: reads a0, b0 is never read again
+    ]
+    catalog = oracle.Catalog()
+    for m in models:
+        for n, ds in enumerate(m.datasets):
+            catalog.size[ds] = 1 if ds.startswith("c") else 10
+            catalog.runtime[ds] = m.runtimes[n]
+            catalog.parents[ds] = tuple(m.datasets[p] for p in m.parents[n])
+            catalog.family[ds] = "f"
+            catalog.last_seen[ds] = m.index
+        catalog.leaf.update(m.datasets[n] for n in m.leaves)
+    computed, reads = oracle.plan(models[1], {"a0", "b0", "c0"})
+    assert [models[1].datasets[n] for n in computed] == ["c1"] and reads == ["b0"]
+
+    replay = oracle._Oracle(models, catalog, budget=11)
+    replay.refresh("f", after=-1)
+    replay.disk("f").update({"a0", "b0", "c0"})
+    replay.stored.update({"a0", "b0"})
+    replay.fresh.discard("f")
+    replay.refresh("f", after=0)
+    assert replay.next_read == {"b0": 1, "a0": 2}
+    # a0 is read later than b0 (appearing in submission 1 is not enough: b0 hides it).
+    result = oracle.run_oracle(models, catalog, 11)
+    assert result.compute_s == pytest.approx(111 + 1 + (1 + 10 + 100))
+    assert result.evictions == 4  # a0, then b0, then a0 and b2 (never read again)
+    ws = oracle.working_set(models, catalog)
+    assert ws.unlimited_compute_s == pytest.approx(111 + 1 + 11)
+    assert ws.reusable_bytes == 20  # b0 (read by 1) and a0 (read by 2)
+    assert oracle.run_oracle(models, catalog, None).compute_s == ws.unlimited_compute_s
+
+
+async def test_simulated_storage_keeps_promotion_semantics() -> None:
+    storage = simulate.SimulatedStorage()
+    staging = storage.staging_path("ab" * 32, "wf", 1, 1)
+    storage.write(staging, 500)
+    final = storage.path_for("ab" * 32)
+    assert await storage.promote(staging, final) == 500
+    assert await storage.size(final) == 500 and not await storage.exists(staging)
+    storage.write(staging, 500)
+    assert await storage.promote(staging, final) == 500  # someone else stored it first
+    assert storage.used_bytes == 500 and storage.peak_bytes == 1000
+    await storage.remove(final)
+    await storage.remove(final)
+    assert storage.used_bytes == 0 and not await storage.exists(final)
+
+
+async def test_engine_replay_agrees_with_the_model_and_full_capacity_is_unlimited(
+    small_traces: list[Path],
+) -> None:
+    families = traces.load_families(small_traces)
+    subs = sequence.generate(families, 30, seed=5)
+    models, catalog = oracle.build_models(subs)
+    ws = oracle.working_set(models, catalog)
+    unlimited = await simulate.run_engine(subs, "keep-all", None)
+    # The real planner and the oracle's model agree on what reuse saves.
+    assert unlimited.compute_s == pytest.approx(ws.unlimited_compute_s)
+    assert unlimited.executed_actions == ws.datasets
+    assert unlimited.peak_bytes == ws.bytes
+    assert ws.no_reuse_compute_s > unlimited.compute_s
+    full = await simulate.run_engine(subs, "keep-all", ws.bytes)
+    assert full.compute_s == pytest.approx(unlimited.compute_s)
+    assert full.evictions == 0
+    # A budget whose high water mark fits everything never evicts, whatever the policy.
+    lru = await simulate.run_engine(subs, "lru", int(ws.bytes / 0.9) + 1)
+    assert lru.compute_s == pytest.approx(unlimited.compute_s) and lru.evictions == 0
+    # A tight one does, and costs compute, but never more than no reuse at all.
+    tight = await simulate.run_engine(subs, "gdsf", ws.bytes // 10)
+    assert tight.evictions > 0
+    assert unlimited.compute_s < tight.compute_s <= ws.no_reuse_compute_s
+    assert tight.peak_bytes < ws.bytes
+
+
+def _without_timings(document: dict[str, Any]) -> dict[str, Any]:
+    for row in document["results"]:
+        row.pop("wallSeconds")
+    return document
+
+
+async def test_study_is_deterministic_for_a_seed(small_traces: list[Path]) -> None:
+    async def once(seed: int) -> dict[str, Any]:
+        result = await simulate.study(
+            small_traces,
+            submissions=25,
+            seeds=[seed],
+            policies=["lru", "cost-benefit", "gdsf"],
+            capacities=[0.1, 0.3],
+        )
+        return _without_timings(result.to_json())
+
+    first = await once(11)
+    assert first == await once(11)
+    assert first != await once(12)
+    rows = first["results"]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["unlimitedComputeSeconds"] <= row["computeSeconds"]
+        assert row["computeSeconds"] <= row["noReuseComputeSeconds"]
+        assert row["unlimitedComputeSeconds"] <= row["oracleComputeSeconds"]
+    summary = simulate.summarize(
+        [r for r in (await simulate.study(small_traces, submissions=25, seeds=[11])).results]
+    )
+    lru_rows = [r for r in summary if r.policy == "lru"]
+    assert all(r.vs_lru == pytest.approx(1.0) for r in lru_rows)
+
+
+def test_cli_simulate_prints_json_and_writes_a_plot(
+    small_traces: list[Path], tmp_path: Path
+) -> None:
+    plot = tmp_path / "curves.png"
+    args = ["simulate", "--submissions", "12", "--seed", "3", "--policy", "lru"]
+    for trace in small_traces[:2]:
+        args += ["--trace", str(trace)]
+    args += ["--policy", "gdsf", "--capacity", "0.2", "--capacity", "0.5", "--json"]
+    args += ["--plot", str(plot)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    keys = {
+        "policy",
+        "capacityFraction",
+        "computeSeconds",
+        "noReuseComputeSeconds",
+        "unlimitedComputeSeconds",
+        "oracleComputeSeconds",
+        "evictions",
+        "peakBytes",
+    }
+    assert len(document["results"]) == 4
+    assert all(keys <= set(row) for row in document["results"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = CliRunner().invoke(app, [a for a in args if a != "--json"][:-2])
+    assert table.exit_code == 0 and "gdsf" in table.stdout
+    unknown = CliRunner().invoke(app, [*args[:-3], "--policy", "nope"])
+    assert unknown.exit_code == 2 and "unknown retention policy" in unknown.output
