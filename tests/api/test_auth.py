@@ -140,8 +140,11 @@ async def test_auth_matrix(api: Api, route: str) -> None:
 async def test_owners_see_kill_and_rerun_their_own_workflows(api: Api) -> None:
     ids = await _alice_world(api)
     alice = api.auth("alice")
-    for path in (f"/api/v1/workflows/{ids['wf']}", f"/api/v1/workflows/{ids['wf']}/actions/1",
-                 f"/api/v1/workflows/{ids['wf']}/actions/1/logs"):  # fmt: skip
+    for path in (
+        f"/api/v1/workflows/{ids['wf']}",
+        f"/api/v1/workflows/{ids['wf']}/actions/1",
+        f"/api/v1/workflows/{ids['wf']}/actions/1/logs",
+    ):
         assert (await api.client.get(path, headers=alice)).status == 200, path
     rerun = await api.client.post(f"/api/v1/workflows/{ids['wf']}/rerun", headers=alice)
     assert rerun.status == 201
@@ -160,16 +163,25 @@ async def test_owners_see_kill_and_rerun_their_own_workflows(api: Api) -> None:
 async def test_users_create_list_revoke(api: Api) -> None:
     token = await api.add_user("erin")
     me = await api.client.get("/api/v1/me", headers=bearer(token))
-    assert await me.json() == {"name": "erin", "admin": False, "createdAt": (await me.json())[
-        "createdAt"]}  # fmt: skip
+    assert await me.json() == {
+        "name": "erin",
+        "admin": False,
+        "createdAt": (await me.json())["createdAt"],
+    }
     users = await (await api.client.get("/api/v1/users", headers=api.auth("admin"))).json()
     assert [u["name"] for u in users["items"]] == ["admin", "erin"]
     assert all(set(u) == {"name", "admin", "createdAt"} for u in users["items"])
 
     taken = await api.client.post("/api/v1/users", json={"name": "erin"}, headers=api.auth("admin"))
     assert taken.status == 409
-    for body in ({"name": "bad name"}, {"name": ""}, {"name": 3}, {"name": "x", "admin": "yes"},
-                 {"name": "x", "role": "admin"}, ["x"]):  # fmt: skip
+    for body in (
+        {"name": "bad name"},
+        {"name": ""},
+        {"name": 3},
+        {"name": "x", "admin": "yes"},
+        {"name": "x", "role": "admin"},
+        ["x"],
+    ):
         response = await api.client.post("/api/v1/users", json=body, headers=api.auth("admin"))
         assert response.status == 422, body
         assert (await response.json())["errors"]

@@ -51,28 +51,28 @@ CORPUS: dict[str, tuple[bytes, dict[str, str], int, str, str | None]] = {
         415,
         "UNSUPPORTED_MEDIA_TYPE",
         None,
-    ),  # fmt: skip
+    ),
     "form": (
         b"name=x",
         {"Content-Type": "application/x-www-form-urlencoded"},
         415,
         "UNSUPPORTED_MEDIA_TYPE",
         None,
-    ),  # fmt: skip
+    ),
     "no-content-type": (
         json.dumps(chain("t")).encode(),
         {},
         415,
         "UNSUPPORTED_MEDIA_TYPE",
         None,
-    ),  # fmt: skip
+    ),
     "latin1": (
         json.dumps(chain("t")).encode(),
         {"Content-Type": "application/json; charset=latin-1"},
         415,
         "UNSUPPORTED_MEDIA_TYPE",
         None,
-    ),  # fmt: skip
+    ),
     "deep-arrays": (b"[" * 100_000 + b"]" * 100_000, JSON, 400, "MALFORMED_JSON", ""),
     "deep-objects": (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, JSON, 400, "MALFORMED_JSON", ""),
     "deep-metadata": (json.dumps(_nested(200)).encode(), JSON, 400, "MALFORMED_JSON", ""),
@@ -84,14 +84,14 @@ CORPUS: dict[str, tuple[bytes, dict[str, str], int, str, str | None]] = {
         422,
         "VALIDATION_FAILED",
         "/name",
-    ),  # fmt: skip
+    ),
     "unknown-field": (
         json.dumps({**chain("u", n=1), "schedule": "daily"}).encode(),
         JSON,
         422,
         "VALIDATION_FAILED",
         "/schedule",
-    ),  # fmt: skip
+    ),
     "unknown-action-field": (
         json.dumps(
             {**chain("u", n=1), "actions": [{**chain("u", n=1)["actions"][0], "retries": 3}]}
@@ -100,14 +100,14 @@ CORPUS: dict[str, tuple[bytes, dict[str, str], int, str, str | None]] = {
         422,
         "VALIDATION_FAILED",
         "/actions/0/retries",
-    ),  # fmt: skip
+    ),
     "no-actions": (
         json.dumps({"name": "x", "startActionId": 1, "endActionId": 1, "actions": []}).encode(),
         JSON,
         422,
         "VALIDATION_FAILED",
         None,
-    ),  # fmt: skip
+    ),
     "cycle": (
         json.dumps(
             {
@@ -136,7 +136,7 @@ CORPUS: dict[str, tuple[bytes, dict[str, str], int, str, str | None]] = {
         422,
         "VALIDATION_FAILED",
         None,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -160,12 +160,16 @@ async def test_bad_submission(api: Api, name: str) -> None:
 
 
 async def test_validation_reports_every_issue(api: Api) -> None:
-    document = {"name": "", "startActionId": 1, "endActionId": 9, "actions": [
-        {"id": 1, "name": "a", "type": "command-line", "command": ["true"]},
-        {"id": 1, "name": "b", "type": "command-line", "command": ["true"]},
-    ]}  # fmt: skip
-    response = await api.client.post("/api/v1/workflows", json=document,
-                                     headers=api.auth("admin"))  # fmt: skip
+    document = {
+        "name": "",
+        "startActionId": 1,
+        "endActionId": 9,
+        "actions": [
+            {"id": 1, "name": "a", "type": "command-line", "command": ["true"]},
+            {"id": 1, "name": "b", "type": "command-line", "command": ["true"]},
+        ],
+    }
+    response = await api.client.post("/api/v1/workflows", json=document, headers=api.auth("admin"))
     assert response.status == 422
     problem = await response.json()
     codes = {e["code"] for e in problem["errors"]}
@@ -219,11 +223,13 @@ async def test_routing_errors_are_problems(api: Api) -> None:
     assert method.content_type == PROBLEM
     assert (await method.json())["code"] == "METHOD_NOT_ALLOWED"
     assert set(method.headers["Allow"].split(", ")) >= {"GET", "POST"}
-    action = await api.client.get("/api/v1/workflows/x/actions/notanumber",
-                                  headers=api.auth("admin"))  # fmt: skip
+    action = await api.client.get(
+        "/api/v1/workflows/x/actions/notanumber", headers=api.auth("admin")
+    )
     assert action.status == 404
-    bad_flag = await api.client.post("/api/v1/workflows?dryRun=maybe", json=chain("f"),
-                                     headers=api.auth("admin"))  # fmt: skip
+    bad_flag = await api.client.post(
+        "/api/v1/workflows?dryRun=maybe", json=chain("f"), headers=api.auth("admin")
+    )
     assert bad_flag.status == 400
     await _nothing_stored(api)
 
@@ -240,14 +246,18 @@ async def test_unknown_executor_is_refused_at_submission(
             client = await aiohttp_client(create_app(settings, node=node))
             document = chain("spark", n=2)
             document["actions"][1] = {
-                "id": 2, "name": "spark", "type": "spark", "application": "job.py",
+                "id": 2,
+                "name": "spark",
+                "type": "spark",
+                "application": "job.py",
                 "parentActions": [{"id": 1}],
-            }  # fmt: skip
+            }
             for query in ("", "?dryRun=true"):
                 response = await client.post(
-                    f"/api/v1/workflows{query}", json=document,
+                    f"/api/v1/workflows{query}",
+                    json=document,
                     headers=bearer("admin-token-for-tests"),
-                )  # fmt: skip
+                )
                 assert response.status == 422, await response.text()
                 problem = await response.json()
                 assert problem["code"] == "UNKNOWN_EXECUTOR"

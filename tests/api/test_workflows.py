@@ -12,12 +12,27 @@ from pingo.states import ActionState
 from .conftest import REPO, Api, chain, command_workflow, sleeper
 
 WORKFLOW_KEYS = [
-    "id", "name", "owner", "state", "createdAt", "finishedAt", "counts", "endDatasetId", "actions",
-]  # fmt: skip
-ACTION_KEYS = [
-    "actionId", "name", "type", "state", "datasetId", "reused", "attempts", "startedAt",
+    "id",
+    "name",
+    "owner",
+    "state",
+    "createdAt",
     "finishedAt",
-]  # fmt: skip
+    "counts",
+    "endDatasetId",
+    "actions",
+]
+ACTION_KEYS = [
+    "actionId",
+    "name",
+    "type",
+    "state",
+    "datasetId",
+    "reused",
+    "attempts",
+    "startedAt",
+    "finishedAt",
+]
 
 
 async def test_submit_answers_201_with_location_and_the_workflow_document(api: Api) -> None:
@@ -108,9 +123,11 @@ async def test_idempotency_key_returns_the_same_workflow(users_api: Api) -> None
 async def test_concurrent_retries_with_one_key_make_one_workflow(api: Api) -> None:
     headers = {**api.auth("admin"), "Idempotency-Key": "burst"}
     responses = await asyncio.gather(
-        *(api.client.post("/api/v1/workflows", json=chain("burst"), headers=headers)
-          for _ in range(5))
-    )  # fmt: skip
+        *(
+            api.client.post("/api/v1/workflows", json=chain("burst"), headers=headers)
+            for _ in range(5)
+        )
+    )
     assert {r.status for r in responses} == {201}
     ids = {(await r.json())["id"] for r in responses}
     assert len(ids) == 1
@@ -142,14 +159,16 @@ async def test_pagination_is_stable_while_workflows_are_added(api: Api) -> None:
 
 async def test_list_filters_by_state_and_name_and_checks_parameters(api: Api) -> None:
     ok = await api.submit(chain("filter-ok", n=1, name="good"))
-    bad = await api.submit(command_workflow({1: ["sh", "-c", "exit 3"]}, name="bad",
-                                            extra={1: {"maxAttempts": 1}}))  # fmt: skip
+    bad = await api.submit(
+        command_workflow({1: ["sh", "-c", "exit 3"]}, name="bad", extra={1: {"maxAttempts": 1}})
+    )
     assert (await api.wait(ok["id"]))["state"] == "SUCCEEDED"
     assert (await api.wait(bad["id"]))["state"] == "FAILED"
 
     async def ids(query: dict[str, str]) -> list[str]:
-        response = await api.client.get("/api/v1/workflows", params=query,
-                                        headers=api.auth("admin"))  # fmt: skip
+        response = await api.client.get(
+            "/api/v1/workflows", params=query, headers=api.auth("admin")
+        )
         assert response.status == 200
         return [w["id"] for w in (await response.json())["items"]]
 
@@ -157,10 +176,16 @@ async def test_list_filters_by_state_and_name_and_checks_parameters(api: Api) ->
     assert await ids({"state": "succeeded"}) == [ok["id"]]
     assert await ids({"name": "good"}) == [ok["id"]]
     assert await ids({"name": "none"}) == []
-    for query in ({"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"state": "DONE"},
-                  {"cursor": "not-a-cursor"}):  # fmt: skip
-        response = await api.client.get("/api/v1/workflows", params=query,
-                                        headers=api.auth("admin"))  # fmt: skip
+    for query in (
+        {"limit": "0"},
+        {"limit": "1001"},
+        {"limit": "x"},
+        {"state": "DONE"},
+        {"cursor": "not-a-cursor"},
+    ):
+        response = await api.client.get(
+            "/api/v1/workflows", params=query, headers=api.auth("admin")
+        )
         assert response.status == 400, query
         problem = await response.json()
         assert problem["code"] == "INVALID_PARAMETER"
@@ -304,8 +329,12 @@ async def test_datasets_storage_and_lineage(api: Api) -> None:
         f"/api/v1/datasets/{end}?force=true", headers=api.auth("admin")
     )
     assert forced.status == 202
-    assert (await forced.json())["state"] in {"STORED_TO_DELETE", "PROCESSING", "DELETING",
-                                               "DELETED"}  # fmt: skip
+    assert (await forced.json())["state"] in {
+        "STORED_TO_DELETE",
+        "PROCESSING",
+        "DELETING",
+        "DELETED",
+    }
 
 
 async def test_wordcount_example_end_to_end_and_reused_on_resubmit(
