@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +109,32 @@ def test_claim_and_on_disk_sets_are_consistent() -> None:
     assert states.ACTION_ACTIVE.isdisjoint(states.ACTION_TERMINAL)
     assert states.DATASET_REUSABLE <= states.DATASET_ON_DISK
     assert states.DATASET_COMPUTING.isdisjoint(states.DATASET_ON_DISK)
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "states.md"
+
+
+def documented_table(entity: str) -> dict[tuple[str, str], set[str]]:
+    """The `| from | to | triggered by | when |` rows after `<!-- table: entity -->`."""
+    text = DOCS.read_text(encoding="utf-8")
+    section = text.split(f"<!-- table: {entity} -->", 1)[1]
+    rows: dict[tuple[str, str], set[str]] = {}
+    for line in section.splitlines()[3:]:
+        if not line.startswith("|"):
+            break
+        src, dst, triggers = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        rows[(src, dst)] = {t.strip() for t in triggers.split(",")}
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("entity", "table"),
+    [
+        ("action", states.ACTION_TRANSITIONS),
+        ("dataset", states.DATASET_TRANSITIONS),
+        ("workflow", states.WORKFLOW_TRANSITIONS),
+    ],
+)
+def test_docs_show_exactly_the_table(entity: str, table: Any) -> None:
+    in_code = {(s.value, d.value): {t.value for t in ts} for (s, d), ts in table.items()}
+    assert documented_table(entity) == in_code
