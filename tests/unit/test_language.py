@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -559,3 +561,9 @@ def test_parse_does_not_change_the_document() -> None:
     before = copy.deepcopy(doc)
     language.parse(doc)
     assert doc == before
+
+
+def test_docs_list_every_error_code() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "language.md"
+    documented = re.findall(r"^\| `([A-Z_]+)` \|", docs.read_text(encoding="utf-8"), re.M)
+    assert documented == list(language.CODES)
