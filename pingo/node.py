@@ -241,9 +241,17 @@ class Node:
         return self._task is not None and not self._task.done()
 
     async def wait_workflow(
-        self, workflow_id: str, timeout_s: float, *, poll_s: float = 0.01
+        self,
+        workflow_id: str,
+        timeout_s: float,
+        *,
+        poll_s: float = 0.01,
+        max_poll_s: float = 0.1,
     ) -> WorkflowRecord:
         """The workflow once it is SUCCEEDED, FAILED or KILLED.
+
+        Polls the store, first every `poll_s`, backing off to `max_poll_s`: a
+        workflow record carries its whole document, so reading it is not free.
 
         Raises `TimeoutError` after `timeout_s`, `NotFound` for an unknown id, and
         the error of a loop that died (the node cannot finish anything then).
@@ -263,7 +271,8 @@ class Node:
                 raise TimeoutError(
                     f"workflow {workflow_id} still {workflow.state.value} after {timeout_s:g} s"
                 )
-            await asyncio.sleep(poll_s)
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
+            poll_s = min(poll_s * 1.5, max_poll_s)
 
     async def _kill_action(self, action: ActionRecord) -> None:
         """Stop an action's running work through its executor (CallbackService's hook)."""

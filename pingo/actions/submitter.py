@@ -6,8 +6,9 @@ it PROCESSING → SUBMITTED by compare-and-set (only if this node still owns it;
 path, or the user's `outputPath` when unmanaged) and its inputs (the parents'
 dataset paths), and calls `executor.submit`. A submit error goes to
 `CallbackService.submit_failed` (READY with backoff, or FAILED past
-`maxAttempts`). The executor's external id is then recorded on the action, for
-kills and reconciliation.
+`maxAttempts`). The executor's external id is recorded on the action, for kills
+and reconciliation: with the SUBMITTED transition when the executor names its
+work beforehand (`external_id_for`), else once `submit` returns.
 
 When the node stops, a submitter hands what it takes back (PROCESSING → READY)
 instead of submitting it.
@@ -104,7 +105,7 @@ class Submitter(loops.Loop):
         executor = self.executors.get(action.type)
         try:
             await self.held.acquire_limit(action)
-            record = await self._mark_submitted(action, final=executor is None)
+            record = await self._mark_submitted(action, executor)
             if record is None:
                 return
             if executor is None:
@@ -136,7 +137,8 @@ class Submitter(loops.Loop):
                 self.held.remove(action.key)
                 return
             self.observe_dispatch(time.perf_counter() - item.ready_at)
-            await self._record_external_id(record, external_id)
+            if external_id != record.external_id:
+                await self._record_external_id(record, external_id)
         except errors.StoreUnavailable as exc:
             # The lease runs out and another pass (or node) picks the action up again.
             logger.warning(
@@ -148,13 +150,22 @@ class Submitter(loops.Loop):
             )
             self.held.remove(action.key)
 
-    async def _mark_submitted(self, action: ActionRecord, *, final: bool) -> ActionRecord | None:
+    async def _mark_submitted(
+        self, action: ActionRecord, executor: base.Executor | None
+    ) -> ActionRecord | None:
         states.ensure_transition(A.PROCESSING, A.SUBMITTED, states.Trigger.SUBMITTER)
         now = self.store.clock()
         attempts = action.attempts + 1
-        if final:
+        external_id: str | None = None
+        if executor is None:
             # submit_failed fails an action past maxAttempts: make this attempt the last.
             attempts = max(attempts, action.max_attempts)
+        else:
+            # Executors that name their work before starting it (optional
+            # `external_id_for`) save the second write that records the id.
+            name_work: Callable[[str, int], str] | None = getattr(executor, "external_id_for", None)
+            if name_work is not None:
+                external_id = name_work(action.callback_id, attempts)
         record = await self.store.transition_action(
             action.workflow_id,
             action.action_id,
@@ -164,7 +175,7 @@ class Submitter(loops.Loop):
                 attempts=attempts,
                 lease_expires_at=now + timedelta(seconds=self.settings.lease_s),
                 started_at=now,
-                external_id=None,
+                external_id=external_id,
                 error=None,
             ),
             if_owner=self.node_id,

@@ -21,6 +21,7 @@ import networkx as nx
 import pytest
 
 from pingo import states
+from pingo.actions.executors.local import LocalExecutor
 from pingo.config import Settings
 from pingo.node import Node
 from pingo.store import open_store
@@ -216,7 +217,10 @@ async def test_kill_stops_the_running_process_group(node: Node, tmp_path: Path) 
             break
         assert loop.time() < deadline, action
         await asyncio.sleep(0.02)
-    pgid = int(action.external_id.split("@")[0])
+    local = node.executors["command-line"]
+    assert isinstance(local, LocalExecutor)
+    pgid = local.pid(action.external_id)
+    assert pgid is not None
     assert group_alive(pgid)
     killed = await node.workflows.kill(workflow.id)
     assert killed.state is W.KILLED

@@ -131,8 +131,10 @@ async def group_gone(pgid: int, timeout_s: float = 2.0) -> bool:
     return True
 
 
-def pid_of(external_id: str) -> int:
-    return int(external_id.split("@", 1)[0])
+def pid_of(executor: LocalExecutor, external_id: str) -> int:
+    pid = executor.pid(external_id)
+    assert pid is not None, f"{external_id} is not running"
+    return pid
 
 
 async def test_runs_argv_with_placeholders_and_environment(
@@ -204,7 +206,7 @@ async def test_timeout_kills_the_process_group(
     # The shell's background child shares its process group and must die too.
     sub = submission(tmp_path, ["sh", "-c", "sleep 60 & sleep 60; wait"], timeout_s=0.3)
     external_id = await executor.submit(sub)
-    pgid = pid_of(external_id)
+    pgid = pid_of(executor, external_id)
     assert group_alive(pgid)
     await recorder.wait_for(1)
     kind, _, _, details = recorder.reports[0]
@@ -218,15 +220,18 @@ async def test_kill_stops_the_group_and_reports_killed(
 ) -> None:
     sub = submission(tmp_path, ["sh", "-c", "trap '' TERM; sleep 60 & sleep 60; wait"])
     external_id = await executor.submit(sub)
+    assert external_id == executor.external_id_for(sub.callback_id, sub.attempt)
     assert await executor.status(external_id) is base.ExecutorStatus.RUNNING
+    pgid = pid_of(executor, external_id)
     # The shell ignores SIGTERM: the kill must escalate to SIGKILL after the grace.
     await executor.kill(external_id)
-    assert await group_gone(pid_of(external_id))
+    assert await group_gone(pgid)
+    assert executor.pid(external_id) is None
     await recorder.wait_for(1)
     assert recorder.reports[0][0] == "killed"
     assert await executor.status(external_id) is base.ExecutorStatus.UNKNOWN
     await executor.kill(external_id)  # idempotent
-    await executor.kill("12345@another-node")
+    await executor.kill("cb1.1@another-node")
 
 
 async def test_status_of_foreign_or_finished_work_is_unknown(executor: LocalExecutor) -> None:
@@ -266,8 +271,9 @@ async def test_close_stops_running_work_without_reporting(
     ex = LocalExecutor(recorder, slots=1, node_id="n", close_grace_s=0.2)
     await ex.start()
     external_id = await ex.submit(submission(tmp_path, ["sleep", "60"]))
+    pgid = pid_of(ex, external_id)
     await ex.close()
-    assert await group_gone(pid_of(external_id))
+    assert await group_gone(pgid)
     assert recorder.reports == []
     with pytest.raises(ExecutorClosed):
         await ex.submit(submission(tmp_path, ["true"]))

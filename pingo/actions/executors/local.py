@@ -16,10 +16,13 @@
   directory there (or nothing, an empty dataset). Promotion onto the dataset
   path happens in the success callback, so a partial output never looks stored.
 - stdout and stderr go to the attempt's log file.
-- Slots: `submit` waits for a free slot, starts the process and returns its
-  external id `"<pid>@<node id>"` (unique across restarts, so a pid recycled after
-  a crash is never mistaken for the old work). The wait bounds the submitters,
-  which hold only what the scraper claimed.
+- Slots: `submit` waits for a free slot, starts the process and returns once it
+  runs. The wait bounds the submitters, which hold only what the scraper claimed.
+- External id: `"<callback id>.<attempt>@<node id>"`, known before the process
+  starts (`external_id_for`), so the submitter records it with the SUBMITTED
+  transition instead of a second store write. It is unique across restarts: a
+  recycled pid or another node's work is never mistaken for ours. `pid()` maps it
+  to the process id while the process runs.
 
 Exit is watched through a pidfd registered with the event loop, and processes
 are started with `subprocess.Popen` (vfork/posix_spawn, no `preexec_fn`):
@@ -145,7 +148,7 @@ class LocalExecutor:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def submit(self, submission: Submission) -> str:
-        """Wait for a slot, start the process, return `"<pid>@<node id>"`."""
+        """Wait for a slot, start the process, return its external id."""
         if self._closing:
             raise ExecutorClosed()
         if self._slots is None:
@@ -161,14 +164,23 @@ class LocalExecutor:
             self._slots.release()
             raise
         logger.debug(
-            "started %s for %s/%s attempt %d",
-            proc.external_id,
+            "started pid %d for %s/%s attempt %d",
+            proc.popen.pid,
             submission.workflow_id,
             submission.action_id,
             submission.attempt,
             extra={"event": "local_started", "external_id": proc.external_id},
         )
         return proc.external_id
+
+    def external_id_for(self, callback_id: str, attempt: int) -> str:
+        """The external id `submit` will return for this attempt (known beforehand)."""
+        return f"{callback_id}.{attempt}@{self.node_id}"
+
+    def pid(self, external_id: str) -> int | None:
+        """The process id of the work while it runs here, else None."""
+        proc = self._procs.get(external_id)
+        return None if proc is None else proc.popen.pid
 
     async def kill(self, external_id: str) -> None:
         """Stop the process group (SIGTERM, SIGKILL after a grace); it reports `killed`."""
@@ -239,7 +251,7 @@ class LocalExecutor:
                 start_new_session=True,
             )
         started = time.monotonic()
-        external_id = f"{popen.pid}@{self.node_id}"
+        external_id = self.external_id_for(submission.callback_id, submission.attempt)
         try:
             pidfd: int | None = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # pragma: no cover - kernels before 5.3

@@ -10,7 +10,6 @@ of its own, as a real executor's would be, after `submit` has returned.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 
 from pingo import errors
@@ -21,11 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class NoopExecutor:
-    """Reports every submission successful, with a zero runtime."""
+    """Reports every submission successful, after `delay_s` (a stand-in for a job's runtime)."""
 
-    def __init__(self, reporter: Reporter) -> None:
+    def __init__(self, reporter: Reporter, *, delay_s: float = 0.0) -> None:
         self.reporter = reporter
-        self._ids = itertools.count(1)
+        self.delay_s = delay_s
         self._tasks: set[asyncio.Task[None]] = set()
         #: Submissions seen so far (benchmarks read it).
         self.submitted = 0
@@ -38,9 +37,13 @@ class NoopExecutor:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def external_id_for(self, callback_id: str, attempt: int) -> str:
+        """Known before submission: the submitter records it with SUBMITTED."""
+        return f"noop:{callback_id}.{attempt}"
+
     async def submit(self, submission: Submission) -> str:
         """Schedule the success report; return a fresh id."""
-        external_id = f"noop-{next(self._ids)}"
+        external_id = self.external_id_for(submission.callback_id, submission.attempt)
         self.submitted += 1
         task = asyncio.create_task(self._report(submission), name=f"pingo-{external_id}")
         self._tasks.add(task)
@@ -48,8 +51,12 @@ class NoopExecutor:
         return external_id
 
     async def _report(self, submission: Submission) -> None:
+        if self.delay_s > 0:
+            await asyncio.sleep(self.delay_s)
         try:
-            await self.reporter.success(submission.callback_id, submission.attempt, runtime_s=0.0)
+            await self.reporter.success(
+                submission.callback_id, submission.attempt, runtime_s=self.delay_s
+            )
         except errors.PingoError as exc:
             logger.warning("no-op report refused: %s", exc, extra={"event": "noop_report_refused"})
 
@@ -62,5 +69,5 @@ class NoopExecutor:
 
 
 def create(settings: Settings, reporter: Reporter) -> NoopExecutor:
-    """Factory with the `ExecutorFactory` signature."""
+    """Factory with the `ExecutorFactory` signature (no delay)."""
     return NoopExecutor(reporter)

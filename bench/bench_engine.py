@@ -1,0 +1,193 @@
+"""The engine: control-plane throughput, dispatch latency, and real-process makespan.
+
+noop_actions_per_s          layered-1000 on a node whose executor is the no-op one
+                            (embedded SQLite in a temporary directory): actions /
+                            (submission → workflow SUCCEEDED)
+noop_montage_actions_per_s  the same on the Montage trace workflow (1,738 actions)
+dispatch_p50_ms, _p99_ms    READY → executor start with 100 workflows in flight: 100
+                            chains of 5 actions, submitted 5 ms apart, each action
+                            "running" 0.5 s in a delayed no-op executor (as a cluster
+                            job would), so READY events arrive spread out (~200/s), as
+                            in production, and what is measured is the control plane:
+                            wake → claim → PROCESSING → SUBMITTED → executor.submit.
+                            Origin: the scraper's wake after the READY write (see
+                            pingo/actions/scraper.py); end: `submit` returned.
+true_makespan_s             layered-1000 running the real command `true` on 2 local
+                            slots, submission → SUCCEEDED
+spawn_floor_s               1,000 `true` processes spawned 2 at a time by a plain
+                            Python loop (a new one as soon as one of the two exits)
+
+Every part runs its own node on a fresh SQLite file, so no dataset is reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bench import _workloads
+from pingo.actions.executors import base, noop
+from pingo.config import Settings
+from pingo.node import Node
+from pingo.store import open_store
+
+RUNS = 3
+#: Dispatch workload: workflows in flight, actions per chain, simulated runtime.
+DISPATCH_WORKFLOWS = 100
+DISPATCH_CHAIN = 5
+DISPATCH_RUNTIME_S = 0.5
+DISPATCH_SPACING_S = 0.005
+SPAWN_COUNT = 1000
+SPAWN_PARALLEL = 2
+
+
+def _settings(tmp: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "home": tmp / "home",
+        "store_url": f"sqlite:///{tmp / 'pingo.db'}",
+        "node_id": "bench",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def _makespan(
+    document: Mapping[str, Any],
+    *,
+    executors: Mapping[str, base.ExecutorFactory] | None,
+    **overrides: Any,
+) -> float:
+    """Seconds from submission to SUCCEEDED on a fresh node."""
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
+        settings = _settings(Path(tmp), **overrides)
+        settings.home.mkdir(parents=True)
+        async with open_store(settings.store_url) as store:
+            node = Node(settings, store, executors=executors)
+            await node.start()
+            try:
+                started = time.perf_counter()
+                workflow = await node.workflows.submit(document, owner="bench")
+                done = await node.wait_workflow(
+                    workflow.id, timeout_s=300, poll_s=0.005, max_poll_s=0.02
+                )
+                elapsed = time.perf_counter() - started
+            finally:
+                await node.stop()
+        if done.state.value != "SUCCEEDED":
+            raise RuntimeError(f"workflow ended {done.state.value}: {done.error}")
+        return elapsed
+
+
+def _chain(n: int, length: int) -> dict[str, Any]:
+    """A chain of `length` no-op actions, distinct from every other chain by `n`."""
+    actions: list[dict[str, Any]] = []
+    for i in range(1, length + 1):
+        action: dict[str, Any] = {
+            "id": i,
+            "name": f"c{n}-{i}",
+            "type": "command-line",
+            "command": ["true", str(n), str(i)],
+        }
+        if i > 1:
+            action["parentActions"] = [{"id": i - 1}]
+        actions.append(action)
+    return {"name": f"chain-{n}", "startActionId": 1, "endActionId": length, "actions": actions}
+
+
+def _delayed_noop(settings: Settings, reporter: base.Reporter) -> noop.NoopExecutor:
+    return noop.NoopExecutor(reporter, delay_s=DISPATCH_RUNTIME_S)
+
+
+async def _dispatch_ms() -> list[float]:
+    samples: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
+        settings = _settings(Path(tmp))
+        settings.home.mkdir(parents=True)
+        async with open_store(settings.store_url) as store:
+            node = Node(
+                settings,
+                store,
+                executors={"command-line": _delayed_noop},
+                observe_dispatch=lambda s: samples.append(s * 1000),
+            )
+            await node.start()
+            try:
+                ids = []
+                for n in range(DISPATCH_WORKFLOWS):
+                    workflow = await node.workflows.submit(_chain(n, DISPATCH_CHAIN), owner="bench")
+                    ids.append(workflow.id)
+                    await asyncio.sleep(DISPATCH_SPACING_S)
+                for workflow_id in ids:
+                    done = await node.wait_workflow(workflow_id, timeout_s=300)
+                    if done.state.value != "SUCCEEDED":
+                        raise RuntimeError(f"workflow ended {done.state.value}: {done.error}")
+            finally:
+                await node.stop()
+    expected = DISPATCH_WORKFLOWS * DISPATCH_CHAIN
+    if len(samples) != expected:
+        raise RuntimeError(f"{len(samples)} dispatch samples, expected {expected}")
+    return samples
+
+
+def spawn_floor_s(count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL) -> float:
+    """`count` `true` processes, `parallel` at a time, from a plain loop."""
+    started = time.perf_counter()
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    spawned = 0
+    while spawned < count or running:
+        while len(running) < parallel and spawned < count:
+            proc = subprocess.Popen(["true"])
+            running[proc.pid] = proc
+            spawned += 1
+        pid, status = os.wait()
+        # Keep the Popen objects until reaped here: a collected one would be reaped
+        # behind our back by subprocess's own cleanup.
+        running.pop(pid).returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - started
+
+
+def _log(what: str, since: float) -> None:
+    print(f"# {what} done at {time.perf_counter() - since:.1f} s", file=sys.stderr)
+
+
+async def _measure() -> dict[str, float]:
+    noop_executors = {"command-line": noop.create}
+    layered = _workloads.layered_1000()
+    montage = _workloads.montage()
+    t = time.perf_counter()
+    noop_s = await _makespan(layered, executors=noop_executors)
+    _log("noop layered-1000", t)
+    montage_s = await _makespan(montage, executors=noop_executors)
+    _log("noop montage", t)
+    dispatch = await _dispatch_ms()
+    _log("dispatch", t)
+    true_s = await _makespan(layered, executors=None, local_slots=2)
+    _log("true layered-1000", t)
+    return {
+        "noop_actions_per_s": len(layered["actions"]) / noop_s,
+        "noop_montage_actions_per_s": len(montage["actions"]) / montage_s,
+        "dispatch_p50_ms": _workloads.percentile(dispatch, 50),
+        "dispatch_p99_ms": _workloads.percentile(dispatch, 99),
+        "true_makespan_s": true_s,
+    }
+
+
+def measure() -> dict[str, float]:
+    """ONE run of every engine figure."""
+    logging.getLogger("pingo").setLevel(logging.WARNING)
+    figures = asyncio.run(_measure())
+    figures["spawn_floor_s"] = spawn_floor_s()
+    return figures
+
+
+if __name__ == "__main__":
+    for name, value in measure().items():
+        print(f"{name:32} {value:10.3f}")
