@@ -138,8 +138,10 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
         if action.is_managed
         else f'"isManaged":false,"outputPath":{_encode(action.output_path)},'
     )
+    # Dataset ids are hex digits: their JSON list needs no escaping.
+    parents_text = '["' + '","'.join(sorted(parent_ids)) + '"]' if parent_ids else "[]"
     text = (
-        f'{{{unmanaged}"parents":{_encode(sorted(parent_ids))},"scope":{scope_text},'
+        f'{{{unmanaged}"parents":{parents_text},"scope":{scope_text},'
         f'"spec":{spec_text},"type":{_encode(action.type)}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

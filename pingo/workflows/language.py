@@ -275,6 +275,8 @@ def _analyse_document(
     doc, malformed = _decode(document)
     if malformed is not None:
         return [malformed], None
+    if isinstance(doc, Mapping) and not isinstance(doc, dict):
+        doc = dict(doc)  # JSON Schema's "object" is a dict to jsonschema
     if not isinstance(doc, Mapping):
         kind = type(doc).__name__ if doc is not None else "null"
         return [
@@ -322,27 +324,11 @@ def _analyse_document(
             checker = compiled.common
         issues.extend(checker.issues(action, base))
 
-    checked = _check_graph(doc, actions)
+    checked = _check_graph(doc, actions, _may_hold_placeholders(document))
     issues.extend(checked.issues)
     if issues:
         return issues, None
     return [], _build(doc, actions, known_types, checked)
-
-
-def _parent_entries(action: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """(position, parent id) of each well-formed `parentActions` entry."""
-    entries = action.get("parentActions")
-    if not isinstance(entries, list):
-        return []
-    found = []
-    for position, entry in enumerate(entries):
-        if isinstance(entry, dict):
-            pid = entry.get("id")
-            if type(pid) is not int:
-                pid = _as_id(pid)
-            if pid is not None:
-                found.append((position, pid))
-    return found
 
 
 @dataclass(slots=True)
@@ -358,16 +344,37 @@ class _Checked:
     order: list[int]
 
 
-def _check_graph(doc: Mapping[str, Any], actions: list[Any]) -> _Checked:
+def _parent_ids(action: Mapping[str, Any]) -> list[int | None]:
+    """The id of each `parentActions` entry, None where the entry is malformed."""
+    entries = action.get("parentActions")
+    if type(entries) is not list:
+        return []
+    pids = [entry.get("id") if type(entry) is dict else None for entry in entries]
+    if all(type(pid) is int for pid in pids):
+        return pids
+    return [_as_id(pid) for pid in pids]
+
+
+def _may_hold_placeholders(document: bytes | str | Mapping[str, Any]) -> bool:
+    """False only when the raw text surely holds no `{input:` (a cheap substring search)."""
+    if isinstance(document, str):
+        return "{input:" in document or "\\u" in document
+    if isinstance(document, bytes | bytearray):
+        # UTF-16/32 text (NUL bytes) or \u escapes could hide one from a byte search.
+        return b"{input:" in document or b"\\u" in document or b"\x00" in document[:4]
+    return True
+
+
+def _check_graph(doc: Mapping[str, Any], actions: list[Any], placeholders: bool) -> _Checked:
     """The semantic rules, on every part of the document well-formed enough to check."""
     issues: list[ValidationIssue] = []
     index_of: dict[int, int] = {}
-    entries_at: list[list[tuple[int, int]]] = []
+    pids_at: list[list[int | None]] = []
     for index, action in enumerate(actions):
-        entries_at.append([])
-        if not isinstance(action, dict):
+        if type(action) is not dict:
+            pids_at.append([])
             continue
-        entries_at[index] = _parent_entries(action)
+        pids_at.append(_parent_ids(action))
         aid = action.get("id")
         if type(aid) is not int:
             aid = _as_id(aid)
@@ -397,9 +404,13 @@ def _check_graph(doc: Mapping[str, Any], actions: list[Any]) -> _Checked:
         if ref is not None and actions and ref not in index_of:
             issues.append(ValidationIssue(UNKNOWN_ACTION_ID, f"no action has id {ref}", f"/{key}"))
 
-    for index, entries in enumerate(entries_at):
-        for position, pid in entries:
-            if pid not in index_of:
+    known: list[tuple[int, ...]] = []
+    for index, pids in enumerate(pids_at):
+        if all(pid in index_of for pid in pids):
+            known.append(tuple(sorted(set(pids))))  # type: ignore[arg-type]
+            continue
+        for position, pid in enumerate(pids):
+            if pid is not None and pid not in index_of:
                 issues.append(
                     ValidationIssue(
                         UNKNOWN_ACTION_ID,
@@ -407,14 +418,13 @@ def _check_graph(doc: Mapping[str, Any], actions: list[Any]) -> _Checked:
                         f"/actions/{index}/parentActions/{position}/id",
                     )
                 )
-    parents = {
-        aid: tuple(sorted({pid for _, pid in entries_at[index] if pid in index_of}))
-        for aid, index in index_of.items()
-    }
-    for index, action in enumerate(actions):
-        if isinstance(action, dict):
-            declared = {pid for _, pid in entries_at[index]}
-            issues.extend(_placeholder_issues(action, declared, f"/actions/{index}"))
+        known.append(tuple(sorted({pid for pid in pids if pid is not None and pid in index_of})))
+    parents = {aid: known[index] for aid, index in index_of.items()}
+    if placeholders:
+        for index, action in enumerate(actions):
+            if type(action) is dict:
+                declared = {pid for pid in pids_at[index] if pid is not None}
+                issues.extend(_placeholder_issues(action, declared, f"/actions/{index}"))
 
     order = _topological_order(parents)
     checked = _Checked(issues, index_of, parents, order)
@@ -507,7 +517,7 @@ def _cycle_issue(checked: _Checked, actions: list[Any]) -> ValidationIssue:
     cycle = cycle[first:] + cycle[:first]
     child, parent = cycle[0], cycle[-1]
     index = checked.index_of[child]
-    position = next(pos for pos, pid in _parent_entries(actions[index]) if pid == parent)
+    position = _parent_ids(actions[index]).index(parent)
     shown = " → ".join(str(a) for a in [*cycle, cycle[0]])
     return ValidationIssue(
         CYCLE,

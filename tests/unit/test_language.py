@@ -567,3 +567,19 @@ def test_docs_list_every_error_code() -> None:
     docs = Path(__file__).resolve().parents[2] / "docs" / "language.md"
     documented = re.findall(r"^\| `([A-Z_]+)` \|", docs.read_text(encoding="utf-8"), re.M)
     assert documented == list(language.CODES)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps(workflow(action(1), action(2, command=["cat", "{input:1}"]))),
+        json.dumps(workflow(action(1), action(2, command=["cat", "{input:1}"]))).replace(
+            "{input:", "\\u007binput:"
+        ),
+    ],
+    ids=["plain", "escaped"],
+)
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_placeholders_are_checked_in_raw_text(text: str, encoding: str) -> None:
+    for document in (text, text.encode(encoding)):
+        assert codes(document) == [("UNKNOWN_ACTION_ID", "/actions/1/command/1")]
