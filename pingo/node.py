@@ -27,6 +27,9 @@ from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
+from pingo.retention import policy as retention_policy
+from pingo.retention.loop import RetentionLoop
+from pingo.retention.policy import RetentionPolicy
 from pingo.store import open_store
 from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
 from pingo.workflows.planner import KeepHook, WorkflowManager
@@ -98,6 +101,13 @@ class Node:
             on_ready=self.scraper.wake,
             kill_action=self._kill_action,
         )
+        # Retention's policy (with a budget): the loop evicts with it, and the planner
+        # asks it whether each new intermediate is worth keeping.
+        self.retention_policy: RetentionPolicy | None = None
+        if settings.storage_capacity_bytes is not None:
+            self.retention_policy = retention_policy.load_policy(settings.retention_policy)
+            if keep_hook is None:
+                keep_hook = retention_policy.keep_hook(self.retention_policy, store)
         self.workflows = WorkflowManager(
             store,
             self.storage,
@@ -172,19 +182,11 @@ class Node:
         )
 
     def _retention_loop(self) -> loops.Loop | None:
-        if self.settings.storage_capacity_bytes is None:
+        if self.retention_policy is None:
             return None
-        try:
-            from pingo.retention.loop import RetentionLoop
-            from pingo.retention.policy import load_policy
-        except ImportError:  # pragma: no cover - retention is part of the package
-            logger.warning(
-                "storage capacity set but retention is unavailable",
-                extra={"event": "retention_unavailable"},
-            )
-            return None
-        policy = load_policy(self.settings.retention_policy)
-        return RetentionLoop(self.store, self.settings, policy, on_evict=self.deletor.wake)
+        return RetentionLoop(
+            self.store, self.settings, self.retention_policy, on_evict=self.deletor.wake
+        )
 
     async def stop(self) -> None:
         """Stop claiming, hand queued work back, let running work finish briefly, stop loops."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,66 @@ async def test_live_node_keeps_storage_under_its_budget(node: Node) -> None:
     again = await node.workflows.submit(workflow(5), owner="bob")
     finished = await node.wait_workflow(again.id, timeout_s=60)
     assert finished.state is W.SUCCEEDED, finished.error
+
+
+DROP_NEW_PLUGIN = '''
+class DropNew:
+    """Keeps nothing new: every intermediate is deleted once its readers finished."""
+
+    name = "drop-new"
+
+    def select_evictions(self, candidates, bytes_to_free, now):
+        return []
+
+    def keep_new(self, dataset, now):
+        return False
+'''
+
+
+async def test_a_plugin_declining_new_intermediates_makes_them_transient(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real plug-in, registered through an entry point of an installed distribution.
+    plugins = tmp_path / "plugins"
+    (plugins / "dropnew-0.1.dist-info").mkdir(parents=True)
+    (plugins / "pingo_test_dropnew.py").write_text(DROP_NEW_PLUGIN)
+    (plugins / "dropnew-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dropnew\nVersion: 0.1\n"
+    )
+    (plugins / "dropnew-0.1.dist-info" / "entry_points.txt").write_text(
+        "[pingo.retention_policies]\ndrop-new = pingo_test_dropnew:DropNew\n"
+    )
+    monkeypatch.syspath_prepend(str(plugins))
+    settings = Settings(
+        home=tmp_path / "home",
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        storage_capacity_bytes=10**9,
+        retention_policy="drop-new",
+        deletor_interval_s=0.05,
+        poll_interval_s=0.1,
+    )
+    settings.home.mkdir(parents=True)
+    async with open_store(settings.store_url) as store:
+        node = Node(settings, store)
+        await node.start()
+        try:
+            document = workflow(0)
+            record = await node.workflows.submit(document, owner="alice")
+            done = await node.wait_workflow(record.id, timeout_s=60)
+            assert done.state is W.SUCCEEDED, done.error
+            actions = {a.action_id: a for a in await node.store.list_actions(record.id)}
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            intermediates = [actions[i].dataset_id for i in (1, 2, 3)]
+            for _ in itertools.count():
+                found = await node.store.get_datasets(intermediates)
+                if {d.state for d in found.values()} == {D.DELETED} or loop.time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert {d.state for d in found.values()} == {D.DELETED}
+            assert not any(exists(d.path) for d in found.values())
+            leaf = await node.store.get_dataset(actions[4].dataset_id)
+            assert leaf is not None and leaf.state is D.LEAF and exists(leaf.path)
+        finally:
+            await node.stop()
+    sys.modules.pop("pingo_test_dropnew", None)
