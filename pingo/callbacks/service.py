@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -210,6 +210,101 @@ class CallbackService:
         )
         return workflow
 
+    async def recover_workflow(self, workflow_id: str) -> protocol.WorkflowRecord:
+        """Redo the follow-up steps a crashed node may have left undone (idempotent).
+
+        A node can die between two steps of a callback: after an action became
+        FINISHED but before its children were released or its claims dropped;
+        after an action FAILED but before the workflow was aborted; in the middle
+        of a kill. Every step is safe to redo, so this replays what is missing.
+        Call it for each RUNNING workflow when a node starts (`recover_running`).
+        """
+        workflow = await self._workflow(workflow_id)
+        actions = await self.store.list_actions(workflow_id)
+        if workflow.state in (W.KILLED, W.FAILED):
+            if any(a.state in _LEFT for a in actions):
+                trigger = T.USER if workflow.state is W.KILLED else T.CALLBACK
+                await self._sweep(workflow_id, f"workflow {workflow.state.value.lower()}", trigger)
+                actions = await self.store.list_actions(workflow_id)
+            await self._release_stale_claims(actions)
+            return workflow
+        if workflow.state is not W.RUNNING:
+            await self._release_stale_claims(actions)
+            return workflow
+        by_id = {a.action_id: a for a in actions}
+        woke = False
+        for parent in actions:
+            if parent.state is not A.FINISHED or parent.reused:
+                continue
+            stuck = [
+                c
+                for c in parent.children
+                if c in by_id
+                and by_id[c].state is A.WAITING
+                and parent.action_id in by_id[c].waiting_on
+            ]
+            if stuck and await self.store.release_parent(workflow_id, parent.action_id, stuck):
+                woke = True
+        await self._release_stale_claims(actions)
+        bad = [a for a in actions if a.state in (A.FAILED, A.KILLED)]
+        if bad:
+            await self._drop_datasets(bad)
+            first = bad[0]
+            error = first.error or f"action {first.action_id} did not finish"
+            if workflow.on_failure == "continue":
+                victims = _descendants(by_id, bad)
+                await asyncio.gather(
+                    *(self._kill_not_started(v, "a parent action did not finish") for v in victims)
+                )
+            else:
+                await self._after_failure(first, error, T.CALLBACK)
+        if woke:
+            self.on_ready()
+        await self._finish_if_done(workflow_id, T.CALLBACK)
+        return await self._workflow(workflow_id)
+
+    async def recover_running(self, *, page_size: int = 100) -> int:
+        """`recover_workflow` for every RUNNING workflow; returns how many were checked."""
+        checked = 0
+        cursor: str | None = None
+        while True:
+            page = await self.store.list_workflows(state=W.RUNNING, limit=page_size, cursor=cursor)
+            for workflow in page.items:
+                await self.recover_workflow(workflow.id)
+                checked += 1
+            if page.next_cursor is None:
+                return checked
+            cursor = page.next_cursor
+
+    async def _drop_datasets(self, ended: list[protocol.ActionRecord]) -> None:
+        """Give up the datasets that actions which will not finish were computing (one read)."""
+        datasets = await self.store.get_datasets({a.dataset_id for a in ended})
+        for action in ended:
+            dataset = datasets.get(action.dataset_id)
+            if (
+                dataset is not None
+                and dataset.state in states.DATASET_COMPUTING
+                and (dataset.producer_workflow_id, dataset.producer_action_id) == action.key
+            ):
+                states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
+                await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
+
+    async def _release_stale_claims(self, actions: list[protocol.ActionRecord]) -> None:
+        """Drop the claims that ended actions still hold (one read for all their inputs)."""
+        ended = [a for a in actions if a.state in states.ACTION_TERMINAL and not a.reused]
+        wanted = {ds for a in ended for ds in a.inputs.values()}
+        if not wanted:
+            return
+        datasets = await self.store.get_datasets(wanted)
+        removals = [
+            (ds, key)
+            for a in ended
+            for ds in set(a.inputs.values())
+            if ds in datasets
+            and (key := protocol.claim_key(a.workflow_id, a.action_id)) in datasets[ds].claims
+        ]
+        await asyncio.gather(*(self.store.remove_dataset_claim(ds, key) for ds, key in removals))
+
     # ---------------------------------------------------------------- success
 
     async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
@@ -383,15 +478,7 @@ class CallbackService:
     async def _kill_descendants(self, action: protocol.ActionRecord) -> None:
         """onFailure "continue": what depends on the failed action can never run."""
         by_id = {a.action_id: a for a in await self.store.list_actions(action.workflow_id)}
-        seen: set[int] = set()
-        frontier = list(action.children)
-        while frontier:
-            aid = frontier.pop()
-            if aid in seen or aid not in by_id:
-                continue
-            seen.add(aid)
-            frontier.extend(by_id[aid].children)
-        victims = [by_id[aid] for aid in sorted(seen) if by_id[aid].state in _NOT_STARTED]
+        victims = _descendants(by_id, [action])
         error = f"parent action {action.action_id} did not finish"
         await asyncio.gather(*(self._kill_not_started(v, error) for v in victims))
 
@@ -557,3 +644,18 @@ class CallbackService:
                 new.value,
                 extra={"event": "workflow_ended", "workflow_id": workflow_id, "state": new.value},
             )
+
+
+def _descendants(
+    by_id: Mapping[int, protocol.ActionRecord], roots: Iterable[protocol.ActionRecord]
+) -> list[protocol.ActionRecord]:
+    """The not-started actions downstream of `roots` (through computing children)."""
+    seen: set[int] = set()
+    frontier = [c for r in roots for c in r.children]
+    while frontier:
+        aid = frontier.pop()
+        if aid in seen or aid not in by_id:
+            continue
+        seen.add(aid)
+        frontier.extend(by_id[aid].children)
+    return [by_id[aid] for aid in sorted(seen) if by_id[aid].state in _NOT_STARTED]

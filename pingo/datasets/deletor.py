@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pingo import loops, states
@@ -32,15 +33,22 @@ class Deletor(loops.Loop):
     name = "deletor"
     #: Datasets taken per pass.
     batch = 100
+    #: Leases between two sweeps for orphaned claims.
+    janitor_leases = 10
 
     def __init__(self, store: protocol.Store, storage: DatasetStorage, settings: Settings) -> None:
         super().__init__(settings.deletor_interval_s)
         self.store = store
         self.storage = storage
         self.stale_s = settings.lease_s
+        self._janitor_due: datetime | None = None
 
     async def run_once(self) -> bool:
         """Delete what can be deleted now; True when a full batch was found."""
+        now = self.store.clock()
+        if self._janitor_due is None or now >= self._janitor_due:
+            self._janitor_due = now + timedelta(seconds=self.janitor_leases * self.stale_s)
+            await self.release_orphan_claims()
         candidates = await self.store.list_deletable_datasets(self.stale_s, self.batch)
         if candidates:
             await asyncio.gather(*(self.delete(d) for d in candidates))
@@ -73,6 +81,48 @@ class Deletor(loops.Loop):
                 extra={"event": "dataset_deleted", "dataset_id": deleted.id},
             )
         return deleted
+
+    async def release_orphan_claims(self) -> int:
+        """Drop claims that no one will ever release; return how many.
+
+        Claims are released by the actions holding them when they end, but a node
+        that crashed at the wrong moment leaves some behind: a planner that died
+        between claiming and persisting its workflow (the claim's action does not
+        exist, long after the claim was made), or a callback that died after its
+        action ended. Left alone they would block deletion and eviction forever.
+        """
+        released = 0
+        now = self.store.clock()
+        for state in (D.STORED_TO_DELETE, D.STORED):
+            cursor: str | None = None
+            while True:
+                page = await self.store.list_datasets(state=state, limit=100, cursor=cursor)
+                for record in page.items:
+                    for claim in record.claims:
+                        if await self._is_orphan(record, claim, now):
+                            await self.store.remove_dataset_claim(record.id, claim)
+                            released += 1
+                            logger.warning(
+                                "released orphaned claim %s on dataset %s",
+                                claim,
+                                record.id,
+                                extra={"event": "orphan_claim_released", "dataset_id": record.id},
+                            )
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+        return released
+
+    async def _is_orphan(self, record: protocol.DatasetRecord, claim: str, now: datetime) -> bool:
+        workflow_id, _, action_id = claim.rpartition("/")
+        try:
+            action = await self.store.get_action(workflow_id, int(action_id))
+        except ValueError:
+            return False  # not a claim key Pingo makes: leave it to whoever did
+        if action is None:
+            # Planning claims before it persists: only a claim older than a lease is orphaned.
+            return (now - record.updated_at).total_seconds() > self.stale_s
+        return action.state in states.ACTION_TERMINAL
 
     async def _to_deleting(self, record: protocol.DatasetRecord) -> protocol.DatasetRecord | None:
         """PROCESSING → DELETING while unclaimed; back to STORED_TO_DELETE if a claim arrived."""

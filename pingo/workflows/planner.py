@@ -270,7 +270,10 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
-        reused = [dataset_ids[aid] for aid, d in planning.decisions.items() if d.reason == "reused"]
+        # One use per dataset per workflow, however many of its actions reuse it.
+        reused = sorted(
+            {dataset_ids[aid] for aid, d in planning.decisions.items() if d.reason == "reused"}
+        )
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
         computing = sum(1 for d in planning.decisions.values() if d.compute)

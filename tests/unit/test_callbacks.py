@@ -452,3 +452,90 @@ async def test_kill_workflow(
         await manager.kill("wf-none")
     with pytest.raises(errors.Conflict):
         await manager.kill(seed.id)  # already SUCCEEDED
+
+
+async def test_continue_ends_when_the_last_action_has_killed_children(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    doc = workflow({1: [], 2: [], 3: [1, 2]}, on_failure="continue", extra={2: {"maxAttempts": 1}})
+    record = await manager.submit(doc, owner="ann")
+    first = await start_attempt(store, record.id, 1)
+    second = await start_attempt(store, record.id, 2)
+    await callbacks.failed(second.callback_id, 1, "boom")
+    assert (await get(store, record.id, 3)).state is A.KILLED
+    assert await wf_state(store, record.id) is W.RUNNING  # action 1 still runs
+    await callbacks.success(first.callback_id, 1)
+    assert await wf_state(store, record.id) is W.FAILED
+    # Its output is stored all the same, and action 3's claim on it is gone.
+    d1 = await dataset(store, first.dataset_id)
+    assert d1.state is D.STORED and d1.claims == ()
+
+
+# --------------------------------------------------------------------- recovery
+
+
+async def test_recover_releases_children_a_crash_left_waiting(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    killer: Killer,
+) -> None:
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    # The node died right after the action became FINISHED: nothing else happened.
+    await walk_dataset(store, action.dataset_id, [D.STORED])
+    await store.transition_action(record.id, 1, {A.SUBMITTED}, A.FINISHED)
+    assert (await get(store, record.id, 2)).state is A.WAITING
+    assert await callbacks.recover_running() == 1
+    assert (await get(store, record.id, 2)).state is A.READY
+    assert killer.wakes == 1
+    # Idempotent: a second recovery changes nothing.
+    before = await store.list_actions(record.id)
+    await callbacks.recover_workflow(record.id)
+    assert await store.list_actions(record.id) == before
+
+
+async def test_recover_drops_claims_of_ended_actions(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    await run_ok(store, storage, callbacks, record.id, 1)
+    second = await start_attempt(store, record.id, 2)
+    write_output(storage, second)
+    # Died after action 2 finished, before it released its claim and its child.
+    await walk_dataset(store, second.dataset_id, [D.STORED])
+    await store.transition_action(record.id, 2, {A.SUBMITTED}, A.FINISHED)
+    assert (await dataset(store, second.inputs[1])).claims
+    await callbacks.recover_workflow(record.id)
+    assert (await dataset(store, second.inputs[1])).claims == ()
+    assert (await get(store, record.id, 3)).state is A.READY
+
+
+async def test_recover_finishes_an_interrupted_abort_and_kill(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    record = await manager.submit(workflow({1: [], 2: [1], 3: []}, end=2), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    # Died right after the action FAILED: no abort happened.
+    await store.transition_action(record.id, 1, {A.SUBMITTED}, A.FAILED)
+    recovered = await callbacks.recover_workflow(record.id)
+    assert recovered.state is W.FAILED
+    assert (await get(store, record.id, 2)).state is A.KILLED
+    assert (await get(store, record.id, 3)).state is A.KILLED
+    assert (await dataset(store, action.dataset_id)).state is D.DELETED
+
+    other = await manager.submit(workflow({1: [], 2: [1]}, tag="k"), owner="ann")
+    # Died right after the workflow became KILLED, before its actions were.
+    await store.transition_workflow(other.id, {W.RUNNING}, W.KILLED)
+    await callbacks.recover_workflow(other.id)
+    assert {a.state for a in await store.list_actions(other.id)} == {A.KILLED}

@@ -193,3 +193,21 @@ async def test_runs_as_a_loop(
     finally:
         deletor.stop()
         await task
+
+
+async def test_orphaned_claims_are_released(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
+) -> None:
+    record, d1 = await stored_intermediate(store, storage, settings)
+    await DatasetService(store, storage).mark_for_deletion(d1.id)
+    # A planner that died between claiming and persisting its workflow.
+    await store.add_dataset_claim(d1.id, protocol.claim_key("wf-never", 7), {D.STORED_TO_DELETE})
+    # Action 2 ended (KILLED) but died before releasing its claim.
+    await store.transition_action(record.id, 2, {A.READY}, A.KILLED)
+    deletor = Deletor(store, storage, settings)
+    assert await deletor.release_orphan_claims() == 1  # the unknown claim is too fresh
+    assert (await dataset(store, d1.id)).claims == (protocol.claim_key("wf-never", 7),)
+    clock.advance(settings.lease_s + 1)
+    assert await deletor.release_orphan_claims() == 1
+    await deletor.run_once()
+    assert (await dataset(store, d1.id)).state is D.DELETED

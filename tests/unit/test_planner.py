@@ -452,17 +452,47 @@ async def test_twins_share_one_dataset(
 # ----------------------------------------------------------------------- speed
 
 
+class CountingStore:
+    """A real store that counts the calls made to it."""
+
+    def __init__(self, inner: protocol.Store) -> None:
+        self._inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr) or name == "clock":
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
 async def test_fully_reused_resubmission_of_1000_actions_is_fast(
-    store: protocol.Store, manager: planner.WorkflowManager, shared_dir: Path
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, shared_dir: Path
 ) -> None:
     document = json.loads((shared_dir / "bench" / "layered-1000.json").read_text())
+    manager = planner.WorkflowManager(store, storage, settings)
     first = await manager.submit(document, owner="ann")
     await store_all(store, first.id)
+    counting = CountingStore(store)
+    manager = planner.WorkflowManager(counting, storage, settings)  # type: ignore[arg-type]
     timings = []
     for _ in range(3):
+        counting.calls.clear()
         started = time.perf_counter()
         record = await manager.submit(document, owner="ann")
         timings.append(time.perf_counter() - started)
         assert record.state is W.SUCCEEDED
-    # The budget is 100 ms; leave room for a shared 2-core CI machine.
-    assert min(timings) < 0.25, timings
+    # No per-action round trip: one read, one write, one use count per reused dataset.
+    reused = {a.dataset_id for a in await store.list_actions(record.id) if a.reason == "reused"}
+    assert counting.calls.count("get_datasets") == 1
+    assert counting.calls.count("create_workflow") == 1
+    assert counting.calls.count("record_dataset_use") == len(reused)
+    assert len(counting.calls) == 2 + len(reused)
+    # The budget is 100 ms (measured ~60 ms on SQLite, parse included); this bound
+    # only catches gross regressions on a loaded 2-core CI machine.
+    assert min(timings) < 1.0, timings
