@@ -452,8 +452,9 @@ def _placeholder_issues(
     action: Mapping[str, Any], parents: set[int], base: str
 ) -> Iterator[ValidationIssue]:
     """`{input:<id>}` placeholders naming an action that is not a parent of this one."""
+    common = action_types_mod.common_fields()
     for key, value in action.items():
-        if key in action_types_mod.COMMON_FIELDS:
+        if key in common:
             continue
         for where, text in _strings(value, f"{base}/{_escape(key)}"):
             for match in INPUT_PLACEHOLDER.finditer(text):

@@ -10,8 +10,9 @@ API documentation.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -23,22 +24,38 @@ logger = logging.getLogger(__name__)
 #: The entry-point group action types register under.
 ENTRY_POINT_GROUP = "pingo.action_types"
 
-#: Fields every action has whatever its type; everything else in an action is
-#: type-specific (the schema rejects fields that are neither).
-COMMON_FIELDS: frozenset[str] = frozenset(
-    {
-        "id",
-        "name",
-        "type",
-        "parentActions",
-        "forceComputation",
-        "isManaged",
-        "outputPath",
-        "metadata",
-        "timeoutSeconds",
-        "maxAttempts",
-    }
-)
+
+@functools.cache
+def common_fields() -> frozenset[str]:
+    """Fields every action has whatever its type (`$defs/actionCommon` of the schema).
+
+    Everything else in an action is type-specific: the schema rejects fields that
+    are neither.
+    """
+    return frozenset(_schema.workflow_schema()["$defs"]["actionCommon"]["properties"])
+
+
+class _SchemaDef(Mapping[str, Any]):
+    """`$defs/<name>` of the workflow schema, read on first use (no I/O at import time)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _target(self) -> Mapping[str, Any]:
+        target: Mapping[str, Any] = _schema.workflow_schema()["$defs"][self._name]
+        return target
+
+    def __getitem__(self, key: str) -> Any:
+        return self._target()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._target())
+
+    def __len__(self) -> int:
+        return len(self._target())
+
+    def __repr__(self) -> str:
+        return f"<workflow schema $defs/{self._name}>"
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,11 +73,12 @@ class ActionType:
 
     def spec(self, action_json: Mapping[str, Any]) -> dict[str, Any]:
         """The type-specific fields of an action (what, with the parents, identifies its output)."""
-        return {k: v for k, v in action_json.items() if k not in COMMON_FIELDS}
+        common = common_fields()
+        return {k: v for k, v in action_json.items() if k not in common}
 
 
 def _builtin(name: str) -> ActionType:
-    return ActionType(name=name, schema=_schema.workflow_schema()["$defs"][name])
+    return ActionType(name=name, schema=_SchemaDef(name))
 
 
 COMMAND_LINE = _builtin("command-line")
