@@ -533,11 +533,21 @@ field_names = st.sampled_from(
 )  # fmt: skip
 
 
+TYPE_FIELDS = {
+    "command-line": {"command": ["true"], "env": {"A": "b"}},
+    "mapreduce-v1": {"jar": "j.jar", "arguments": ["x"], "configuration": {"k": "v"}},
+    "mapreduce-v2": {"jar": "j.jar", "mainClass": "M", "queue": "q"},
+    "spark": {"application": "a.py", "conf": {"k": "v"}},
+}
+
+
 @st.composite
 def near_actions(draw: st.DrawFn) -> dict[str, Any]:
-    """Mostly valid command-line actions with a few fields replaced by random JSON."""
+    """Mostly valid actions of any type with a few fields replaced by random JSON."""
+    kind = draw(st.sampled_from(sorted(TYPE_FIELDS)))
     base = action(draw(st.integers(1, 3)), *draw(st.lists(st.integers(1, 3), max_size=2)))
-    base["env"] = {"A": "b"}
+    del base["command"]
+    base.update(type=kind, **copy.deepcopy(TYPE_FIELDS[kind]))
     for name in draw(st.lists(field_names, max_size=3)):
         if draw(st.booleans()):
             base.pop(name, None)
@@ -546,14 +556,39 @@ def near_actions(draw: st.DrawFn) -> dict[str, Any]:
     return base
 
 
+def _jsonschema_agrees(schema: dict[str, Any], candidate: Any) -> None:
+    fast = _schema.compile_predicate(schema, schema)
+    assert fast is not None
+    assert fast(candidate) == jsonschema.Draft202012Validator(schema).is_valid(candidate)
+
+
 @settings(max_examples=100, deadline=None)
 @given(near_actions())
 def test_fast_predicate_matches_jsonschema(candidate: dict[str, Any]) -> None:
     root = _schema.workflow_schema()
-    schema = language._action_schema(root, types.COMMAND_LINE)
-    fast = _schema.compile_predicate(schema, schema)
-    assert fast is not None
-    assert fast(candidate) == jsonschema.Draft202012Validator(schema).is_valid(candidate)
+    for atype in (types.COMMAND_LINE, types.MAPREDUCE_V1, types.MAPREDUCE_V2, types.SPARK):
+        _jsonschema_agrees(language._action_schema(root, atype), candidate)
+    _jsonschema_agrees({"$defs": root["$defs"], "$ref": "#/$defs/actionCommon"}, candidate)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["name", "startActionId", "endActionId", "actions", "onFailure", "x"]),
+        json_values,
+        max_size=5,
+    )
+)
+def test_fast_top_level_predicate_matches_jsonschema(candidate: dict[str, Any]) -> None:
+    _jsonschema_agrees(language._top_schema(_schema.workflow_schema()), candidate)
+
+
+def test_unsupported_keywords_leave_validation_to_jsonschema() -> None:
+    assert _schema.compile_predicate({"type": "string", "pattern": "^a"}, {}) is None
+    assert _schema.compile_predicate({"$ref": "#/$defs/missing"}, {}) is None
+    recursive = {"$defs": {"node": {"items": {"$ref": "#/$defs/node"}}}, "$ref": "#/$defs/node"}
+    assert _schema.compile_predicate(recursive, recursive) is None
+    assert _schema.compile_predicate({"enum": [1, "a"]}, {}) is None
 
 
 def test_parse_does_not_change_the_document() -> None:
