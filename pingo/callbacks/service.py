@@ -115,12 +115,7 @@ class CallbackService:
         finished = await self._move(action, _EXECUTING, A.FINISHED, T.CALLBACK, changes)
         if finished is None:
             return await self._reread(action)
-        await self._release_inputs(finished)
-        released: list[protocol.ActionRecord] = []
-        if finished.children:
-            released = await self.store.release_parent(
-                finished.workflow_id, finished.action_id, finished.children
-            )
+        released = await self._release_children(finished)
         if released:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
             self.on_ready()
@@ -372,6 +367,19 @@ class CallbackService:
                 if isinstance(parent, Mapping) and parent.get("id") == action.action_id:
                     return False
         return True
+
+    async def _release_children(
+        self, finished: protocol.ActionRecord
+    ) -> list[protocol.ActionRecord]:
+        """Drop its input claims and release its children (independent: both at once)."""
+        if not finished.children:
+            await self._release_inputs(finished)
+            return []
+        _, released = await asyncio.gather(
+            self._release_inputs(finished),
+            self.store.release_parent(finished.workflow_id, finished.action_id, finished.children),
+        )
+        return released
 
     async def _may_be_last(self, finished: protocol.ActionRecord) -> bool:
         """Whether this success may have ended the workflow (a cheap filter before counting).

@@ -7,6 +7,7 @@ scraper and submitter do, writes output into the staging path, and calls back.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -539,3 +540,76 @@ async def test_recover_finishes_an_interrupted_abort_and_kill(
     await store.transition_workflow(other.id, {W.RUNNING}, W.KILLED)
     await callbacks.recover_workflow(other.id)
     assert {a.state for a in await store.list_actions(other.id)} == {A.KILLED}
+
+
+# ------------------------------------------------------------ a whole workflow
+
+
+async def drive(
+    store: protocol.Store, storage: DatasetStorage, callbacks: CallbackService, workflow_id: str
+) -> list[int]:
+    """Run every READY action until none is left, as one node would; the ids run, in order."""
+    ran: list[int] = []
+    while True:
+        claimed = await store.claim_actions("node-a", 64, 30.0)
+        if not claimed:
+            return ran
+        for action in claimed:
+            submitted = await store.transition_action(
+                action.workflow_id,
+                action.action_id,
+                {A.PROCESSING},
+                A.SUBMITTED,
+                protocol.ActionChanges(attempts=action.attempts + 1),
+                if_owner="node-a",
+            )
+            assert submitted is not None
+            write_output(storage, submitted, f"{submitted.action_id}".encode())
+            await callbacks.success(submitted.callback_id, submitted.attempts)
+            ran.append(submitted.action_id)
+
+
+async def test_layered_100_runs_each_action_once_then_reuses(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    shared_dir: Path,
+) -> None:
+    document = json.loads((shared_dir / "bench" / "layered-100.json").read_text())
+    record = await manager.submit(document, owner="ann")
+    ran = await drive(store, storage, callbacks, record.id)
+    assert sorted(ran) == list(range(1, 101))
+    assert await wf_state(store, record.id) is W.SUCCEEDED
+    assert {a.state for a in await store.list_actions(record.id)} == {A.FINISHED}
+
+    again = await manager.submit(document, owner="ann")
+    assert again.state is W.SUCCEEDED
+    assert await drive(store, storage, callbacks, again.id) == []
+
+    # Changing one action's command reruns exactly it and its descendants.
+    changed = json.loads(json.dumps(document))
+    target = next(a for a in changed["actions"] if a["id"] == 51)
+    target["command"] = ["true", "changed"]
+    rerun = await manager.submit(changed, owner="ann")
+    ran = await drive(store, storage, callbacks, rerun.id)
+    plan = await manager.dry_run(document, owner="ann")
+    assert all(not a.compute for a in plan.actions)
+    descendants = _descendant_ids(changed, 51)
+    assert sorted(ran) == sorted({51} | descendants)
+    assert await wf_state(store, rerun.id) is W.SUCCEEDED
+
+
+def _descendant_ids(document: dict[str, Any], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for action in document["actions"]:
+        for parent in action.get("parentActions", []):
+            children.setdefault(parent["id"], []).append(action["id"])
+    seen: set[int] = set()
+    frontier = [root]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in seen:
+                seen.add(child)
+                frontier.append(child)
+    return seen
