@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,18 +23,26 @@ Key = tuple[str, int]
 
 
 @dataclass(slots=True)
-class _Held:
+class Held:
+    """What the node knows of one action it holds."""
+
     action_type: str
     callback_id: str
     #: Whether it counts against its type's concurrency limit.
     limited: bool = False
+    #: Once submitted: the attempt, the executor's id, and `time.monotonic()` then.
+    attempt: int = 0
+    external_id: str | None = None
+    submitted_at: float | None = None
+    #: Reconciliation asks the executor about it again no earlier than this.
+    check_at: float = 0.0
 
 
 class HeldActions:
     """The actions this node holds, and the per-type concurrency limits they count against."""
 
     def __init__(self, limits: Mapping[str, int] | None = None) -> None:
-        self._held: dict[Key, _Held] = {}
+        self._held: dict[Key, Held] = {}
         self._by_callback: dict[str, Key] = {}
         self._limits = dict(limits or {})
         self._semaphores: dict[str, asyncio.Semaphore] = {}
@@ -51,8 +60,26 @@ class HeldActions:
     def add(self, action: ActionRecord) -> None:
         """Hold `action` (claimed by this node)."""
         if action.key not in self._held:
-            self._held[action.key] = _Held(action.type, action.callback_id)
+            self._held[action.key] = Held(action.type, action.callback_id)
             self._by_callback[action.callback_id] = action.key
+
+    def submitted(self, key: Key, attempt: int, external_id: str) -> None:
+        """The executor started `key`'s attempt `attempt` as `external_id`."""
+        held = self._held.get(key)
+        if held is not None:
+            held.attempt = attempt
+            held.external_id = external_id
+            held.submitted_at = time.monotonic()
+
+    def overdue(self, after_s: float, now: float) -> list[tuple[Key, Held]]:
+        """Submitted actions still held `after_s` after submission, due for a check at `now`."""
+        return [
+            (key, held)
+            for key, held in self._held.items()
+            if held.submitted_at is not None
+            and now - held.submitted_at >= after_s
+            and now >= held.check_at
+        ]
 
     def remove(self, key: Key) -> None:
         """Forget `key` (its work ended, or it went back); frees its limit slot."""

@@ -1,13 +1,20 @@
-"""The reaper: resolves SUBMITTED/RUNNING actions whose lease expired.
+"""The reaper: reconciles SUBMITTED/RUNNING actions whose callback never came.
 
-A live node renews the leases of everything it holds, so an expired lease
-means the node died or lost touch, or a callback never came. After a grace
-(`reconcile_grace_s`, for late callbacks from a cluster), the reaper asks the
-action's executor what it knows (`Reaper.executor_status`, the seam cluster
-reconciliation extends) and resolves the action through the callbacks:
+Two kinds, both after a lease plus a grace (`reconcile_grace_s`, for late
+callbacks from a cluster):
+
+- another node's actions whose lease expired (that node died or lost touch);
+- this node's own submitted actions, whose leases it keeps renewing, still
+  without a callback a lease plus the grace after their submission (the
+  cluster's notification was lost); asked again every lease while RUNNING.
+
+The reaper asks the action's executor what it knows (`Reaper.executor_status`,
+the seam cluster reconciliation extends) and resolves the action through the
+callbacks:
 
 - SUCCEEDED → `success`; FAILED → `failed`; KILLED → `killed`;
-- RUNNING → left alone (this node's own work is held again, so its lease renews);
+- RUNNING → left alone (this node's own work is held again, so its lease renews;
+  a held action is asked again a lease later);
 - UNKNOWN (the local work of a dead node, an executor this node lacks, no
   external id yet) → `release_lost`: READY again while attempts remain.
 
@@ -18,6 +25,7 @@ single-effect.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
@@ -66,12 +74,14 @@ class Reaper(loops.Loop):
         self.store = store
         self.node_id = settings.node_id
         self.grace = timedelta(seconds=settings.reconcile_grace_s)
+        self.lease_s = settings.lease_s
         self.executors = executors
         self.callbacks = callbacks
         self.held = held
         self.batch = batch
 
     async def run_once(self) -> bool:
+        await self.check_overdue()
         expired = await self.store.list_actions_in_states(
             {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
         )
@@ -87,6 +97,28 @@ class Reaper(loops.Loop):
                 resolved += 1
         return resolved > 0 and len(expired) == self.batch
 
+    async def check_overdue(self) -> None:
+        """Reconcile this node's own submitted actions whose callback is overdue."""
+        now = time.monotonic()
+        after_s = self.lease_s + self.grace.total_seconds()
+        for key, held in self.held.overdue(after_s, now):
+            executor = self.executors.get(held.action_type)
+            if executor is None or held.external_id is None:
+                continue
+            status = await executor.status(held.external_id)
+            if status is base.ExecutorStatus.RUNNING:
+                held.check_at = now + self.lease_s
+                continue
+            action = await self.store.get_action(*key)
+            if (
+                action is not None
+                and action.state in (A.SUBMITTED, A.RUNNING)
+                and action.attempts == held.attempt
+            ):
+                await self.reconcile(action, status)
+            # Resolved now, or it ended through a callback this node did not see.
+            self.held.remove(key)
+
     async def executor_status(self, action: ActionRecord) -> base.ExecutorStatus:
         """What the action's executor on this node knows of its work."""
         executor = self.executors.get(action.type)
@@ -94,9 +126,15 @@ class Reaper(loops.Loop):
             return base.ExecutorStatus.UNKNOWN
         return await executor.status(action.external_id)
 
-    async def reconcile(self, action: ActionRecord) -> bool:
-        """Resolve one expired action; True when its state was acted upon."""
-        status = await self.executor_status(action)
+    async def reconcile(
+        self, action: ActionRecord, status: base.ExecutorStatus | None = None
+    ) -> bool:
+        """Resolve one action from its executor's `status` (asked when not given).
+
+        True when its state was acted upon.
+        """
+        if status is None:
+            status = await self.executor_status(action)
         if status is base.ExecutorStatus.RUNNING:
             if action.owner == self.node_id:
                 self.held.add(action)

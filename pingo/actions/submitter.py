@@ -137,6 +137,7 @@ class Submitter(loops.Loop):
                 self.held.remove(action.key)
                 return
             self.observe_dispatch(time.perf_counter() - item.ready_at)
+            self.held.submitted(action.key, record.attempts, external_id)
             if external_id != record.external_id:
                 await self._record_external_id(record, external_id)
         except errors.StoreUnavailable as exc:

@@ -108,7 +108,10 @@ class LocalExecutor:
         self.close_grace_s = close_grace_s
         self._base_env = server_environment(environ)
         self._slots: asyncio.Semaphore | None = None
+        #: Work from start until its report is done (status says RUNNING meanwhile).
         self._procs: dict[str, _Process] = {}
+        #: How work ended whose report failed, until reconciliation asks.
+        self._unreported: dict[str, ExecutorStatus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dirs: set[str] = set()
         self._closing = False
@@ -128,13 +131,13 @@ class LocalExecutor:
         crash. Reporting it failed or killed would charge the user for our stop.
         """
         self._closing = True
-        running = list(self._procs.values())
+        running = self._alive()
         if running:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     asyncio.gather(*(p.exited.wait() for p in running)), self.close_grace_s
                 )
-        remaining = list(self._procs.values())
+        remaining = self._alive()
         for proc in remaining:
             proc.stopped_for = "shutdown"
             _killpg(proc.popen.pid, signal.SIGKILL)
@@ -180,32 +183,35 @@ class LocalExecutor:
     def pid(self, external_id: str) -> int | None:
         """The process id of the work while it runs here, else None."""
         proc = self._procs.get(external_id)
-        return None if proc is None else proc.popen.pid
+        return None if proc is None or proc.popen.returncode is not None else proc.popen.pid
 
     async def kill(self, external_id: str) -> None:
         """Stop the process group (SIGTERM, SIGKILL after a grace); it reports `killed`."""
         proc = self._procs.get(external_id)
-        if proc is None:
+        if proc is None or proc.popen.returncode is not None:
             return
         if proc.stopped_for is None:
             proc.stopped_for = "killed"
         await self._terminate(proc)
 
     async def status(self, external_id: str) -> ExecutorStatus:
-        """RUNNING while this executor's process runs; UNKNOWN otherwise.
+        """RUNNING while this executor's process runs or its report is under way.
 
-        A finished process has already reported; anything else (another node's
-        pid, a pid from before a restart) is work nobody will report on.
+        UNKNOWN otherwise: finished work has reported, and anything else
+        (another node's work, work from before a restart) nobody will report on.
+        Work whose report failed (the store was down) says how it ended, once.
         """
-        proc = self._procs.get(external_id)
-        if proc is not None and proc.popen.returncode is None:
+        if external_id in self._procs:
             return ExecutorStatus.RUNNING
-        return ExecutorStatus.UNKNOWN
+        return self._unreported.pop(external_id, ExecutorStatus.UNKNOWN)
 
     @property
     def running(self) -> int:
         """Processes running now."""
-        return len(self._procs)
+        return len(self._alive())
+
+    def _alive(self) -> list[_Process]:
+        return [p for p in self._procs.values() if p.popen.returncode is None]
 
     # ------------------------------------------------------------------ internals
 
@@ -285,7 +291,6 @@ class LocalExecutor:
         runtime_s = time.monotonic() - proc.started
         if proc.timer is not None:
             proc.timer.cancel()
-        self._procs.pop(proc.external_id, None)
         if proc.stopped_for is not None:
             # Stragglers the leader left in its group go with it.
             _killpg(proc.popen.pid, signal.SIGKILL)
@@ -293,6 +298,7 @@ class LocalExecutor:
         assert self._slots is not None
         self._slots.release()
         if proc.stopped_for == "shutdown":
+            self._procs.pop(proc.external_id, None)
             return
         self._spawn_task(self._report(proc, returncode, runtime_s), proc.external_id)
 
@@ -328,7 +334,9 @@ class LocalExecutor:
                 extra={"event": "local_report_refused"},
             )
         except Exception:
-            # The store may be down; the lease expires and the reaper retries the action.
+            # The store may be down: remember how the work ended, so that
+            # reconciliation (`status`) can still apply it.
+            self._unreported[proc.external_id] = _outcome(proc, returncode)
             logger.exception(
                 "report for %s/%s attempt %d failed",
                 sub.workflow_id,
@@ -336,6 +344,8 @@ class LocalExecutor:
                 sub.attempt,
                 extra={"event": "local_report_failed"},
             )
+        finally:
+            self._procs.pop(proc.external_id, None)
 
     def _on_timeout(self, proc: _Process) -> None:
         if proc.stopped_for is None:
@@ -349,6 +359,14 @@ class LocalExecutor:
         except TimeoutError:
             _killpg(proc.popen.pid, signal.SIGKILL)
             await proc.exited.wait()
+
+
+def _outcome(proc: _Process, returncode: int) -> ExecutorStatus:
+    if proc.stopped_for == "killed":
+        return ExecutorStatus.KILLED
+    if proc.stopped_for is None and returncode == 0:
+        return ExecutorStatus.SUCCEEDED
+    return ExecutorStatus.FAILED
 
 
 def _killpg(pgid: int, sig: int) -> None:
