@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -146,9 +146,21 @@ def scope_for(settings: Settings, owner: str) -> str:
     return f"user:{owner}" if settings.sharing_scope == "user" else "server"
 
 
-def reverse_generations(definition: WorkflowDefinition) -> list[list[int]]:
+def children_map(definition: WorkflowDefinition) -> dict[int, tuple[int, ...]]:
+    """Action id → its child action ids, ascending (built once per plan)."""
+    children: dict[int, list[int]] = {aid: [] for aid in definition.actions}
+    for aid in sorted(definition.actions):
+        for parent in definition.actions[aid].parents:
+            children[parent].append(aid)
+    return {aid: tuple(kids) for aid, kids in children.items()}
+
+
+def reverse_generations(
+    definition: WorkflowDefinition, children: Mapping[int, Sequence[int]] | None = None
+) -> list[list[int]]:
     """Action ids in generations: leaves first, then actions whose children all came before."""
-    children = {aid: definition.children(aid) for aid in definition.actions}
+    if children is None:
+        children = children_map(definition)
     pending = {aid: len(kids) for aid, kids in children.items()}
     current = sorted(aid for aid, n in pending.items() if n == 0)
     generations: list[list[int]] = []
@@ -179,12 +191,20 @@ class _Planning:
     definition: WorkflowDefinition
     dataset_ids: Mapping[int, str]
     records: Mapping[str, protocol.DatasetRecord]
+    children: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     decisions: dict[int, _Decision] = field(default_factory=dict)
     #: (dataset id, claim key) added to the store, to release if persisting fails.
     claims: list[tuple[str, str]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.children:
+            self.children = children_map(self.definition)
+
+    def is_leaf(self, action_id: int) -> bool:
+        return not self.children[action_id]
+
     def computing_children(self, action_id: int) -> tuple[int, ...]:
-        return tuple(c for c in self.definition.children(action_id) if self.decisions[c].compute)
+        return tuple(c for c in self.children[action_id] if self.decisions[c].compute)
 
 
 def _decide(
@@ -336,15 +356,17 @@ class WorkflowManager:
     async def _plan(self, planning: _Planning, forced: frozenset[int], *, live: bool) -> None:
         """Fill `planning.decisions` for every action, adding claims when `live`."""
         definition = planning.definition
-        for generation in reverse_generations(definition):
+        decisions = planning.decisions
+        for generation in reverse_generations(definition, planning.children):
             reusing: list[int] = []
             for aid in generation:
                 action = definition.actions[aid]
+                kids = planning.children[aid]
                 needed = (
-                    definition.is_leaf(aid)
+                    not kids
                     or aid in forced
                     or action.force_computation
-                    or any(planning.decisions[c].compute for c in definition.children(aid))
+                    or any(decisions[c].compute for c in kids)
                 )
                 if not needed:
                     record = planning.records.get(planning.dataset_ids[aid])
@@ -372,7 +394,7 @@ class WorkflowManager:
         """Make a reused dataset safe to read: LEAF for a leaf, a claim per computing child."""
         dataset_id = planning.dataset_ids[action_id]
         record = planning.records[dataset_id]
-        if planning.definition.is_leaf(action_id):
+        if planning.is_leaf(action_id):
             if record.state is D.LEAF:
                 return True
             states.ensure_transition(D.STORED, D.LEAF, states.Trigger.PLANNER)
@@ -429,7 +451,10 @@ class WorkflowManager:
 
         actions: list[protocol.ActionRecord] = []
         datasets: dict[str, protocol.DatasetPlan] = {}
-        for aid in sorted(definition.actions):
+        order = sorted(definition.actions)
+        # Random callback ids (128 bits each) from one system call, not one per action.
+        entropy = os.urandom(16 * len(order)).hex()
+        for index, aid in enumerate(order):
             action = definition.actions[aid]
             decision = decisions[aid]
             inputs = {p: ids[p] for p in action.parents}
@@ -442,7 +467,7 @@ class WorkflowManager:
                 "reason": decision.reason,
                 "definition": dict(action.raw),
                 "inputs": inputs,
-                "callback_id": uuid.uuid4().hex,
+                "callback_id": entropy[32 * index : 32 * index + 32],
                 "created_at": now,
                 "updated_at": now,
                 "max_attempts": action.max_attempts or DEFAULT_MAX_ATTEMPTS,
@@ -470,7 +495,7 @@ class WorkflowManager:
                     **common,
                 )
             )
-            if definition.is_leaf(aid):
+            if planning.is_leaf(aid):
                 target = D.TO_LEAF
             else:
                 target = D.TO_STORE if keep.get(aid, True) else D.TO_DELETE
@@ -525,7 +550,7 @@ class WorkflowManager:
         asked = [
             aid
             for aid in computing
-            if not definition.is_leaf(aid) and definition.actions[aid].is_managed
+            if not planning.is_leaf(aid) and definition.actions[aid].is_managed
         ]
         infos = [
             NewDatasetInfo(
