@@ -266,13 +266,13 @@ class WorkflowManager:
                 metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
                 return existing
         definition = self._parse(document)
+        forced = _forced(definition, force)
         scope = scope_for(self.settings, owner)
         dataset_ids = provenance.dataset_ids(definition, scope)
         now = self.store.clock()
         workflow_id = new_workflow_id(now)
         records = await self.store.get_datasets(set(dataset_ids.values()))
         planning = _Planning(workflow_id, definition, dataset_ids, records)
-        forced = frozenset(force)
         try:
             await self._plan(planning, forced, live=True)
             plan = await self._workflow_plan(planning, owner, scope, now, idempotency_key, rerun_of)
@@ -331,7 +331,7 @@ class WorkflowManager:
         dataset_ids = provenance.dataset_ids(definition, scope_for(self.settings, owner))
         records = await self.store.get_datasets(set(dataset_ids.values()))
         planning = _Planning(new_workflow_id(self.store.clock()), definition, dataset_ids, records)
-        await self._plan(planning, frozenset(force), live=False)
+        await self._plan(planning, _forced(definition, force), live=False)
         return _to_plan(planning)
 
     async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
@@ -585,6 +585,23 @@ def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.Datas
     state = max(twin.state, plan.state, key=lambda s: _TARGET_RANK[s])
     claims = tuple(dict.fromkeys((*twin.claims, *plan.claims)))
     datasets[plan.id] = dataclasses.replace(twin, state=state, claims=claims)
+
+
+def _forced(definition: WorkflowDefinition, force: Collection[int]) -> frozenset[int]:
+    """The action ids to force, all of which must be actions of the workflow."""
+    forced = frozenset(force)
+    unknown = sorted(forced - definition.actions.keys())
+    if unknown:
+        metrics.SUBMISSIONS.labels(outcome="invalid").inc()
+        raise errors.ValidationFailed(
+            [
+                errors.ValidationIssue(
+                    "UNKNOWN_FORCED_ACTION", f"action {aid} is not in the workflow", ""
+                )
+                for aid in unknown
+            ]
+        )
+    return forced
 
 
 def _to_plan(planning: _Planning) -> Plan:

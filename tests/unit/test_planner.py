@@ -142,6 +142,17 @@ async def test_invalid_document_stores_nothing(
     assert (await store.list_workflows()).items == ()
 
 
+async def test_forcing_an_unknown_action_is_invalid(
+    store: protocol.Store, manager: planner.WorkflowManager
+) -> None:
+    with pytest.raises(errors.ValidationFailed) as failed:
+        await manager.submit(workflow(CHAIN), owner="ann", force=[9])
+    assert failed.value.issues[0].code == "UNKNOWN_FORCED_ACTION"
+    with pytest.raises(errors.ValidationFailed):
+        await manager.dry_run(workflow(CHAIN), owner="ann", force=[9])
+    assert (await store.list_workflows()).items == ()
+
+
 async def test_accepts_bytes(store: protocol.Store, manager: planner.WorkflowManager) -> None:
     record = await manager.submit(json.dumps(workflow(CHAIN)).encode(), owner="ann")
     assert len(await store.list_actions(record.id)) == 3
