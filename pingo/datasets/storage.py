@@ -21,6 +21,8 @@ from typing import Any
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
+from pingo import errors
+
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
@@ -30,7 +32,13 @@ class DatasetStorage:
     """Paths, promotion, measurement and removal of dataset files."""
 
     def __init__(self, data_root: str) -> None:
-        fs, root = fsspec.core.url_to_fs(data_root)
+        try:
+            fs, root = fsspec.core.url_to_fs(data_root)
+        except (ImportError, ValueError) as exc:
+            # e.g. hdfs:// without pyarrow, or an unknown protocol.
+            raise errors.ConfigurationError(
+                f"data root {data_root!r} cannot be opened: {exc}"
+            ) from exc
         self._fs: Any = fs
         self._local = isinstance(fs, LocalFileSystem)
         if self._local:

@@ -112,6 +112,11 @@ async def test_remove_and_size_are_safe_on_absent_paths(tmp_path: Path) -> None:
     assert not exists(file)
 
 
+def test_an_unusable_data_root_is_a_configuration_error() -> None:
+    with pytest.raises(errors.ConfigurationError):
+        DatasetStorage("nosuchprotocol://bucket/pingo")
+
+
 async def test_fsspec_memory_filesystem() -> None:
     root = f"memory://pingo-{uuid.uuid4().hex}"
     storage = DatasetStorage(root)
