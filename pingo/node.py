@@ -165,6 +165,10 @@ class Node:
             raise errors.Conflict("the node is already started")
         for executor in self.executors.values():
             await executor.start()
+        # A node that died between two steps of a callback (an action FINISHED
+        # but its children not yet released, a kill half done) left work that no
+        # lease will bring back: replay those steps (idempotent; planner helper).
+        await self.callbacks.recover_running()
         self.retention = self._retention_loop()
         background: list[loops.Loop] = [self.renewer, self.reaper, self.deletor]
         if self.retention is not None:
