@@ -1,34 +1,44 @@
 """The embedded default `Store`: one SQLite file, shareable by several processes.
 
 Threading. Each process opens ONE connection and uses it from ONE dedicated
-worker thread (a single-thread executor). Every protocol method runs a whole
-synchronous function there (its statements and its commit) in a single hop
-from the event loop. aiosqlite hops to its thread once per statement and once
-per commit; for a compare-and-set that is three hops instead of one, and the
-hops (not SQLite) dominate the cost of a small transaction.
+worker thread. Every protocol method is a whole synchronous function (its
+statements and, for a write, its commit) that runs there in a single hop from
+the event loop. aiosqlite hops to its thread once per statement and once per
+commit; for a compare-and-set that is three hops instead of one, and the hops
+(not SQLite) dominate the cost of a small transaction.
 
-Concurrency. The file is in WAL mode: readers never block the writer. A write
-of more than one statement starts with BEGIN IMMEDIATE, which takes the write
-lock up front, so two processes never deadlock upgrading a read transaction
-to a write one (SQLITE_BUSY_SNAPSHOT, which no amount of waiting resolves).
-A single UPDATE/INSERT in autocommit mode starts its write transaction before
-it reads, so it needs no explicit BEGIN. A writer waits up to `busy_timeout_s`
-for the lock; past that the call raises `StoreUnavailable`.
+Group commit. Calls made while the worker is busy queue up; the worker takes
+them all at once and, when any of them writes, runs them in ONE transaction
+(each write inside its own SAVEPOINT, so a failing call is undone alone) with
+ONE commit, then wakes the event loop once to hand back every result. A call
+is acknowledged only after the commit that holds it. A lone call costs what it
+would cost alone; under load, N calls cost one commit and two thread switches.
+
+Concurrency between processes. The file is in WAL mode: readers never block
+the writer. A write transaction starts with BEGIN IMMEDIATE, which takes the
+write lock up front, so two processes never deadlock upgrading a read
+transaction to a write one (SQLITE_BUSY_SNAPSHOT, which no amount of waiting
+resolves). A writer waits up to `busy_timeout_s` for the lock; past that the
+call raises `StoreUnavailable`. A scraper poll that finds nothing to claim
+takes no write lock at all.
 
 Durability. `synchronous` comes from the settings:
 - NORMAL (default): a commit returns once its WAL frames are written to the
   file (not fsynced). An acknowledged transition survives `kill -9` of the
   process, since the frames are in the OS page cache, but the last
   transactions may be lost on power loss or an OS crash. The database is never
-  corrupted either way.
+  corrupted either way (tests/unit/test_sqlite_durability.py kills a writer).
 - FULL: the WAL is fsynced at every commit: an acknowledged transition also
-  survives power loss, at the cost of one fsync per write.
+  survives power loss, at the cost of one fsync per commit (shared by a group).
 
 Layout. Timestamps are integer microseconds since the epoch (exact, and
-ordered as numbers). Documents, definitions and other maps are JSON text
-written once on insert and never rewritten by a transition. An action's
-`waiting_on` and a dataset's `claims` are JSON arrays updated by
-read-modify-write under the write lock, so each change is atomic.
+ordered as numbers). An action is two rows: `actions` holds what transitions
+change (small, so a compare-and-set rewrites and logs little) and
+`action_specs` what planning fixed (definitions, inputs, children), written
+once and cached decoded per process. Documents and maps are JSON text, never
+rewritten by a transition. An action's `waiting_on` and a dataset's `claims`
+are JSON arrays changed by read-modify-write under the write lock, so each
+change is atomic.
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -98,24 +110,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX workflows_owner ON workflows (owner, state, created_at, id)",
         "CREATE INDEX workflows_state ON workflows (state, created_at, id)",
         "CREATE INDEX workflows_name ON workflows (name, created_at, id)",
+        # An action is split in two: the columns a transition changes (small rows, so a
+        # compare-and-set rewrites little and its commit writes few WAL bytes), and the
+        # ones fixed at planning, written once (definitions can be large).
         """CREATE TABLE actions (
             workflow_id TEXT NOT NULL,
             action_id INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            type TEXT NOT NULL,
             state TEXT NOT NULL,
-            dataset_id TEXT NOT NULL,
-            reused INTEGER NOT NULL,
-            reason TEXT NOT NULL,
-            definition TEXT NOT NULL,
-            inputs TEXT NOT NULL,
             waiting_on TEXT NOT NULL,
-            children TEXT NOT NULL,
-            callback_id TEXT NOT NULL UNIQUE,
-            created_at INTEGER NOT NULL,
             updated_at INTEGER NOT NULL,
             attempts INTEGER NOT NULL,
-            max_attempts INTEGER NOT NULL,
             owner TEXT,
             lease_expires_at INTEGER,
             not_before INTEGER,
@@ -127,10 +131,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             version INTEGER NOT NULL,
             PRIMARY KEY (workflow_id, action_id)
         )""",
-        # The scraper's READY scan and list_actions_in_states, oldest update first.
+        # The scraper's READY scan and list_actions_in_states (oldest update first).
         "CREATE INDEX actions_state_updated ON actions (state, updated_at)",
-        # Expired leases: reclaim of PROCESSING, the reaper's SUBMITTED/RUNNING scan.
-        "CREATE INDEX actions_state_lease ON actions (state, lease_expires_at)",
+        # The scraper's reclaim of expired PROCESSING leases, polled as often as READY.
+        # Partial: only rows entering or leaving PROCESSING touch it. The reaper's
+        # SUBMITTED/RUNNING lease scan goes by state (those are bounded by executor slots).
+        "CREATE INDEX actions_processing_lease ON actions (state, lease_expires_at) "
+        "WHERE state = 'PROCESSING'",
+        """CREATE TABLE action_specs (
+            workflow_id TEXT NOT NULL,
+            action_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            type TEXT NOT NULL,
+            dataset_id TEXT NOT NULL,
+            reused INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            inputs TEXT NOT NULL,
+            children TEXT NOT NULL,
+            callback_id TEXT NOT NULL UNIQUE,
+            created_at INTEGER NOT NULL,
+            max_attempts INTEGER NOT NULL,
+            PRIMARY KEY (workflow_id, action_id)
+        )""",
         """CREATE TABLE datasets (
             id TEXT PRIMARY KEY,
             state TEXT NOT NULL,
@@ -180,11 +203,20 @@ _WORKFLOW_COLUMNS = (
     "id, name, owner, state, document, scope, on_failure, end_dataset_id, created_at, "
     "finished_at, idempotency_key, rerun_of, error, version"
 )
-_ACTION_COLUMNS = (
-    "workflow_id, action_id, name, type, state, dataset_id, reused, reason, definition, "
-    "inputs, waiting_on, children, callback_id, created_at, updated_at, attempts, "
-    "max_attempts, owner, lease_expires_at, not_before, external_id, error, started_at, "
-    "finished_at, runtime_s, version"
+#: The columns a transition may change (table `actions`), then those fixed at planning
+#: (table `action_specs`); `_action` reads a row of both, in this order.
+_HOT_COLUMNS = (
+    "workflow_id, action_id, state, waiting_on, updated_at, attempts, owner, "
+    "lease_expires_at, not_before, external_id, error, started_at, finished_at, runtime_s, "
+    "version"
+)
+_SPEC_COLUMNS = (
+    "name, type, dataset_id, reused, reason, definition, inputs, children, callback_id, "
+    "created_at, max_attempts"
+)
+_ACTION_SELECT = (
+    f"SELECT {_HOT_COLUMNS}, {_SPEC_COLUMNS} FROM actions "
+    "JOIN action_specs USING (workflow_id, action_id)"
 )
 _DATASET_COLUMNS = (
     "id, state, path, scope, action_type, definition, parents, producer_workflow_id, "
@@ -194,7 +226,11 @@ _DATASET_COLUMNS = (
 _EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload"
 _USER_COLUMNS = "name, token_hash, is_admin, created_at"
 
-_ACTION_INSERT = f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 26)})"
+_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+_SPEC_INSERT = (
+    "INSERT INTO action_specs (workflow_id, action_id, "
+    f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
+)
 _DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 20)})"
 
 #: Changes fields stored as timestamps (microseconds).
@@ -205,10 +241,24 @@ _TIME_FIELDS = frozenset(
 _EPOCH = _cursor.from_micros(0)
 _US = timedelta(microseconds=1)
 
-#: Parsed immutable action columns (definition, inputs, children) by action key; they
-#: never change after insert, so decoding them once per process is enough.
-_ParsedAction = tuple[Mapping[str, Any], Mapping[int, str], tuple[int, ...]]
-_PARSED_CACHE_SIZE = 50_000
+#: An action's fields fixed at planning, decoded: name, type, dataset_id, reused, reason,
+#: definition, inputs, children, callback_id, created_at, max_attempts.
+_Spec = tuple[
+    str,
+    str,
+    str,
+    bool,
+    str,
+    Mapping[str, Any],
+    Mapping[int, str],
+    tuple[int, ...],
+    str,
+    datetime,
+    int,
+]
+#: Decoded specs kept per process (they never change, so a cached one is never stale);
+#: bounded so that memory does not grow with the number of actions ever seen.
+_SPEC_CACHE_SIZE = 8192
 
 
 def _dumps(value: Any) -> str:
@@ -273,25 +323,14 @@ def _workflow_params(w: WorkflowRecord) -> tuple[Any, ...]:
     )
 
 
-def _action_params(a: ActionRecord) -> tuple[Any, ...]:
+def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
     return (
         a.workflow_id,
         a.action_id,
-        a.name,
-        a.type,
         a.state.value,
-        a.dataset_id,
-        int(a.reused),
-        a.reason,
-        _dumps(a.definition),
-        _dumps([[parent, dataset] for parent, dataset in a.inputs.items()]),
         _dumps(list(a.waiting_on)),
-        _dumps(list(a.children)),
-        a.callback_id,
-        _us(a.created_at),
         _us(a.updated_at),
         a.attempts,
-        a.max_attempts,
         a.owner,
         _us_or_none(a.lease_expires_at),
         _us_or_none(a.not_before),
@@ -301,6 +340,72 @@ def _action_params(a: ActionRecord) -> tuple[Any, ...]:
         _us_or_none(a.finished_at),
         a.runtime_s,
         a.version,
+    )
+
+
+def _spec_params(a: ActionRecord) -> tuple[Any, ...]:
+    return (
+        a.workflow_id,
+        a.action_id,
+        a.name,
+        a.type,
+        a.dataset_id,
+        int(a.reused),
+        a.reason,
+        _dumps(a.definition),
+        _dumps([[parent, dataset] for parent, dataset in a.inputs.items()]),
+        _dumps(list(a.children)),
+        a.callback_id,
+        _us(a.created_at),
+        a.max_attempts,
+    )
+
+
+def _spec(row: Sequence[Any]) -> _Spec:
+    """Decode the `_SPEC_COLUMNS` of a row."""
+    return (
+        row[0],
+        row[1],
+        row[2],
+        bool(row[3]),
+        row[4],
+        json.loads(row[5]),
+        {parent: dataset for parent, dataset in json.loads(row[6])},
+        tuple(json.loads(row[7])),
+        row[8],
+        _dt_req(row[9]),
+        row[10],
+    )
+
+
+def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
+    return ActionRecord(
+        workflow_id=hot[0],
+        action_id=hot[1],
+        name=spec[0],
+        type=spec[1],
+        state=ActionState(hot[2]),
+        dataset_id=spec[2],
+        reused=spec[3],
+        reason=spec[4],
+        definition=spec[5],
+        inputs=spec[6],
+        waiting_on=tuple(json.loads(hot[3])),
+        children=spec[7],
+        callback_id=spec[8],
+        created_at=spec[9],
+        updated_at=_dt_req(hot[4]),
+        attempts=hot[5],
+        max_attempts=spec[10],
+        owner=hot[6],
+        lease_expires_at=_dt(hot[7]),
+        not_before=_dt(hot[8]),
+        external_id=hot[9],
+        error=hot[10],
+        started_at=_dt(hot[11]),
+        finished_at=_dt(hot[12]),
+        runtime_s=hot[13],
+        version=hot[14],
     )
 
 
@@ -374,6 +479,176 @@ def path_from_url(url: str) -> str:
     return rest
 
 
+#: Most requests the worker runs in one transaction (one commit, one hop back).
+_MAX_BATCH = 256
+
+
+def _chained(exc: BaseException, cause: BaseException) -> BaseException:
+    exc.__cause__ = cause
+    return exc
+
+
+@dataclass(slots=True)
+class _Request:
+    """One protocol call waiting for the worker thread."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    write: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _resolve(requests: list[_Request]) -> None:
+    """In the event loop: hand each caller its result (unless it gave up waiting)."""
+    for request in requests:
+        if request.future.done():
+            continue
+        if request.error is not None:
+            request.future.set_exception(request.error)
+        else:
+            request.future.set_result(request.result)
+
+
+class _Worker(threading.Thread):
+    """The thread that owns the connection and runs every call, with group commit.
+
+    Calls queue up while the thread works; it takes every queued call (up to
+    `_MAX_BATCH`) at once. When any of them writes, they all run in ONE
+    BEGIN IMMEDIATE transaction, each write inside its own SAVEPOINT (so one
+    that fails is undone alone), then ONE commit. Only after that commit are
+    results handed back, in one wake-up of the event loop: an acknowledged call
+    is a committed one. Under load this turns N commits and 2N thread switches
+    into one commit and two switches; a lone call costs what it did before.
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        super().__init__(name="pingo-sqlite", daemon=True)
+        self.store = store
+        self.requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self.requests.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    more = self.requests.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stopping = True
+                    break
+                batch.append(more)
+            live = [r for r in batch if not r.future.cancelled()]
+            try:
+                if any(r.write for r in live):
+                    self._run_writes(live)
+                else:
+                    for request in live:
+                        self._run_one(request)
+                        self._abandon_transaction()
+            except BaseException as exc:
+                # The worker's own BEGIN/SAVEPOINT/ROLLBACK failed: no write of the batch
+                # was committed. The thread must survive to serve the next calls.
+                failure = self.store._translate(exc)
+                for request in live:
+                    if request.write or (request.error is None and request.result is None):
+                        request.error = failure
+                self._abandon_transaction()
+            self._hand_back(live)
+
+    def _abandon_transaction(self) -> None:
+        """Roll back what a read-batch call left open (it failed inside its own BEGIN)."""
+        conn = self.store._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.warning(
+                    "sqlite rollback failed",
+                    exc_info=True,
+                    extra={"event": "store_rollback_failed"},
+                )
+
+    def _run_one(self, request: _Request) -> bool:
+        try:
+            request.result = request.fn(*request.args)
+        except BaseException as exc:
+            request.error = self.store._translate(exc)
+            return False
+        return True
+
+    def _run_writes(self, batch: list[_Request]) -> None:
+        conn = self.store._conn
+        if conn is None:
+            for request in batch:
+                request.error = errors.StoreUnavailable("the sqlite store is not open")
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            failure = self.store._translate(exc)
+            for request in batch:
+                request.error = failure
+            return
+        alone = len(batch) == 1
+        done: list[_Request] = []
+        for request in batch:
+            if not conn.in_transaction:
+                # A failure made SQLite roll the whole transaction back.
+                request.error = errors.StoreUnavailable("the transaction was rolled back")
+                continue
+            savepoint = request.write and not alone
+            if savepoint:
+                conn.execute("SAVEPOINT call")
+            if self._run_one(request):
+                if savepoint:
+                    conn.execute("RELEASE call")
+                done.append(request)
+            elif conn.in_transaction and request.write:
+                # Undo this call's partial work, and only this call's.
+                if savepoint:
+                    conn.execute("ROLLBACK TO call")
+                    conn.execute("RELEASE call")
+                else:
+                    conn.execute("ROLLBACK")
+        if not conn.in_transaction:
+            # Rolled back (by SQLite, or a lone call that failed): nothing of it stays.
+            for request in done:
+                if request.write:
+                    request.error = errors.StoreUnavailable("the transaction was rolled back")
+            return
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            failure = self.store._translate(exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for request in done:
+                request.error = failure
+
+    @staticmethod
+    def _hand_back(batch: list[_Request]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
+        for request in batch:
+            by_loop.setdefault(request.loop, []).append(request)
+        for loop, requests in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, requests)
+            except RuntimeError:
+                # The caller's loop is closed: nobody is waiting any more.
+                logger.debug(
+                    "sqlite result dropped: event loop closed",
+                    extra={"event": "store_result_dropped"},
+                )
+
+
 class SQLiteStore:
     """The `Store` protocol on one SQLite file."""
 
@@ -394,9 +669,9 @@ class SQLiteStore:
         self.path = str(path)
         self.synchronous = sync
         self.busy_timeout_s = busy_timeout_s
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: _Worker | None = None
         self._conn: sqlite3.Connection | None = None
-        self._parsed: dict[tuple[str, int], _ParsedAction] = {}
+        self._specs: dict[tuple[str, int], _Spec] = {}
 
     @classmethod
     def from_url(
@@ -408,14 +683,15 @@ class SQLiteStore:
     # ------------------------------------------------------------ life cycle
 
     async def __aenter__(self) -> Self:
-        if self._executor is not None:
+        if self._worker is not None:
             raise errors.ConfigurationError("the store is already open")
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pingo-sqlite")
+        worker = _Worker(self)
+        worker.start()
+        self._worker = worker
         try:
             await self._run(self._open)
         except BaseException:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            await self._stop_worker(worker)
             raise
         return self
 
@@ -425,20 +701,25 @@ class SQLiteStore:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        executor = self._executor
-        if executor is None:
+        worker = self._worker
+        if worker is None:
             return
         try:
             await self._run(self._close)
         finally:
-            self._executor = None
-            executor.shutdown(wait=True)
+            await self._stop_worker(worker)
+
+    async def _stop_worker(self, worker: _Worker) -> None:
+        self._worker = None
+        worker.requests.put(None)
+        await asyncio.to_thread(worker.join)
 
     def _open(self) -> None:
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_timeout_s,
-            isolation_level=None,  # autocommit: transactions are explicit
+            isolation_level=None,  # autocommit: the worker opens transactions explicitly
+            check_same_thread=True,  # only the worker thread ever touches it
             cached_statements=1024,
         )
         try:
@@ -491,38 +772,25 @@ class SQLiteStore:
             self._conn.close()
             self._conn = None
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        executor = self._executor
-        if executor is None:
+    async def _submit(self, write: bool, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        worker = self._worker
+        if worker is None:
             raise errors.StoreUnavailable("the sqlite store is not open")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self._call, fn, args)
+        future: asyncio.Future[T] = loop.create_future()
+        worker.requests.put(_Request(fn, args, write, loop, future))
+        return await future
 
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        """Run `fn` in the worker thread, translating driver errors at the edge."""
-        try:
-            return fn(*args)
-        except sqlite3.IntegrityError as exc:
-            self._rollback()
-            raise errors.Conflict(str(exc)) from exc
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise errors.StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
-        except BaseException:
-            self._rollback()
-            raise
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` (reads only) in the worker thread."""
+        return await self._submit(False, fn, args)
 
-    def _rollback(self) -> None:
-        conn = self._conn
-        if conn is not None and conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                logger.warning(
-                    "sqlite rollback failed",
-                    exc_info=True,
-                    extra={"event": "store_rollback_failed"},
-                )
+    async def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` in the worker thread inside a write transaction, committed."""
+        return await self._submit(True, fn, args)
+
+    def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return fn(self._db)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -531,53 +799,58 @@ class SQLiteStore:
             raise errors.StoreUnavailable("the sqlite store is not open")
         return conn
 
-    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` in one BEGIN IMMEDIATE transaction (several statements, one commit)."""
-        conn = self._db
-        conn.execute("BEGIN IMMEDIATE")
-        result = fn(conn)
-        conn.execute("COMMIT")
-        return result
+    def _translate(self, exc: BaseException) -> BaseException:
+        """Driver exceptions become Pingo's own at the edge; others pass as they are."""
+        if isinstance(exc, sqlite3.IntegrityError):
+            return _chained(errors.Conflict(str(exc)), exc)
+        if isinstance(exc, sqlite3.Error):
+            return _chained(errors.StoreUnavailable(f"sqlite store {self.path}: {exc}"), exc)
+        return exc
+
+    def _cache_spec(self, key: tuple[str, int], spec: _Spec) -> _Spec:
+        if len(self._specs) >= _SPEC_CACHE_SIZE:
+            self._specs.clear()
+        self._specs[key] = spec
+        return spec
 
     def _action(self, row: Sequence[Any]) -> ActionRecord:
+        """The record of a row of `_ACTION_SELECT` (both tables)."""
         key = (row[0], row[1])
-        parsed = self._parsed.get(key)
-        if parsed is None:
-            if len(self._parsed) >= _PARSED_CACHE_SIZE:
-                self._parsed.clear()
-            parsed = self._parsed[key] = (
-                json.loads(row[8]),
-                {parent: dataset for parent, dataset in json.loads(row[9])},
-                tuple(json.loads(row[11])),
-            )
-        return ActionRecord(
-            workflow_id=row[0],
-            action_id=row[1],
-            name=row[2],
-            type=row[3],
-            state=ActionState(row[4]),
-            dataset_id=row[5],
-            reused=bool(row[6]),
-            reason=row[7],
-            definition=parsed[0],
-            inputs=parsed[1],
-            waiting_on=tuple(json.loads(row[10])),
-            children=parsed[2],
-            callback_id=row[12],
-            created_at=_dt_req(row[13]),
-            updated_at=_dt_req(row[14]),
-            attempts=row[15],
-            max_attempts=row[16],
-            owner=row[17],
-            lease_expires_at=_dt(row[18]),
-            not_before=_dt(row[19]),
-            external_id=row[20],
-            error=row[21],
-            started_at=_dt(row[22]),
-            finished_at=_dt(row[23]),
-            runtime_s=row[24],
-            version=row[25],
-        )
+        spec = self._specs.get(key) or self._cache_spec(key, _spec(row[15:]))
+        return _record(row, spec)
+
+    def _action_hot(self, row: Sequence[Any]) -> ActionRecord:
+        """The record of a row of `_HOT_COLUMNS` (an UPDATE … RETURNING)."""
+        return self._actions_hot([row])[0]
+
+    def _actions_hot(self, rows: Sequence[Sequence[Any]]) -> list[ActionRecord]:
+        """The records of rows of `_HOT_COLUMNS`, fetching missing specs in one query."""
+        specs: dict[tuple[str, int], _Spec] = {}
+        missing = []
+        for row in rows:
+            key = (row[0], row[1])
+            spec = self._specs.get(key)
+            if spec is None:
+                missing.append(key)
+            else:
+                specs[key] = spec
+        by_workflow: dict[str, list[int]] = {}
+        for workflow_id, action_id in missing:
+            by_workflow.setdefault(workflow_id, []).append(action_id)
+        for workflow_id, action_ids in by_workflow.items():
+            # By workflow: a row-value IN over (workflow_id, action_id) pairs is a full
+            # scan in SQLite, this is a primary-key search per action.
+            for start in range(0, len(action_ids), 500):
+                chunk = action_ids[start : start + 500]
+                found = self._db.execute(
+                    f"SELECT action_id, {_SPEC_COLUMNS} FROM action_specs "
+                    f"WHERE workflow_id = ? AND action_id IN ({_placeholders(len(chunk))})",
+                    [workflow_id, *chunk],
+                ).fetchall()
+                for spec_row in found:
+                    key = (workflow_id, spec_row[0])
+                    specs[key] = self._cache_spec(key, _spec(spec_row[1:]))
+        return [_record(row, specs[(row[0], row[1])]) for row in rows]
 
     async def ping(self) -> None:
         await self._run(self._ping)
@@ -589,7 +862,7 @@ class SQLiteStore:
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
         now = _us(self.clock())
-        await self._run(self._write, lambda conn: self._create_workflow(conn, plan, now))
+        await self._run_write(self._with_db, lambda conn: self._create_workflow(conn, plan, now))
         logger.info(
             "workflow %s created with %d actions",
             plan.workflow.id,
@@ -619,9 +892,29 @@ class SQLiteStore:
             f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})",
             _workflow_params(workflow),
         )
-        conn.executemany(_ACTION_INSERT, [_action_params(a) for a in plan.actions])
+        conn.executemany(_HOT_INSERT, [_hot_params(a) for a in plan.actions])
+        conn.executemany(_SPEC_INSERT, [_spec_params(a) for a in plan.actions])
         for dataset in plan.datasets:
             self._persist_dataset(conn, dataset, now)
+        for a in plan.actions:
+            # The node that plans an action usually runs it: no need to read this back.
+            # (Ids are unique, so an entry left by a rolled-back plan is never read.)
+            self._cache_spec(
+                a.key,
+                (
+                    a.name,
+                    a.type,
+                    a.dataset_id,
+                    a.reused,
+                    a.reason,
+                    a.definition,
+                    a.inputs,
+                    a.children,
+                    a.callback_id,
+                    a.created_at,
+                    a.max_attempts,
+                ),
+            )
 
     def _persist_dataset(self, conn: sqlite3.Connection, plan: DatasetPlan, now: int) -> None:
         row = conn.execute("SELECT state, claims FROM datasets WHERE id = ?", (plan.id,)).fetchone()
@@ -700,6 +993,9 @@ class SQLiteStore:
     ) -> T | None:
         row = self._db.execute(sql, params).fetchone()
         return None if row is None else convert(row)
+
+    def _all_hot(self, sql: str, params: Sequence[Any]) -> list[ActionRecord]:
+        return self._actions_hot(self._db.execute(sql, params).fetchall())
 
     def _all(
         self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
@@ -786,7 +1082,7 @@ class SQLiteStore:
             f"WHERE id = ? AND state IN ({_placeholders(len(expected))}) "
             f"RETURNING {_WORKFLOW_COLUMNS}"
         )
-        record = await self._run(
+        record = await self._run_write(
             self._one,
             _workflow,
             sql,
@@ -807,7 +1103,7 @@ class SQLiteStore:
         return await self._run(
             self._one,
             self._action,
-            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE workflow_id = ? AND action_id = ?",
+            f"{_ACTION_SELECT} WHERE workflow_id = ? AND action_id = ?",
             (workflow_id, action_id),
         )
 
@@ -815,7 +1111,7 @@ class SQLiteStore:
         return await self._run(
             self._one,
             self._action,
-            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE callback_id = ?",
+            f"{_ACTION_SELECT} WHERE callback_id = ?",
             (callback_id,),
         )
 
@@ -823,7 +1119,7 @@ class SQLiteStore:
         return await self._run(
             self._all,
             self._action,
-            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE workflow_id = ? ORDER BY action_id",
+            f"{_ACTION_SELECT} WHERE workflow_id = ? ORDER BY action_id",
             (workflow_id,),
         )
 
@@ -836,7 +1132,7 @@ class SQLiteStore:
     ) -> list[ActionRecord]:
         if not states:
             return []
-        sql = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE state IN ({_placeholders(len(states))})"
+        sql = f"{_ACTION_SELECT} WHERE state IN ({_placeholders(len(states))})"
         params: list[Any] = [s.value for s in states]
         if lease_expired:
             sql += " AND lease_expires_at <= ?"
@@ -881,8 +1177,8 @@ class SQLiteStore:
         if if_attempt is not None:
             sql += " AND attempts = ?"
             args.append(if_attempt)
-        sql += f" RETURNING {_ACTION_COLUMNS}"
-        record = await self._run(self._one, self._action, sql, args)
+        sql += f" RETURNING {_HOT_COLUMNS}"
+        record = await self._run_write(self._one, self._action_hot, sql, args)
         if record is None:
             logger.debug(
                 "action %s/%s not moved to %s: lost the compare-and-set",
@@ -907,10 +1203,10 @@ class SQLiteStore:
         sql = (
             f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
             f"WHERE workflow_id = ? AND state IN ({_placeholders(len(expected))}) "
-            f"RETURNING {_ACTION_COLUMNS}"
+            f"RETURNING {_HOT_COLUMNS}"
         )
         args = [new.value, _us(self.clock()), *params, workflow_id, *(s.value for s in expected)]
-        moved = await self._run(self._all, self._action, sql, args)
+        moved = await self._run_write(self._all_hot, sql, args)
         return sorted(moved, key=lambda a: a.action_id)
 
     async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
@@ -918,6 +1214,7 @@ class SQLiteStore:
             return []
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
+        # Submitted as a read: it takes the write lock itself only when there is work.
         return await self._run(self._claim_actions, node_id, limit, _us(now), _us(lease))
 
     def _claimable(self, conn: sqlite3.Connection, limit: int, now: int) -> list[Any]:
@@ -931,32 +1228,39 @@ class SQLiteStore:
         expired = conn.execute(
             "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
             "WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
-            "ORDER BY updated_at LIMIT ?",
+            "ORDER BY lease_expires_at LIMIT ?",
             (now, limit),
         ).fetchall()
         return sorted(ready + expired)[:limit]
 
     def _claim_actions(self, node_id: str, limit: int, now: int, lease: int) -> list[ActionRecord]:
         conn = self._db
-        # A poll that finds nothing (the common case) takes no write lock.
+        if conn.in_transaction:
+            # Batched with writes: the worker's transaction holds the write lock already.
+            return self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+        # A poll that finds nothing (the common case) takes no write lock, so idle
+        # scrapers of several processes never queue behind each other.
         if not self._claimable(conn, limit, now):
             return []
         conn.execute("BEGIN IMMEDIATE")
         # Under the write lock now: what we read is what we update.
-        chosen = self._claimable(conn, limit, now)
+        claimed = self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+        conn.execute("COMMIT")
+        return claimed
+
+    def _claim_chosen(
+        self, conn: sqlite3.Connection, node_id: str, chosen: list[Any], now: int, lease: int
+    ) -> list[ActionRecord]:
         if not chosen:
-            conn.execute("COMMIT")
             return []
         rows = conn.execute(
             "UPDATE actions SET state = 'PROCESSING', owner = ?, lease_expires_at = ?, "
             "updated_at = ?, version = version + 1 "
-            f"WHERE rowid IN ({_placeholders(len(chosen))}) RETURNING {_ACTION_COLUMNS}",
+            f"WHERE rowid IN ({_placeholders(len(chosen))}) RETURNING {_HOT_COLUMNS}",
             [node_id, lease, now, *(c[3] for c in chosen)],
         ).fetchall()
-        conn.execute("COMMIT")
         order = {(c[1], c[2]): i for i, c in enumerate(chosen)}
-        claimed = sorted((self._action(r) for r in rows), key=lambda a: order[a.key])
-        return claimed
+        return sorted(self._actions_hot(rows), key=lambda a: order[a.key])
 
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
@@ -976,7 +1280,7 @@ class SQLiteStore:
         def renew(conn: sqlite3.Connection) -> int:
             return conn.executemany(sql, params).rowcount
 
-        return await self._run(self._write, renew)
+        return await self._run_write(self._with_db, renew)
 
     async def release_parent(
         self, workflow_id: str, parent_action_id: int, children: Sequence[int]
@@ -984,8 +1288,8 @@ class SQLiteStore:
         if not children:
             return []
         now = _us(self.clock())
-        return await self._run(
-            self._write,
+        return await self._run_write(
+            self._with_db,
             lambda conn: self._release_parent(conn, workflow_id, parent_action_id, children, now),
         )
 
@@ -1024,10 +1328,10 @@ class SQLiteStore:
         ready = conn.execute(
             "UPDATE actions SET waiting_on = '[]', state = 'READY', updated_at = ?, "
             f"version = version + 1 WHERE workflow_id = ? "
-            f"AND action_id IN ({_placeholders(len(ready_ids))}) RETURNING {_ACTION_COLUMNS}",
+            f"AND action_id IN ({_placeholders(len(ready_ids))}) RETURNING {_HOT_COLUMNS}",
             [now, workflow_id, *ready_ids],
         ).fetchall()
-        return sorted((self._action(r) for r in ready), key=lambda a: a.action_id)
+        return sorted(self._actions_hot(ready), key=lambda a: a.action_id)
 
     # ------------------------------------------------------------------- datasets
 
@@ -1098,7 +1402,7 @@ class SQLiteStore:
             sql += " AND claims = '[]'"
         sql += f" RETURNING {_DATASET_COLUMNS}"
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
-        record = await self._run(self._one, _dataset, sql, args)
+        record = await self._run_write(self._one, _dataset, sql, args)
         if record is None:
             logger.debug(
                 "dataset %s not moved to %s: lost the compare-and-set",
@@ -1128,7 +1432,7 @@ class SQLiteStore:
             claims.append(claim)
             return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
 
-        return await self._run(self._write, add)
+        return await self._run_write(self._with_db, add)
 
     def _update_dataset(
         self, conn: sqlite3.Connection, dataset_id: str, now: int, sets: str, params: list[Any]
@@ -1155,11 +1459,11 @@ class SQLiteStore:
             claims = [c for c in record.claims if c != claim]
             return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
 
-        return await self._run(self._write, remove)
+        return await self._run_write(self._with_db, remove)
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())
-        return await self._run(
+        return await self._run_write(
             self._one,
             _dataset,
             "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
@@ -1183,7 +1487,7 @@ class SQLiteStore:
                 _dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
             )
 
-        return await self._run(self._write, pin)
+        return await self._run_write(self._with_db, pin)
 
     async def list_deletable_datasets(
         self, stale_s: float, limit: int = 100
@@ -1227,7 +1531,7 @@ class SQLiteStore:
         payload: Mapping[str, Any] | None = None,
     ) -> EventRecord:
         at = _us(self.clock())
-        event: EventRecord | None = await self._run(
+        event: EventRecord | None = await self._run_write(
             self._one,
             _event,
             f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload) "
@@ -1259,7 +1563,7 @@ class SQLiteStore:
 
     async def create_user(self, user: UserRecord) -> UserRecord:
         try:
-            await self._run(
+            await self._run_write(
                 self._one,
                 tuple,
                 f"INSERT INTO users ({_USER_COLUMNS}) VALUES (?, ?, ?, ?)",
@@ -1288,7 +1592,7 @@ class SQLiteStore:
         )
 
     async def delete_user(self, name: str) -> bool:
-        deleted = await self._run(
+        deleted = await self._run_write(
             self._one, tuple, "DELETE FROM users WHERE name = ? RETURNING name", (name,)
         )
         return deleted is not None
