@@ -172,14 +172,16 @@ async def processes_claim_rate(url: str) -> float:
     ]
     for proc in procs:
         proc.start()
-    reports = [await asyncio.to_thread(results.get, True, 300) for _ in procs]
+    reports: list[tuple[int, float, float]] = [
+        await asyncio.to_thread(results.get, True, 300) for _ in procs
+    ]
     for proc in procs:
         proc.join(timeout=60)
     claimed = sum(r[0] for r in reports)
     assert claimed == PROC_CLAIM_ACTIONS, claimed
     start = min(r[1] for r in reports)
     end = max(r[2] for r in reports)
-    return claimed / (end - start)
+    return float(claimed / (end - start))
 
 
 async def measure_sqlite(root: Path) -> dict[str, float]:
