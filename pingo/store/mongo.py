@@ -35,7 +35,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
@@ -45,14 +53,15 @@ import pymongo
 from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.errors import (
+    BulkWriteError,
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
     PyMongoError,
     WriteConcernError,
 )
+from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.write_concern import WriteConcern
 
 from pingo import errors, states
@@ -80,12 +89,20 @@ logger = logging.getLogger(__name__)
 Doc = dict[str, Any]
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 DEFAULT_DATABASE = "pingo"
 
 _NO_ACTION_CHANGES = ActionChanges()
 _NO_DATASET_CHANGES = DatasetChanges()
 _NO_WORKFLOW_CHANGES = WorkflowChanges()
+
+#: The longest `$in` list sent at once: nx-27017 turns each value into an SQL
+#: parameter, and SQLite caps those (32,766); MongoDB caps a command at 16 MB.
+_IN_CHUNK = 1000
+
+#: The server's error code for a unique index violation.
+_DUPLICATE_KEY = 11000
 
 #: How often persisting a dataset plan re-reads after losing a race before giving up.
 _PLAN_RETRIES = 20
@@ -391,6 +408,11 @@ def _translated(
             return await method(self, *args, **kwargs)
         except DuplicateKeyError as exc:
             raise errors.Conflict(f"already exists: {_short(exc)}") from exc
+        except BulkWriteError as exc:
+            codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
+            if codes == {_DUPLICATE_KEY}:
+                raise errors.Conflict(f"already exists: {_short(exc)}") from exc
+            raise errors.PingoError(f"MongoDB error in {method.__name__}: {_short(exc)}") from exc
         # ConnectionFailure covers AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError.
         except (ConnectionFailure, WriteConcernError, ExecutionTimeout) as exc:
             logger.warning(
@@ -466,7 +488,13 @@ class MongoStore:
 
     @_translated
     async def __aenter__(self) -> Self:
-        await self._create_indexes()
+        try:
+            await self._create_indexes()
+        except BaseException:
+            # `async with` does not call __aexit__ when __aenter__ fails.
+            if self._owns_client:
+                await self._client.close()
+            raise
         return self
 
     async def __aexit__(
@@ -552,10 +580,9 @@ class MongoStore:
                     f"{workflow.owner} already submitted a workflow with idempotency key "
                     f"{workflow.idempotency_key!r}"
                 )
-        if callbacks and await self._actions.find_one(
-            {"callback_id": {"$in": callbacks}}, {"_id": 1}
-        ):
-            raise errors.Conflict("an action's callback id is already in use")
+        for chunk in _chunks(callbacks):
+            if await self._actions.find_one({"callback_id": {"$in": chunk}}, {"_id": 1}):
+                raise errors.Conflict("an action's callback id is already in use")
 
         # No multi-document transaction (a standalone server has none), so the order
         # of the writes is what keeps readers safe:
@@ -571,8 +598,7 @@ class MongoStore:
         # RUNNING until a user kills it; its claims, if any, keep those datasets.
         await self._workflows.insert_one(_workflow_doc(workflow))
         _, now_us = self._now()
-        for dataset in plan.datasets:
-            await self._persist_dataset(dataset, now_us)
+        await self._persist_datasets(plan.datasets, now_us)
         if plan.actions:
             docs = [_action_doc(a) for a in sorted(plan.actions, key=lambda a: a.action_id)]
             await self._actions.insert_many(docs, ordered=True)
@@ -584,12 +610,26 @@ class MongoStore:
         )
         return workflow
 
-    async def _persist_dataset(self, plan: DatasetPlan, now_us: int) -> None:
-        try:
-            await self._datasets.insert_one(_dataset_doc(plan, now_us))
+    async def _persist_datasets(self, plans: Sequence[DatasetPlan], now_us: int) -> None:
+        """Create the planned datasets that are new, in bulk; merge the others one by one."""
+        if not plans:
             return
-        except DuplicateKeyError:
-            pass  # It exists: upgrade it and/or add the claims below.
+        existing: list[DatasetPlan] = []
+        try:
+            # Unordered: every new dataset is inserted even when some already exist.
+            await self._datasets.insert_many(
+                [_dataset_doc(p, now_us) for p in plans], ordered=False
+            )
+        except BulkWriteError as exc:
+            failed = exc.details.get("writeErrors", [])
+            if not failed or any(e.get("code") != _DUPLICATE_KEY for e in failed):
+                raise
+            existing = [plans[e["index"]] for e in failed]
+        for plan in existing:
+            await self._merge_dataset(plan, now_us)
+
+    async def _merge_dataset(self, plan: DatasetPlan, now_us: int) -> None:
+        """Apply a plan to a dataset that exists: upgrade its state and/or add claims."""
         claims = list(dict.fromkeys(plan.claims))
         for _ in range(_PLAN_RETRIES):
             doc = await self._datasets.find_one({"_id": plan.id})
@@ -871,24 +911,25 @@ class MongoStore:
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:
-        if not keys:
-            return 0
         now, now_us = self._now()
-        result = await self._actions.update_many(
-            {
-                "_id": {"$in": sorted({_action_id(w, a) for w, a in keys})},
-                "owner": node_id,
-                "state": {"$in": _values(states.ACTION_ACTIVE)},
-            },
-            {
-                "$set": {
-                    "lease_expires_at_us": _us(now + timedelta(seconds=lease_s)),
-                    "updated_at_us": now_us,
+        held = 0
+        for chunk in _chunks(sorted({_action_id(w, a) for w, a in keys})):
+            result = await self._actions.update_many(
+                {
+                    "_id": {"$in": chunk},
+                    "owner": node_id,
+                    "state": {"$in": _values(states.ACTION_ACTIVE)},
                 },
-                "$inc": {"version": 1},
-            },
-        )
-        return result.matched_count
+                {
+                    "$set": {
+                        "lease_expires_at_us": _us(now + timedelta(seconds=lease_s)),
+                        "updated_at_us": now_us,
+                    },
+                    "$inc": {"version": 1},
+                },
+            )
+            held += result.matched_count
+        return held
 
     @_translated
     async def release_parent(
@@ -958,10 +999,11 @@ class MongoStore:
 
     @_translated
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
-        if not dataset_ids:
-            return {}
-        found = self._datasets.find({"_id": {"$in": sorted(set(dataset_ids))}})
-        return {d["_id"]: _dataset(d) for d in await found.to_list(None)}
+        found: dict[str, DatasetRecord] = {}
+        for chunk in _chunks(sorted(set(dataset_ids))):
+            docs = await self._datasets.find({"_id": {"$in": chunk}}).to_list(None)
+            found.update((d["_id"], _dataset(d)) for d in docs)
+        return found
 
     @_translated
     async def list_datasets(
@@ -1183,6 +1225,12 @@ class MongoStore:
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: Oldest update first, then by id.
 _OLDEST_DATASET = [("updated_at_us", 1), ("id", 1)]
+
+
+def _chunks(items: list[T], size: int = _IN_CHUNK) -> Iterator[list[T]]:
+    """`items` in slices of `size`, for `$in` lists that stay small on every server."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _make_page(items: list[R], limit: int) -> Page[R]:
