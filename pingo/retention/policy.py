@@ -16,7 +16,7 @@ never share state between loops or simulations.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import entry_points
@@ -249,23 +249,72 @@ async def _recompute_costs(
             for p in r.parents
             if p not in known
         }
-    costs: dict[str, float] = {}
-    for record in stored:
-        total = record.compute_s or 0.0
-        seen: set[str] = set()
-        todo = list(record.parents)
-        while todo:
-            ancestor_id = todo.pop()
-            if ancestor_id in seen:
+    return _Lineage(known).costs(stored)
+
+
+class _Lineage:
+    """Recompute costs over the known lineage, memoized per missing ancestor.
+
+    A missing ancestor's closure (itself and its missing ancestors) is a
+    frozenset built from its parents' closures with C-level unions, and its cost
+    is summed once; a dataset's cost then starts from its costliest missing
+    parent and adds only what the others bring. Candidates of one workflow
+    share most of their lineage, so each pass stays near linear in its size.
+    """
+
+    def __init__(self, known: Mapping[str, DatasetRecord]) -> None:
+        self.known = known
+        self.closure: dict[str, frozenset[str]] = {}
+        self.cost: dict[str, float] = {}
+
+    def missing(self, dataset_id: str) -> bool:
+        record = self.known.get(dataset_id)
+        return record is not None and record.state not in states.DATASET_REUSABLE
+
+    def runtime(self, dataset_id: str) -> float:
+        return self.known[dataset_id].compute_s or 0.0
+
+    def costs(self, stored: Sequence[DatasetRecord]) -> dict[str, float]:
+        costs: dict[str, float] = {}
+        for record in stored:
+            _, extra = self._combine(record.parents)
+            costs[record.id] = (record.compute_s or 0.0) + extra
+        return costs
+
+    def _combine(self, parents: Sequence[str]) -> tuple[frozenset[str], float]:
+        """The union of the missing parents' closures, and its total runtime."""
+        gone = [p for p in parents if self.missing(p)]
+        if not gone:
+            return frozenset(), 0.0
+        for parent in gone:
+            self._resolve(parent)
+        main = max(gone, key=lambda p: len(self.closure[p]))
+        union = self.closure[main]
+        cost = self.cost[main]
+        others = [self.closure[p] for p in gone if p != main]
+        if others:
+            extra = frozenset().union(*others) - union
+            cost += sum(self.runtime(d) for d in extra)
+            union = union | extra
+        return union, cost
+
+    def _resolve(self, root: str) -> None:
+        # Iterative post-order: lineages can be deeper than Python's recursion limit.
+        stack = [root]
+        while stack:
+            top = stack[-1]
+            if top in self.closure:
+                stack.pop()
                 continue
-            seen.add(ancestor_id)
-            ancestor = known.get(ancestor_id)
-            if ancestor is None or ancestor.state in states.DATASET_REUSABLE:
+            parents = self.known[top].parents
+            pending = [p for p in parents if self.missing(p) and p not in self.closure]
+            if pending:
+                stack.extend(pending)
                 continue
-            total += ancestor.compute_s or 0.0
-            todo.extend(ancestor.parents)
-        costs[record.id] = total
-    return costs
+            stack.pop()
+            union, cost = self._combine(parents)
+            self.closure[top] = union | {top}
+            self.cost[top] = cost + self.runtime(top)
 
 
 # -------------------------------------------------------------------------- decisions

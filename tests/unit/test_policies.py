@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_hypothesis
+from hypothesis import strategies as st
 
 from pingo import errors, metrics, states
 from pingo.config import Settings
@@ -441,3 +444,49 @@ async def test_a_claim_arriving_after_the_listing_blocks_the_eviction(
     assert [e.dataset_id for e in evicted] == ["b"]
     a = await store.get_dataset("a")
     assert a is not None and a.state is D.STORED
+
+
+@settings_hypothesis(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 30), max_size=4), st.booleans(), st.integers(0, 9)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_memoized_recompute_costs_equal_a_plain_lineage_walk(
+    spec: list[tuple[set[int], bool, int]],
+) -> None:
+    records: dict[str, protocol.DatasetRecord] = {}
+    for n, (parents, on_disk, runtime) in enumerate(spec):
+        records[f"d{n}"] = protocol.DatasetRecord(
+            id=f"d{n}",
+            state=D.STORED if on_disk else D.DELETED,
+            path="",
+            scope="server",
+            action_type="command-line",
+            definition={},
+            parents=tuple(f"d{p}" for p in sorted(parents) if p < n),  # a DAG
+            producer_workflow_id="wf",
+            producer_action_id=n,
+            is_managed=True,
+            created_at=T0,
+            updated_at=T0,
+            compute_s=float(runtime),
+        )
+
+    def walk(record: protocol.DatasetRecord) -> float:
+        total, seen, todo = record.compute_s or 0.0, set(), list(record.parents)
+        while todo:
+            ancestor = records[todo.pop()]
+            if ancestor.id in seen:
+                continue
+            seen.add(ancestor.id)
+            if ancestor.state is D.DELETED:
+                total += ancestor.compute_s or 0.0
+                todo.extend(ancestor.parents)
+        return total
+
+    stored = [r for r in records.values() if r.state is D.STORED]
+    costs = policy_api._Lineage(records).costs(stored)
+    assert costs == {r.id: pytest.approx(walk(r)) for r in stored}
