@@ -1,0 +1,289 @@
+"""What is particular to the SQLite backend: file, schema, locking, group commit, plans."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from pingo import errors
+from pingo.states import ActionState, WorkflowState
+from pingo.store import open_store, sqlite
+from pingo.store.protocol import ActionRecord, UserRecord, WorkflowPlan, WorkflowRecord
+from pingo.store.sqlite import MIGRATIONS, SQLiteStore, path_from_url
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _plan(workflow_id: str, count: int, *, callback_prefix: str | None = None) -> WorkflowPlan:
+    workflow = WorkflowRecord(
+        id=workflow_id,
+        name="unit",
+        owner="alice",
+        state=WorkflowState.RUNNING,
+        document={"name": "unit"},
+        scope="server",
+        on_failure="abort",
+        end_dataset_id=None,
+        created_at=NOW,
+    )
+    prefix = callback_prefix or workflow_id
+    actions = tuple(
+        ActionRecord(
+            workflow_id=workflow_id,
+            action_id=i,
+            name=f"a{i}",
+            type="command-line",
+            state=ActionState.READY,
+            dataset_id=f"ds-{workflow_id}-{i}",
+            reused=False,
+            reason="absent",
+            definition={"command": ["true", str(i)]},
+            inputs={},
+            waiting_on=(),
+            children=(),
+            callback_id=f"{prefix}-cb-{i}",
+            created_at=NOW,
+            updated_at=NOW,
+        )
+        for i in range(count)
+    )
+    return WorkflowPlan(workflow, actions, ())
+
+
+def _user(name: str) -> UserRecord:
+    return UserRecord(name=name, token_hash=f"hash-{name}", is_admin=False, created_at=NOW)
+
+
+def _pragma(path: Path, name: str) -> object:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"PRAGMA {name}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_path_from_url() -> None:
+    assert path_from_url("sqlite:///abs/path.db") == "/abs/path.db"
+    assert path_from_url("sqlite:////abs/path.db") == "/abs/path.db"
+    assert path_from_url("sqlite://relative.db") == "relative.db"
+    assert path_from_url("sqlite:///abs/path.db?mode=x") == "/abs/path.db"
+    with pytest.raises(errors.ConfigurationError):
+        path_from_url("sqlite://")
+    with pytest.raises(errors.ConfigurationError):
+        path_from_url("mongodb://x")
+
+
+def test_synchronous_must_be_a_sqlite_level() -> None:
+    with pytest.raises(errors.ConfigurationError):
+        SQLiteStore("x.db", synchronous="SOMETIMES")
+    assert SQLiteStore("x.db", synchronous="full").synchronous == "FULL"
+
+
+@pytest.mark.parametrize(("setting", "level"), [("NORMAL", 1), ("FULL", 2)])
+async def test_opening_sets_wal_synchronous_and_schema(
+    tmp_path: Path, setting: str, level: int
+) -> None:
+    path = tmp_path / "p.db"
+    async with SQLiteStore(path, synchronous=setting) as store:
+
+        def pragmas() -> tuple[object, object]:
+            conn = store._db
+            return (
+                conn.execute("PRAGMA synchronous").fetchone()[0],
+                conn.execute("PRAGMA busy_timeout").fetchone()[0],
+            )
+
+        assert await store._run(pragmas) == (level, 10_000)
+    assert _pragma(path, "journal_mode") == "wal"
+    assert _pragma(path, "user_version") == len(MIGRATIONS)
+
+
+async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    async with open_store(url) as store:
+        await store.create_workflow(_plan("wf-1", 3))
+    async with open_store(url) as store:
+        assert len(await store.list_actions("wf-1")) == 3
+    assert _pragma(tmp_path / "p.db", "user_version") == len(MIGRATIONS)
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    async with SQLiteStore(path):
+        pass
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(errors.StoreUnavailable, match="newer"):
+        async with SQLiteStore(path):
+            pass
+
+
+async def test_an_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(errors.StoreUnavailable):
+        async with SQLiteStore(tmp_path / "missing-dir" / "p.db"):
+            pass
+    not_a_db = tmp_path / "junk.db"
+    not_a_db.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(errors.StoreUnavailable):
+        async with SQLiteStore(not_a_db):
+            pass
+
+
+async def test_a_closed_store_is_unavailable(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "p.db")
+    with pytest.raises(errors.StoreUnavailable):
+        await store.ping()
+    async with store:
+        await store.ping()
+    with pytest.raises(errors.StoreUnavailable):
+        await store.get_workflow("x")
+
+
+async def test_a_lock_held_past_the_busy_timeout_is_store_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    async with SQLiteStore(path, busy_timeout_s=0.2) as store:
+        await store.create_workflow(_plan("wf-1", 2))
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process writing, for too long
+            started = time.monotonic()
+            with pytest.raises(errors.StoreUnavailable, match="locked"):
+                await store.transition_action("wf-1", 0, {ActionState.READY}, ActionState.KILLED)
+            assert time.monotonic() - started >= 0.15
+            # WAL: reads go on while another connection writes.
+            record = await store.get_action("wf-1", 0)
+            assert record is not None and record.state is ActionState.READY
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        # The lock is gone: writes work again.
+        moved = await store.transition_action("wf-1", 0, {ActionState.READY}, ActionState.KILLED)
+        assert moved is not None
+
+
+async def _stall_worker(store: SQLiteStore, seconds: float) -> asyncio.Task[None]:
+    """Keep the worker thread busy so that the next calls queue up into one batch."""
+    stall = asyncio.ensure_future(store._run(time.sleep, seconds))
+    await asyncio.sleep(0.02)
+    return stall
+
+
+async def test_a_failing_call_in_a_batch_is_undone_alone(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(_plan("wf-1", 3))
+        await store.create_user(_user("bob"))
+        stall = await _stall_worker(store, 0.3)
+        results = await asyncio.gather(
+            store.transition_action("wf-1", 0, {ActionState.READY}, ActionState.PROCESSING),
+            store.create_user(_user("bob")),  # Conflict
+            # A multi-statement write failing half-way: the workflow row is inserted,
+            # then the actions clash on callback ids.
+            store.create_workflow(_plan("wf-2", 2, callback_prefix="wf-1")),
+            store.create_user(_user("carol")),
+            store.transition_action("wf-1", 1, {ActionState.WAITING}, ActionState.READY),
+            store.transition_action("wf-1", 2, {ActionState.READY}, ActionState.KILLED),
+            return_exceptions=True,
+        )
+        await stall
+        moved, dup, clash, carol, lost, killed = results
+        assert isinstance(moved, ActionRecord) and moved.state is ActionState.PROCESSING
+        assert isinstance(dup, errors.Conflict)
+        assert isinstance(clash, errors.Conflict)
+        assert carol == _user("carol")
+        assert lost is None
+        assert isinstance(killed, ActionRecord)
+        assert await store.get_workflow("wf-2") is None
+        assert await store.list_actions("wf-2") == []
+
+    # Everything acknowledged was committed.
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        states = [a.state for a in await store.list_actions("wf-1")]
+        assert states == [ActionState.PROCESSING, ActionState.READY, ActionState.KILLED]
+        assert [u.name for u in await store.list_users()] == ["bob", "carol"]
+
+
+async def test_a_cancelled_caller_does_not_stop_the_worker(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(_plan("wf-1", 2))
+        stall = await _stall_worker(store, 0.2)
+        waiting = asyncio.ensure_future(store.get_action("wf-1", 0))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await stall
+        record = await store.get_action("wf-1", 1)
+        assert record is not None
+
+
+async def test_two_handles_share_one_file(tmp_path: Path) -> None:
+    """Specs cached by one handle never hide the other's writes."""
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    async with open_store(url) as first, open_store(url) as second:
+        await first.create_workflow(_plan("wf-1", 20))
+        claimed = await second.claim_actions("node-b", 5, lease_s=30)
+        assert [a.action_id for a in claimed] == [0, 1, 2, 3, 4]
+        assert all(a.definition == {"command": ["true", str(a.action_id)]} for a in claimed)
+        mine = await first.claim_actions("node-a", 100, lease_s=30)
+        assert [a.action_id for a in mine] == list(range(5, 20))
+        again = await first.get_action("wf-1", 0)
+        assert again is not None and again.owner == "node-b"
+        assert again == claimed[0]
+
+
+def _plan_of(store: SQLiteStore, sql: str, params: tuple[object, ...]) -> list[str]:
+    rows = store._db.execute(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
+    return [str(r[3]) for r in rows]
+
+
+async def test_scraper_and_deletor_queries_use_indexes(tmp_path: Path) -> None:
+    queries = [
+        (
+            "SELECT rowid FROM actions WHERE state = 'READY' "
+            "AND (not_before IS NULL OR not_before <= ?) ORDER BY updated_at LIMIT ?",
+            (0, 10),
+            "actions_state_updated",
+        ),
+        (
+            "SELECT rowid FROM actions WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
+            "ORDER BY lease_expires_at LIMIT ?",
+            (0, 10),
+            "actions_processing_lease",
+        ),
+        (
+            f"{sqlite._ACTION_SELECT} WHERE state IN (?, ?) ORDER BY updated_at LIMIT ?",
+            ("SUBMITTED", "RUNNING", 10),
+            "actions_state_updated",
+        ),
+        (
+            f"{sqlite._ACTION_SELECT} WHERE callback_id = ?",
+            ("cb",),
+            "sqlite_autoindex_action_specs",
+        ),
+        (
+            "SELECT id FROM datasets WHERE state = 'STORED_TO_DELETE' AND claims = '[]' "
+            "ORDER BY updated_at",
+            (),
+            "datasets_state_updated",
+        ),
+        (
+            "SELECT id FROM workflows WHERE owner = ? AND idempotency_key = ?",
+            ("alice", "k"),
+            "workflows_idempotency",
+        ),
+        (
+            "SELECT id FROM workflows WHERE owner = ? ORDER BY created_at DESC, id DESC LIMIT 5",
+            ("alice",),
+            "workflows_owner",
+        ),
+    ]
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        for sql, params, index in queries:
+            steps = await store._run(_plan_of, store, sql, params)
+            assert any(index in step for step in steps), (sql, steps)
+            # A full scan of a table would make the scraper's poll grow with history.
+            assert not any(step.startswith("SCAN") for step in steps), (sql, steps)
