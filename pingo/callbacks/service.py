@@ -409,8 +409,11 @@ class CallbackService:
     async def _fail_attempt(
         self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
     ) -> protocol.ActionRecord | None:
-        """Retry the action after backoff, or fail it for good; None when it moved on."""
-        await self._remove_staging(action)
+        """Retry the action after backoff, or fail it for good; None when it moved on.
+
+        Only the winner of the compare-and-set removes the attempt's partial
+        output: a success racing this failure may be promoting it.
+        """
         now = self.store.clock()
         if action.attempts < action.max_attempts:
             delay = self.settings.retry_backoff_s * 2 ** max(action.attempts - 1, 0)
@@ -424,6 +427,7 @@ class CallbackService:
             expected = _EXECUTING & states.sources(A.READY, trigger)
             moved = await self._move(action, expected, A.READY, trigger, changes)
             if moved is not None:
+                await self._remove_staging(action)
                 logger.warning(
                     "action %s/%s attempt %d failed (%s); retrying in %.1f s",
                     action.workflow_id,
@@ -444,6 +448,7 @@ class CallbackService:
         moved = await self._move(action, expected, A.FAILED, trigger, changes)
         if moved is None:
             return None
+        await self._remove_staging(action)
         logger.warning(
             "action %s/%s failed after %d attempts: %s",
             action.workflow_id,
