@@ -179,6 +179,11 @@ class DatasetPlan:
     if it is DELETED or being computed with a weaker target
     (TO_DELETE < TO_STORE < TO_LEAF), and otherwise leaves its state alone.
     `claims` are added either way.
+
+    A DELETED dataset moved this way is being computed again by this plan: it
+    also takes the plan's `path`, `producer_*` and `is_managed`, and loses its
+    `size_bytes` and `stored_at` (its files are gone). Its history (`compute_s`,
+    `use_count`, `last_used_at`, `pinned`) stays.
     """
 
     id: str

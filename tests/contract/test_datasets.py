@@ -61,8 +61,11 @@ async def test_plan_upsert_rules(
     result: DatasetState,
 ) -> None:
     dataset_id = await seed_dataset(store, make, existing)
+    sized = await store.transition_dataset(
+        dataset_id, {existing}, existing, DatasetChanges(size_bytes=10, stored_at=clock.now)
+    )
     before = await store.get_dataset(dataset_id)
-    assert before is not None
+    assert before is not None and before == sized
     now = clock.advance(1)
 
     plan = make.plan({0: ()}, datasets=False)
@@ -83,9 +86,12 @@ async def test_plan_upsert_rules(
         # Recomputed: this plan's action produces it now.
         assert (after.producer_workflow_id, after.producer_action_id) == (plan.workflow.id, 0)
         assert after.path == "/new/path"
+        # Its files are gone: no size until the new computation stores it.
+        assert (after.size_bytes, after.stored_at) == (None, None)
     else:
         assert after.producer_workflow_id == before.producer_workflow_id
         assert after.path == before.path
+        assert (after.size_bytes, after.stored_at) == (10, before.stored_at)
 
 
 async def test_plan_claims_are_a_set(store: Store, make: Factory) -> None:
