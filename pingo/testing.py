@@ -9,6 +9,7 @@ claim races exercise the Mongo backend through PyMongo's actual network path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -58,6 +59,7 @@ class WireServer:
         if self._stopped:
             return
         self._stopped = True
+        atexit.unregister(self.stop)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -130,8 +132,8 @@ def start_wire_server(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=data_dir,
-                # Its own session: a test runner's Ctrl-C does not reach it before stop().
-                start_new_session=True,
+                # In the caller's process group (no new session): whatever stops the
+                # test run as a group (Ctrl-C, CI's timeout) stops the server too.
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         server = WireServer(
@@ -146,6 +148,8 @@ def start_wire_server(
         except BaseException:
             server.stop()
             raise
+        # A backstop for an interpreter that exits without stopping it (idempotent).
+        atexit.register(server.stop)
         logger.debug(
             "wire server listening on %s",
             server.url,
