@@ -86,16 +86,23 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     return value
 
 
+def encode_json(data: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def raw_json_response(
+    body: bytes, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A response of already serialized JSON."""
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
 def json_response(
     data: Any, *, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     """A JSON response (compact, UTF-8)."""
-    return web.Response(
-        body=json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
+    return raw_json_response(encode_json(data), status=status, headers=headers)
 
 
 def _invalid(name: str, message: str) -> problems.InvalidParameter:

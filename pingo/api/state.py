@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,32 @@ class ApiState:
     executor_types: frozenset[str] = field(default_factory=frozenset)
     #: Action types the language knows (from the `pingo.action_types` entry points).
     action_types: frozenset[str] = field(default_factory=frozenset)
+    #: Serialized documents of SUCCEEDED workflows (which never change again), by id.
+    finished_documents: DocumentCache = field(default_factory=lambda: DocumentCache())
+
+
+class DocumentCache:
+    """A small LRU of immutable response bodies, bounded by total size."""
+
+    def __init__(self, max_bytes: int = 32 * 2**20) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: str) -> bytes | None:
+        body = self._items.get(key)
+        if body is not None:
+            self._items.move_to_end(key)
+        return body
+
+    def put(self, key: str, body: bytes) -> None:
+        if len(body) > self.max_bytes // 4 or key in self._items:
+            return
+        self._items[key] = body
+        self._bytes += len(body)
+        while self._bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self._bytes -= len(evicted)
 
 
 STATE_KEY = web.AppKey("pingo.api.state", ApiState)

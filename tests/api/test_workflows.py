@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pingo.api.state import DocumentCache
 from pingo.states import ActionState
 
 from .conftest import REPO, Api, chain, command_workflow, sleeper
@@ -356,3 +357,16 @@ async def test_wordcount_example_end_to_end_and_reused_on_resubmit(
     again = await api.submit(document)
     assert again["state"] == "SUCCEEDED"
     assert all(a["reused"] for a in again["actions"])
+
+
+def test_document_cache_is_bounded_and_lru() -> None:
+    cache = DocumentCache(max_bytes=100)
+    cache.put("a", b"x" * 20)
+    cache.put("b", b"y" * 20)
+    cache.put("huge", b"z" * 30)  # over a quarter of the budget: never cached
+    assert cache.get("huge") is None
+    assert cache.get("a") == b"x" * 20  # a is now the most recently used
+    for key in ("c", "d", "e", "f"):
+        cache.put(key, b"w" * 20)
+    assert cache.get("b") is None  # evicted first
+    assert cache.get("a") is not None

@@ -43,6 +43,23 @@ async def _document(request: web.Request, record: WorkflowRecord) -> dict[str, A
     return documents.workflow_document(record, actions)
 
 
+async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
+    """The serialized workflow document; cached once SUCCEEDED, when nothing in it can change.
+
+    (A FAILED or KILLED workflow may still see its last running actions stop.)
+    """
+    cache = state.api_state(request).finished_documents
+    succeeded = record.state is states.WorkflowState.SUCCEEDED
+    if succeeded:
+        cached = cache.get(record.id)
+        if cached is not None:
+            return cached
+    body = bodies.encode_json(await _document(request, record))
+    if succeeded:
+        cache.put(record.id, body)
+    return body
+
+
 def _missing_executor_issues(
     document: Any, executor_types: frozenset[str], action_types: frozenset[str]
 ) -> list[errors.ValidationIssue]:
@@ -131,7 +148,9 @@ async def submit_workflow(request: web.Request) -> web.Response:
             headers[REPLAYED_HEADER] = "true"
     record = await node.workflows.submit(document, owner=user.name, idempotency_key=key)
     headers["Location"] = workflow_location(record.id)
-    return bodies.json_response(await _document(request, record), status=201, headers=headers)
+    return bodies.raw_json_response(
+        await _document_body(request, record), status=201, headers=headers
+    )
 
 
 @routes.get(PREFIX + "/workflows", name="list_workflows")
@@ -165,7 +184,7 @@ async def list_workflows(request: web.Request) -> web.Response:
 async def get_workflow(request: web.Request) -> web.Response:
     """The workflow document."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
-    return bodies.json_response(await _document(request, record))
+    return bodies.raw_json_response(await _document_body(request, record))
 
 
 @routes.post(PREFIX + "/workflows/{workflow_id}/kill", name="kill_workflow")
@@ -248,8 +267,8 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     rerun = await state.node(request).workflows.submit(
         record.document, owner=record.owner, force=force, rerun_of=record.id
     )
-    return bodies.json_response(
-        await _document(request, rerun),
+    return bodies.raw_json_response(
+        await _document_body(request, rerun),
         status=201,
         headers={"Location": workflow_location(rerun.id)},
     )
