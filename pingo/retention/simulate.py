@@ -32,7 +32,7 @@ import logging
 import multiprocessing
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -342,6 +342,28 @@ class Result:
             "reusableBytes": self.reusable_bytes,
             "wallSeconds": round(self.wall_s, 3),
         }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Result:
+        """A result back from `to_json` (to summarize a saved `--json` run)."""
+        return cls(
+            seed=int(row["seed"]),
+            policy=str(row["policy"]),
+            capacity_fraction=float(row["capacityFraction"]),
+            capacity_bytes=int(row["capacityBytes"]),
+            compute_s=float(row["computeSeconds"]),
+            no_reuse_compute_s=float(row["noReuseComputeSeconds"]),
+            unlimited_compute_s=float(row["unlimitedComputeSeconds"]),
+            oracle_compute_s=float(row["oracleComputeSeconds"]),
+            evictions=int(row["evictions"]),
+            oracle_evictions=int(row["oracleEvictions"]),
+            peak_bytes=int(row["peakBytes"]),
+            executed_actions=int(row["executedActions"]),
+            dropped_new=int(row["droppedNew"]),
+            working_set_bytes=int(row["workingSetBytes"]),
+            reusable_bytes=int(row["reusableBytes"]),
+            wall_s=float(row["wallSeconds"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -715,3 +737,26 @@ def render(result: Study) -> list[Any]:
             _gb(row.peak_bytes),
         )
     return [sequences, table]
+
+
+def markdown(results: Sequence[Result]) -> str:
+    """The summary as a Markdown table (for docs and notes)."""
+    lines = [
+        "| capacity | policy | compute h (mean) | min-max h | x LRU | LRU gap closed "
+        "| x oracle | evictions | peak GB |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in summarize(results):
+        closed = (
+            "-"
+            if row.gap_closed is None or row.policy == "lru"
+            else f"{row.gap_closed:+.0%} ± {row.gap_closed_stdev or 0:.0%}"
+        )
+        lines.append(
+            f"| {row.capacity_fraction:.0%} | {row.policy} | {row.compute_s / 3600:,.1f} "
+            f"| {row.compute_min_s / 3600:,.1f}-{row.compute_max_s / 3600:,.1f} "
+            f"| {'-' if row.vs_lru is None else f'{row.vs_lru:.3f}'} | {closed} "
+            f"| {row.vs_oracle:.3f} ± {row.vs_oracle_stdev:.3f} | {row.evictions:,.0f} "
+            f"| {_gb(row.peak_bytes)} |"
+        )
+    return "\n".join(lines)

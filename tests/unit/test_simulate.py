@@ -238,7 +238,12 @@ def test_cli_simulate_prints_json_and_writes_a_plot(
     assert len(document["results"]) == 4
     assert all(keys <= set(row) for row in document["results"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = CliRunner().invoke(app, [a for a in args if a != "--json"][:-2])
-    assert table.exit_code == 0 and "gdsf" in table.stdout
+    # A saved --json run can be summarized again.
+    rows = [simulate.Result.from_json(r) for r in document["results"]]
+    assert [r.to_json() for r in rows] == document["results"]
+    table = simulate.markdown(rows)
+    assert table.count("\n| 20% |") == 2 and "| lru |" in table
+    shown = CliRunner().invoke(app, [a for a in args if a != "--json"][:-2])
+    assert shown.exit_code == 0 and "gdsf" in shown.stdout
     unknown = CliRunner().invoke(app, [*args[:-3], "--policy", "nope"])
     assert unknown.exit_code == 2 and "unknown retention policy" in unknown.output
