@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ A = states.ActionState
 D = states.DatasetState
 W = states.WorkflowState
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "mongomock"]
 
 
 class ManualClock:
@@ -36,6 +37,20 @@ class ManualClock:
 
 
 async def open_backend(backend: str, tmp_path: Path, clock: ManualClock) -> AsyncIterator[Any]:
+    if backend == "mongomock":
+        # The Mongo backend in-process (the wire server runs in the contract suite).
+        import mongomock_motor
+
+        from pingo.store.mongo import MongoStore
+
+        mock = MongoStore(
+            mongomock_motor.AsyncMongoMockClient(),  # type: ignore[arg-type]
+            f"pingo_test_{uuid.uuid4().hex[:12]}",
+            clock=clock,
+        )
+        async with mock as store:
+            yield store
+        return
     if backend == "sqlite":
         if importlib.util.find_spec("pingo.store.sqlite") is None:
             pytest.skip("the SQLite store has not landed yet")

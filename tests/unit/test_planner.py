@@ -485,6 +485,8 @@ class CountingStore:
 async def test_fully_reused_resubmission_of_1000_actions_is_fast(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, shared_dir: Path
 ) -> None:
+    if type(store).__name__ == "MongoStore":
+        pytest.skip("mongomock is an in-process stand-in, orders of magnitude slower")
     document = json.loads((shared_dir / "bench" / "layered-1000.json").read_text())
     manager = planner.WorkflowManager(store, storage, settings)
     first = await manager.submit(document, owner="ann")
