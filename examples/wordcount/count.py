@@ -10,6 +10,7 @@ def main(source: str, output: str) -> None:
     with open(output, "w", encoding="utf-8") as f:
         for word, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
             f.write(f"{n}\t{word}\n")
+    print(f"count: {len(counts)} distinct words, {sum(counts.values())} in all")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ def main(source: str, output: str) -> None:
     with open(source, encoding="utf-8") as f:
         words = re.findall(r"[a-z']+", f.read().lower())
     with open(output, "w", encoding="utf-8") as f:
-        f.writelines(word.strip("'") + "\n" for word in words if word.strip("'"))
+        kept = [word.strip("'") for word in words if word.strip("'")]
+        f.writelines(word + "\n" for word in kept)
+    print(f"tokenize: {len(kept)} words in {source}")
 
 
 if __name__ == "__main__":
