@@ -37,6 +37,16 @@ from pingo.workflows.planner import KeepHook, WorkflowManager
 logger = logging.getLogger(__name__)
 
 
+#: Action states with work left to do: while any remains, the workflow is not over.
+_LEFT = (
+    states.ActionState.WAITING,
+    states.ActionState.READY,
+    states.ActionState.PROCESSING,
+    states.ActionState.SUBMITTED,
+    states.ActionState.RUNNING,
+)
+
+
 class _HeldReporter:
     """The in-process callbacks, forgetting an action's lease once its work reported.
 
@@ -256,29 +266,36 @@ class Node:
     ) -> WorkflowRecord:
         """The workflow once it is SUCCEEDED, FAILED or KILLED.
 
-        Polls the store, first every `poll_s`, backing off to `max_poll_s`: a
-        workflow record carries its whole document, so reading it is not free.
+        Polls the store, first every `poll_s`, backing off to `max_poll_s`. A
+        workflow record carries its whole document, so between full reads it
+        polls the action counts, and reads the workflow once nothing is left to
+        run (or every tenth poll, for a workflow killed or failed meanwhile).
 
         Raises `TimeoutError` after `timeout_s`, `NotFound` for an unknown id, and
         the error of a loop that died (the node cannot finish anything then).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        polls = 0
+        read_workflow = True
         while True:
-            workflow = await self.store.get_workflow(workflow_id)
-            if workflow is None:
-                raise errors.NotFound(f"no workflow {workflow_id}")
-            if workflow.state in states.WORKFLOW_TERMINAL:
-                return workflow
+            if read_workflow:
+                workflow = await self.store.get_workflow(workflow_id)
+                if workflow is None:
+                    raise errors.NotFound(f"no workflow {workflow_id}")
+                if workflow.state in states.WORKFLOW_TERMINAL:
+                    return workflow
+                state = workflow.state.value
             if self._task is not None and self._task.done():
                 self._task.result()
                 raise errors.Conflict("the node stopped")
             if loop.time() >= deadline:
-                raise TimeoutError(
-                    f"workflow {workflow_id} still {workflow.state.value} after {timeout_s:g} s"
-                )
+                raise TimeoutError(f"workflow {workflow_id} still {state} after {timeout_s:g} s")
             await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
             poll_s = min(poll_s * 1.5, max_poll_s)
+            polls += 1
+            counts = await self.store.count_actions(workflow_id)
+            read_workflow = polls % 10 == 0 or not any(counts.get(s) for s in _LEFT)
 
     async def _kill_action(self, action: ActionRecord) -> None:
         """Stop an action's running work through its executor (CallbackService's hook)."""

@@ -298,3 +298,20 @@ async def test_signal_death_is_reported(
     await executor.submit(submission(tmp_path, ["sh", "-c", f"kill -{signal.SIGUSR1} $$"]))
     await recorder.wait_for(1)
     assert "killed by signal SIGUSR1" in recorder.reports[0][3]["error"]
+
+
+async def test_child_gets_default_sigpipe_and_its_own_path(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    # Python ignores SIGPIPE for itself; a child inheriting that breaks pipelines.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "report-sigign"
+    program.write_text('#!/bin/sh\ngrep SigIgn /proc/$$/status > "$PINGO_OUTPUT"\n')
+    program.chmod(0o755)
+    sub = submission(tmp_path, ["report-sigign"], env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    await executor.submit(sub)
+    await recorder.wait_for(1)
+    assert recorder.reports[0][0] == "success", recorder.reports
+    ignored = int(read(sub.output_path).split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))

@@ -24,26 +24,31 @@
   recycled pid or another node's work is never mistaken for ours. `pid()` maps it
   to the process id while the process runs.
 
-Exit is watched through a pidfd registered with the event loop, and processes
-are started with `subprocess.Popen` (vfork/posix_spawn, no `preexec_fn`):
-asyncio's subprocess transports cost a thread or pipes per child, which matters
-when actions are as cheap as `true`.
+Processes are started with `os.posix_spawn` (a vfork-style clone, no
+`preexec_fn`) and their exit is watched through a pidfd registered with the
+event loop: asyncio's subprocess transports cost a thread or pipes per child,
+and `subprocess.Popen` a good deal of Python per spawn, which matters when
+actions are as cheap as `true`. As with Popen, the child gets the signal
+dispositions Python changed (SIGPIPE, SIGXFSZ) reset to their defaults, and
+no descriptor of the server but stdin (/dev/null), stdout and stderr (the log):
+every descriptor Python and its drivers open is close-on-exec.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import re
+import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pingo import errors
 from pingo.actions.executors import placeholders
@@ -59,6 +64,10 @@ KILL_GRACE_S = 5.0
 LOG_TAIL_BYTES = 2000
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+#: Dispositions Python changes for itself that a child must not inherit (as Popen resets).
+_RESET_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
 
 
 def server_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -75,13 +84,15 @@ class ExecutorClosed(errors.PingoError):
 
 @dataclass(slots=True, eq=False)
 class _Process:
-    popen: subprocess.Popen[bytes]
+    pid: int
     submission: Submission
     external_id: str
     started: float
     pidfd: int | None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Why we stopped it, if we did: "killed" or "timeout".
+    #: Its exit code once reaped (negative: killed by that signal).
+    returncode: int | None = None
+    #: Why we stopped it, if we did: "killed", "timeout" or "shutdown".
     stopped_for: str | None = None
     timer: asyncio.TimerHandle | None = None
 
@@ -114,6 +125,8 @@ class LocalExecutor:
         self._unreported: dict[str, ExecutorStatus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dirs: set[str] = set()
+        self._executables: dict[tuple[str, str], str] = {}
+        self._devnull_fd: int | None = None
         self._closing = False
 
     # ------------------------------------------------------------------ protocol
@@ -140,7 +153,7 @@ class LocalExecutor:
         remaining = self._alive()
         for proc in remaining:
             proc.stopped_for = "shutdown"
-            _killpg(proc.popen.pid, signal.SIGKILL)
+            _killpg(proc.pid, signal.SIGKILL)
         if remaining:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
@@ -149,6 +162,9 @@ class LocalExecutor:
         # Report tasks already under way finish; they are short store writes.
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._devnull_fd is not None:
+            os.close(self._devnull_fd)
+            self._devnull_fd = None
 
     async def submit(self, submission: Submission) -> str:
         """Wait for a slot, start the process, return its external id."""
@@ -158,17 +174,23 @@ class LocalExecutor:
             await self.start()
         assert self._slots is not None
         argv, env = self._prepare(submission)
-        await self._slots.acquire()
+        # Creating files can take milliseconds on a busy disk: do it in a thread,
+        # before the slot wait, so a freed slot is refilled by a bare spawn.
+        log = await asyncio.to_thread(self._open_files, submission)
         try:
-            if self._closing:
-                raise ExecutorClosed()
-            proc = self._spawn(submission, argv, env)
-        except BaseException:
-            self._slots.release()
-            raise
+            await self._slots.acquire()
+            try:
+                if self._closing:
+                    raise ExecutorClosed()
+                proc = self._spawn(submission, argv, env, log)
+            except BaseException:
+                self._slots.release()
+                raise
+        finally:
+            log.close()
         logger.debug(
             "started pid %d for %s/%s attempt %d",
-            proc.popen.pid,
+            proc.pid,
             submission.workflow_id,
             submission.action_id,
             submission.attempt,
@@ -183,12 +205,12 @@ class LocalExecutor:
     def pid(self, external_id: str) -> int | None:
         """The process id of the work while it runs here, else None."""
         proc = self._procs.get(external_id)
-        return None if proc is None or proc.popen.returncode is not None else proc.popen.pid
+        return None if proc is None or proc.returncode is not None else proc.pid
 
     async def kill(self, external_id: str) -> None:
         """Stop the process group (SIGTERM, SIGKILL after a grace); it reports `killed`."""
         proc = self._procs.get(external_id)
-        if proc is None or proc.popen.returncode is not None:
+        if proc is None or proc.returncode is not None:
             return
         if proc.stopped_for is None:
             proc.stopped_for = "killed"
@@ -211,7 +233,7 @@ class LocalExecutor:
         return len(self._alive())
 
     def _alive(self) -> list[_Process]:
-        return [p for p in self._procs.values() if p.popen.returncode is None]
+        return [p for p in self._procs.values() if p.returncode is None]
 
     # ------------------------------------------------------------------ internals
 
@@ -233,13 +255,33 @@ class LocalExecutor:
         )
         return argv, env
 
+    def _executable(self, name: str, env: Mapping[str, str]) -> str:
+        """`name` as given when it is a path, else found on the child's PATH (cached)."""
+        if os.sep in name:
+            return name
+        search = env.get("PATH", os.defpath)
+        key = (name, search)
+        found = self._executables.get(key)
+        if found is None or not os.access(found, os.X_OK):
+            found = shutil.which(name, path=search)
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, "no such program on PATH", name)
+            self._executables[key] = found
+        return found
+
+    def _devnull(self) -> int:
+        if self._devnull_fd is None:
+            self._devnull_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return self._devnull_fd
+
     def _ensure_dir(self, path: str) -> None:
         # Every attempt of a workflow shares these directories: create each once.
         if path not in self._dirs:
             os.makedirs(path, exist_ok=True)
             self._dirs.add(path)
 
-    def _spawn(self, submission: Submission, argv: list[str], env: dict[str, str]) -> _Process:
+    def _open_files(self, submission: Submission) -> BinaryIO:
+        """Create the output's parent directory and open the attempt's log (in a thread)."""
         output = submission.output_path
         if "://" in output and not output.startswith("file://"):
             ensure_local_parent(output)
@@ -247,35 +289,46 @@ class LocalExecutor:
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        # submit closes it once the child has its own copy of the descriptor.
+        return open(log_path, "ab")
+
+    def _spawn(
+        self, submission: Submission, argv: list[str], env: dict[str, str], log: BinaryIO
+    ) -> _Process:
+        log_fd = log.fileno()
+        pid = os.posix_spawn(
+            self._executable(argv[0], env),
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, self._devnull(), 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            ],
+            setsid=True,
+            setsigdef=_RESET_SIGNALS,
+        )
         started = time.monotonic()
         external_id = self.external_id_for(submission.callback_id, submission.attempt)
         try:
-            pidfd: int | None = os.pidfd_open(popen.pid)
+            pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # pragma: no cover - kernels before 5.3
             pidfd = None
-        proc = _Process(popen, submission, external_id, started, pidfd)
+        proc = _Process(pid, submission, external_id, started, pidfd)
         self._procs[external_id] = proc
         loop = asyncio.get_running_loop()
         if pidfd is not None:
             loop.add_reader(pidfd, self._on_exit, proc)
         else:  # pragma: no cover
-            self._track(asyncio.to_thread(popen.wait), proc)
+            self._track(proc)
         if submission.timeout_s is not None:
             proc.timer = loop.call_later(submission.timeout_s, self._on_timeout, proc)
         return proc
 
-    def _track(self, waiter: Any, proc: _Process) -> None:  # pragma: no cover - no pidfd
+    def _track(self, proc: _Process) -> None:  # pragma: no cover - kernels without pidfd
         async def wait() -> None:
-            await waiter
+            _, status = await asyncio.to_thread(os.waitpid, proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
             self._on_exit(proc)
 
         self._spawn_task(wait(), proc.external_id)
@@ -287,13 +340,13 @@ class LocalExecutor:
             loop.remove_reader(proc.pidfd)
             os.close(proc.pidfd)
             proc.pidfd = None
-        returncode = proc.popen.wait()
+        returncode = _reap(proc)
         runtime_s = time.monotonic() - proc.started
         if proc.timer is not None:
             proc.timer.cancel()
         if proc.stopped_for is not None:
             # Stragglers the leader left in its group go with it.
-            _killpg(proc.popen.pid, signal.SIGKILL)
+            _killpg(proc.pid, signal.SIGKILL)
         proc.exited.set()
         assert self._slots is not None
         self._slots.release()
@@ -353,12 +406,23 @@ class LocalExecutor:
         self._spawn_task(self._terminate(proc), proc.external_id)
 
     async def _terminate(self, proc: _Process) -> None:
-        _killpg(proc.popen.pid, signal.SIGTERM)
+        _killpg(proc.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.exited.wait(), self.kill_grace_s)
         except TimeoutError:
-            _killpg(proc.popen.pid, signal.SIGKILL)
+            _killpg(proc.pid, signal.SIGKILL)
             await proc.exited.wait()
+
+
+def _reap(proc: _Process) -> int:
+    """Collect the exited process (a zombie by now: no wait) and record its exit code."""
+    if proc.returncode is None:
+        try:
+            _, status = os.waitpid(proc.pid, 0)
+        except ChildProcessError:  # pragma: no cover - reaped by someone else
+            status = 255 << 8
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode
 
 
 def _outcome(proc: _Process, returncode: int) -> ExecutorStatus:
