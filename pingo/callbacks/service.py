@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from pingo import errors, metrics, states
 from pingo.store import protocol
@@ -56,6 +57,27 @@ _CACHE_SIZE = 4096
 _DELETION_POLL_S = 0.05
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _timed(kind: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Record how long a callback takes (`pingo_callback_seconds{kind=…}`)."""
+
+    def decorate(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(handler)
+        async def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+            started = time.perf_counter()
+            try:
+                return await handler(*args, **kwargs)
+            finally:
+                metrics.CALLBACK_SECONDS.labels(kind=kind).observe(time.perf_counter() - started)
+
+        return timed
+
+    return decorate
+
+
 class StaleCallback(errors.Conflict):
     """The callback belongs to an attempt that is not the action's current one."""
 
@@ -86,6 +108,7 @@ class CallbackService:
 
     # -------------------------------------------------------------- callbacks
 
+    @_timed("running")
     async def running(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
         """The executor started the work: SUBMITTED → RUNNING."""
         action = await self._current(callback_id, attempt)
@@ -97,11 +120,11 @@ class CallbackService:
         moved = await self._move(action, {A.SUBMITTED}, A.RUNNING, T.CALLBACK, changes)
         return moved or await self._reread(action)
 
+    @_timed("success")
     async def success(
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
     ) -> protocol.ActionRecord:
         """The work succeeded: store the dataset, finish the action, release its children."""
-        started = time.perf_counter()
         action = await self._current(callback_id, attempt)
         if action.state not in _EXECUTING:
             return action
@@ -132,9 +155,9 @@ class CallbackService:
                 "ready": len(released),
             },
         )
-        metrics.CALLBACK_SECONDS.labels(kind="success").observe(time.perf_counter() - started)
         return finished
 
+    @_timed("failed")
     async def failed(self, callback_id: str, attempt: int, error: str) -> protocol.ActionRecord:
         """The work failed: retry after backoff while attempts remain, else FAILED."""
         action = await self._current(callback_id, attempt)
@@ -143,6 +166,7 @@ class CallbackService:
         moved = await self._fail_attempt(action, error, T.CALLBACK)
         return moved or await self._reread(action)
 
+    @_timed("killed")
     async def killed(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
         """The work was killed: KILLED, its partial output and claims dropped."""
         action = await self._current(callback_id, attempt)
