@@ -136,6 +136,8 @@ class MemoryStore:
         self._idempotency: dict[tuple[str, str], str] = {}
         self._actions: dict[ActionKey, ActionRecord] = {}
         self._actions_by_workflow: dict[str, list[int]] = {}
+        #: Per workflow, how many actions are in each state (kept on every change).
+        self._action_counts: dict[str, dict[ActionState, int]] = {}
         self._callbacks: dict[str, ActionKey] = {}
         self._action_states: _StateIndex[ActionKey, ActionState] = _StateIndex()
         self._datasets: dict[str, DatasetRecord] = {}
@@ -162,9 +164,12 @@ class MemoryStore:
 
     def _put_action(self, old: ActionRecord | None, new: ActionRecord) -> ActionRecord:
         key = new.key
+        counts = self._action_counts.setdefault(new.workflow_id, {})
         if old is not None:
             self._action_states.remove(old.state, key)
+            counts[old.state] -= 1
         self._action_states.add(new.state, key, new.updated_at)
+        counts[new.state] = counts.get(new.state, 0) + 1
         self._actions[key] = new
         return new
 
@@ -385,10 +390,8 @@ class MemoryStore:
         return heapq.nsmallest(limit, found, key=_action_age)
 
     async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:
-        counts: dict[ActionState, int] = {}
-        for record in await self.list_actions(workflow_id):
-            counts[record.state] = counts.get(record.state, 0) + 1
-        return counts
+        counts = self._action_counts.get(workflow_id, {})
+        return {state: n for state, n in counts.items() if n}
 
     async def transition_action(
         self,

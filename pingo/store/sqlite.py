@@ -138,6 +138,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # SUBMITTED/RUNNING lease scan goes by state (those are bounded by executor slots).
         "CREATE INDEX actions_processing_lease ON actions (state, lease_expires_at) "
         "WHERE state = 'PROCESSING'",
+        # Per-workflow counts by state, kept by triggers: the callback path asks "is
+        # anything left to run?" after every action, and counting a big workflow's
+        # rows each time would make finishing a workflow quadratic.
+        """CREATE TABLE action_counts (
+            workflow_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            count INTEGER NOT NULL,
+            PRIMARY KEY (workflow_id, state)
+        ) WITHOUT ROWID""",
+        """CREATE TRIGGER action_counts_insert AFTER INSERT ON actions BEGIN
+            INSERT INTO action_counts (workflow_id, state, count)
+            VALUES (new.workflow_id, new.state, 1)
+            ON CONFLICT (workflow_id, state) DO UPDATE SET count = count + 1;
+        END""",
+        """CREATE TRIGGER action_counts_update AFTER UPDATE OF state ON actions
+        WHEN old.state IS NOT new.state BEGIN
+            UPDATE action_counts SET count = count - 1
+            WHERE workflow_id = old.workflow_id AND state = old.state;
+            INSERT INTO action_counts (workflow_id, state, count)
+            VALUES (new.workflow_id, new.state, 1)
+            ON CONFLICT (workflow_id, state) DO UPDATE SET count = count + 1;
+        END""",
         """CREATE TABLE action_specs (
             workflow_id TEXT NOT NULL,
             action_id INTEGER NOT NULL,
@@ -1145,7 +1167,7 @@ class SQLiteStore:
         rows = await self._run(
             self._all,
             tuple,
-            "SELECT state, COUNT(*) FROM actions WHERE workflow_id = ? GROUP BY state",
+            "SELECT state, count FROM action_counts WHERE workflow_id = ? AND count > 0",
             (workflow_id,),
         )
         return {ActionState(state): count for state, count in rows}
