@@ -2,9 +2,11 @@
 
 Every compare-and-set is ONE `find_one_and_update` filtered on the document's
 `_id` plus the expected state(s) (and owner, attempt, claims when asked), so a
-transition is atomic on a standalone server, a replica set or a sharded
-cluster alike. Writes use the configured write concern ("majority" by
-default), so an acknowledged transition survives a primary failover.
+transition is atomic on a standalone server and on a replica set alike, and
+needs no multi-document transaction. Writes use the configured write concern
+("majority" by default), so an acknowledged transition survives a primary
+failover; PyMongo retries such a write once after a failover, and the server
+applies it at most once.
 
 The backend is tested against three servers: mongomock (in-process), the
 `nx-27017` wire server (MongoDB's protocol on SQLite) and, when
@@ -20,7 +22,7 @@ where it is used. The ones that shape the whole document layout:
 - Free-form JSON (a workflow's document, an action's definition, an event's
   payload) is stored as a JSON string: user keys such as `$ref` or `a.b` are
   not valid MongoDB field names everywhere, and nothing queries inside them.
-- Strings never contain NUL: nx-27017 truncates them at the first NUL byte.
+- Keys built by the store never contain NUL: nx-27017 truncates strings there.
 
 Query rules that follow from nx-27017 (each verified against it): an `$or` is
 the only key of its filter or sits inside `$and` (it is spliced in without
@@ -414,6 +416,8 @@ def _translated(
                 raise errors.Conflict(f"already exists: {_short(exc)}") from exc
             raise errors.PingoError(f"MongoDB error in {method.__name__}: {_short(exc)}") from exc
         # ConnectionFailure covers AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError.
+        # The outcome of a write that fails so is unknown (a WriteConcernError means the
+        # primary applied it): callers retry, and every transition is idempotent.
         except (ConnectionFailure, WriteConcernError, ExecutionTimeout) as exc:
             logger.warning(
                 "mongo store unavailable: %s",
