@@ -22,6 +22,7 @@ from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import Candidate, Eviction
 from pingo.store import protocol
 from pingo.store.memory import MemoryStore
+from pingo.workflows import language
 
 D = states.DatasetState
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -490,3 +491,50 @@ def test_memoized_recompute_costs_equal_a_plain_lineage_walk(
     stored = [r for r in records.values() if r.state is D.STORED]
     costs = policy_api._Lineage(records).costs(stored)
     assert costs == {r.id: pytest.approx(walk(r)) for r in stored}
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "retention.md"
+
+
+def test_the_worked_example_in_the_docs_is_a_working_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = DOCS.read_text()
+    start = text.index("```python\n# cheapest_first.py") + len("```python\n")
+    code = text[start : text.index("```", start)]
+    (tmp_path / "cheapest_first.py").write_text(code)
+    dist = tmp_path / "cheapest_first-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cheapest-first\nVersion: 0.1\n")
+    entry = text[text.index('[project.entry-points."pingo.retention_policies"]') :]
+    # The TOML line `name = "module:Factory"` is `name = module:Factory` in entry_points.txt.
+    (dist / "entry_points.txt").write_text(
+        "[pingo.retention_policies]\n" + entry.splitlines()[1].replace('"', "") + "\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        plugin = policy_api.load_policy("cheapest-first")
+        candidates = [
+            cand("costly", size_bytes=100, recompute_cost_s=500.0),
+            cand("cheap", size_bytes=100, recompute_cost_s=1.0),
+            cand("small", size_bytes=10, recompute_cost_s=10.0),
+        ]
+        # Per byte: cheap 0.01 s, small 1 s, costly 5 s.
+        assert chosen(plugin.select_evictions(candidates, 100, T0)) == ["cheap"]
+        evictions = plugin.select_evictions(candidates, 150, T0)
+        assert chosen(evictions) == ["cheap", "small", "costly"]
+        assert evictions[0].reason.startswith("cheapest-first:")
+        document = {
+            "name": "w",
+            "startActionId": 1,
+            "endActionId": 1,
+            "actions": [
+                {"id": 1, "name": "a", "type": "command-line", "command": ["true"],
+                 "metadata": {"retention": "scratch"}},
+            ],
+        }  # fmt: skip
+        action = language.parse(document).actions[1]
+        info = policy_api.NewDatasetInfo("x" * 64, "wf", "ann", "server", action, (), None)
+        assert plugin.keep_new(info, T0) is False
+    finally:
+        sys.modules.pop("cheapest_first", None)
