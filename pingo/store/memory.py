@@ -142,6 +142,8 @@ class MemoryStore:
         self._action_states: _StateIndex[ActionKey, ActionState] = _StateIndex()
         self._datasets: dict[str, DatasetRecord] = {}
         self._dataset_states: _StateIndex[str, DatasetState] = _StateIndex()
+        #: Total `size_bytes` by dataset state (kept on every change).
+        self._bytes: dict[DatasetState, int] = {}
         self._events: list[EventRecord] = []
         self._users: dict[str, UserRecord] = {}
         self._token_hashes: dict[str, str] = {}
@@ -176,7 +178,9 @@ class MemoryStore:
     def _put_dataset(self, old: DatasetRecord | None, new: DatasetRecord) -> DatasetRecord:
         if old is not None:
             self._dataset_states.remove(old.state, new.id)
+            self._bytes[old.state] -= old.size_bytes or 0
         self._dataset_states.add(new.state, new.id, new.updated_at)
+        self._bytes[new.state] = self._bytes.get(new.state, 0) + (new.size_bytes or 0)
         self._datasets[new.id] = new
         return new
 
@@ -616,10 +620,11 @@ class MemoryStore:
         return self._oldest_datasets(DatasetState.STORED, lambda r: True, None)
 
     async def bytes_by_state(self) -> dict[DatasetState, int]:
-        totals: dict[DatasetState, int] = {}
-        for record in self._datasets.values():
-            totals[record.state] = totals.get(record.state, 0) + (record.size_bytes or 0)
-        return totals
+        return {
+            state: total
+            for state, total in self._bytes.items()
+            if self._dataset_states.count(state)
+        }
 
     # --------------------------------------------------------------------- events
 

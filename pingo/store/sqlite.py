@@ -107,7 +107,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # NULL keys are distinct in a UNIQUE index: workflows without a key never collide.
         "CREATE UNIQUE INDEX workflows_idempotency ON workflows (owner, idempotency_key)",
         "CREATE INDEX workflows_created ON workflows (created_at, id)",
-        "CREATE INDEX workflows_owner ON workflows (owner, state, created_at, id)",
+        "CREATE INDEX workflows_owner ON workflows (owner, created_at, id)",
         "CREATE INDEX workflows_state ON workflows (state, created_at, id)",
         "CREATE INDEX workflows_name ON workflows (name, created_at, id)",
         # An action is split in two: the columns a transition changes (small rows, so a
@@ -198,6 +198,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             pinned INTEGER NOT NULL,
             version INTEGER NOT NULL
         )""",
+        # Totals by state, kept by triggers: the retention loop reads them every pass.
+        """CREATE TABLE dataset_totals (
+            state TEXT PRIMARY KEY,
+            count INTEGER NOT NULL,
+            bytes INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+        """CREATE TRIGGER dataset_totals_insert AFTER INSERT ON datasets BEGIN
+            INSERT INTO dataset_totals (state, count, bytes)
+            VALUES (new.state, 1, COALESCE(new.size_bytes, 0))
+            ON CONFLICT (state) DO UPDATE
+            SET count = count + 1, bytes = bytes + COALESCE(new.size_bytes, 0);
+        END""",
+        """CREATE TRIGGER dataset_totals_update AFTER UPDATE OF state, size_bytes ON datasets
+        WHEN old.state IS NOT new.state OR old.size_bytes IS NOT new.size_bytes BEGIN
+            UPDATE dataset_totals
+            SET count = count - 1, bytes = bytes - COALESCE(old.size_bytes, 0)
+            WHERE state = old.state;
+            INSERT INTO dataset_totals (state, count, bytes)
+            VALUES (new.state, 1, COALESCE(new.size_bytes, 0))
+            ON CONFLICT (state) DO UPDATE
+            SET count = count + 1, bytes = bytes + COALESCE(new.size_bytes, 0);
+        END""",
         # The deletor and retention scans (by state, oldest update first).
         "CREATE INDEX datasets_state_updated ON datasets (state, updated_at)",
         "CREATE INDEX datasets_created ON datasets (created_at, id)",
@@ -1537,7 +1559,7 @@ class SQLiteStore:
         rows = await self._run(
             self._all,
             tuple,
-            "SELECT state, SUM(COALESCE(size_bytes, 0)) FROM datasets GROUP BY state",
+            "SELECT state, bytes FROM dataset_totals WHERE count > 0",
             (),
         )
         return {DatasetState(state): int(total) for state, total in rows}

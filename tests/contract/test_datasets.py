@@ -302,6 +302,19 @@ async def test_retention_candidates_and_bytes_by_state(
         D.TO_STORE: 0,
     }
 
+    # Totals follow datasets across states; a state left empty drops out.
+    await store.transition_dataset(stored_ids[1], {D.STORED}, D.STORED_TO_DELETE)
+    leaf = (await store.list_datasets(state=D.LEAF)).items[0]
+    await store.transition_dataset(leaf.id, {D.LEAF}, D.STORED_TO_DELETE)
+    await store.transition_dataset(
+        stored_ids[0], {D.STORED}, D.STORED, DatasetChanges(size_bytes=None)
+    )
+    assert await store.bytes_by_state() == {
+        D.STORED: 0,
+        D.STORED_TO_DELETE: 1257,
+        D.TO_STORE: 0,
+    }
+
 
 async def test_dataset_of_a_finished_action_is_reachable(store: Store, make: Factory) -> None:
     plan = make.plan({0: ()}, actions={0: {"state": ActionState.FINISHED}})
