@@ -17,9 +17,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pingo import errors, metrics, states
 from pingo.store import protocol
@@ -61,10 +61,13 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _timed(kind: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+Handler = Callable[P, Coroutine[Any, Any, R]]
+
+
+def _timed(kind: str) -> Callable[[Handler[P, R]], Handler[P, R]]:
     """Record how long a callback takes (`pingo_callback_seconds{kind=…}`)."""
 
-    def decorate(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    def decorate(handler: Handler[P, R]) -> Handler[P, R]:
         @functools.wraps(handler)
         async def timed(*args: P.args, **kwargs: P.kwargs) -> R:
             started = time.perf_counter()
