@@ -8,6 +8,7 @@ from aiohttp import web
 
 from pingo import errors, states
 from pingo.api import auth, bodies, documents, problems, state
+from pingo.retention.policy import recent_decisions
 from pingo.store.protocol import DatasetRecord
 
 PREFIX = "/api/v1"
@@ -104,12 +105,8 @@ async def unpin_dataset(request: web.Request) -> web.Response:
 
 
 async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
-    """The retention loop's recent decisions, newest first.
-
-    The retention issue (issue 7) records each decision as an event and fills
-    this in; until then there are none to show.
-    """
-    return []
+    """The retention loop's recent decisions (its `retention.evict` events), newest first."""
+    return await recent_decisions(state.node(request).store, limit=20)
 
 
 @routes.get(PREFIX + "/storage", name="get_storage")
