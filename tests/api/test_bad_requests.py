@@ -101,6 +101,15 @@ CORPUS: dict[str, tuple[bytes, dict[str, str], int, str, str | None]] = {
         "VALIDATION_FAILED",
         "/actions/0/retries",
     ),
+    "unhashable-type": (
+        json.dumps(
+            {**chain("u", n=1), "actions": [{**chain("u", n=1)["actions"][0], "type": ["x"]}]}
+        ).encode(),
+        JSON,
+        422,
+        "VALIDATION_FAILED",
+        "/actions/0/type",
+    ),
     "no-actions": (
         json.dumps({"name": "x", "startActionId": 1, "endActionId": 1, "actions": []}).encode(),
         JSON,

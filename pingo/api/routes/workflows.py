@@ -73,6 +73,11 @@ def _missing_executor_issues(
     actions = document.get("actions")
     if not isinstance(actions, list):
         return []
+    types = {
+        a.get("type") for a in actions if isinstance(a, Mapping) and isinstance(a.get("type"), str)
+    }
+    if not any(t in action_types and t not in executor_types for t in types):
+        return []
     issues: list[errors.ValidationIssue] = []
     for index, action in enumerate(actions):
         if not isinstance(action, Mapping):
