@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pingo import loops
@@ -28,6 +29,10 @@ from pingo.store.protocol import ActionRecord, Store
 logger = logging.getLogger(__name__)
 
 
+#: Dataset id → its path, for the inputs of one claimed batch.
+InputPaths = Mapping[str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A claimed action waiting in the queue."""
@@ -35,6 +40,9 @@ class Claimed:
     action: ActionRecord
     #: `time.perf_counter()` when this node knew it was READY (dispatch latency origin).
     ready_at: float
+    #: The paths of its batch's input datasets, read once per batch while the
+    #: submitters already move the actions to SUBMITTED (None: nothing to read).
+    input_paths: asyncio.Future[InputPaths] | None = None
 
 
 #: What the submitters take: a claimed action, or None telling one submitter to stop.
@@ -92,9 +100,10 @@ class Scraper(loops.Loop):
             ready_at = started
         limit = min(room, self.batch)
         claimed = await self.store.claim_actions(self.node_id, limit, self.lease_s)
+        input_paths = self._read_input_paths(claimed)
         for action in claimed:
             self.held.add(action)
-            self.queue.put_nowait(Claimed(action, ready_at))
+            self.queue.put_nowait(Claimed(action, ready_at, input_paths if action.inputs else None))
         more = len(claimed) == limit
         if more:
             # The rest of the backlog became READY no later than this batch did.
@@ -106,3 +115,22 @@ class Scraper(loops.Loop):
                 extra={"event": "actions_claimed", "count": len(claimed)},
             )
         return more and not self.stopping
+
+    def _read_input_paths(self, claimed: list[ActionRecord]) -> asyncio.Future[InputPaths] | None:
+        """Start reading every input dataset of the batch at once (one store call)."""
+        wanted = {dataset_id for action in claimed for dataset_id in action.inputs.values()}
+        if not wanted:
+            return None
+        task = asyncio.ensure_future(self._input_paths(wanted))
+        # Submitters that hand their action back never look: retrieve errors here.
+        task.add_done_callback(_retrieve)
+        return task
+
+    async def _input_paths(self, dataset_ids: set[str]) -> InputPaths:
+        datasets = await self.store.get_datasets(dataset_ids)
+        return {dataset_id: dataset.path for dataset_id, dataset in datasets.items()}
+
+
+def _retrieve(task: asyncio.Future[InputPaths]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -26,7 +26,7 @@ from typing import Any
 from pingo import errors, loops, metrics, states
 from pingo.actions.executors import base
 from pingo.actions.leases import HeldActions
-from pingo.actions.scraper import ActionQueue, Claimed, Scraper
+from pingo.actions.scraper import ActionQueue, Claimed, InputPaths, Scraper
 from pingo.callbacks import tokens
 from pingo.config import Settings
 from pingo.store.protocol import ActionChanges, ActionRecord, Store
@@ -116,7 +116,7 @@ class Submitter(loops.Loop):
                 self.held.remove(action.key)
                 return
             try:
-                submission = await self._submission(record)
+                submission = await self._submission(record, item.input_paths)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -194,7 +194,9 @@ class Submitter(loops.Loop):
             metrics.ACTION_TRANSITIONS.labels(state=A.SUBMITTED.value).inc()
         return record
 
-    async def _submission(self, action: ActionRecord) -> base.Submission:
+    async def _submission(
+        self, action: ActionRecord, input_paths: asyncio.Future[InputPaths] | None
+    ) -> base.Submission:
         definition: Mapping[str, Any] = action.definition
         if definition.get("isManaged", True) is False:
             output = str(definition["outputPath"])
@@ -204,14 +206,14 @@ class Submitter(loops.Loop):
             )
         inputs: dict[int, str] = {}
         if action.inputs:
-            datasets = await self.store.get_datasets(set(action.inputs.values()))
+            paths = await self._input_paths(action, input_paths)
             for parent, dataset_id in action.inputs.items():
-                dataset = datasets.get(dataset_id)
-                if dataset is None:
+                path = paths.get(dataset_id)
+                if path is None:
                     raise errors.NotFound(
                         f"input dataset {dataset_id} of parent action {parent} does not exist"
                     )
-                inputs[int(parent)] = dataset.path
+                inputs[int(parent)] = path
         timeout = definition.get("timeoutSeconds")
         return base.Submission(
             workflow_id=action.workflow_id,
@@ -229,6 +231,20 @@ class Submitter(loops.Loop):
                 self.settings.home, action.workflow_id, action.action_id, action.attempts
             ),
         )
+
+    async def _input_paths(
+        self, action: ActionRecord, batch: asyncio.Future[InputPaths] | None
+    ) -> InputPaths:
+        """The paths of the action's inputs: its batch's read, else a read of its own."""
+        if batch is not None:
+            try:
+                paths = await asyncio.shield(batch)
+            except errors.StoreUnavailable:
+                paths = {}
+            if all(dataset_id in paths for dataset_id in action.inputs.values()):
+                return paths
+        datasets = await self.store.get_datasets(set(action.inputs.values()))
+        return {dataset_id: dataset.path for dataset_id, dataset in datasets.items()}
 
     async def _record_external_id(self, action: ActionRecord, external_id: str) -> None:
         # The work may already have reported (RUNNING, or even finished): record
