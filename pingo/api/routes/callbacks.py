@@ -19,12 +19,11 @@ Callbacks are idempotent: the same one twice answers the same.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from aiohttp import web
 
-from pingo import errors, metrics
+from pingo import errors
 from pingo.api import bodies, documents, problems, state
 from pingo.callbacks import tokens
 from pingo.store.protocol import ActionRecord
@@ -86,19 +85,16 @@ def _error_text(body: Any, default: str) -> str:
 async def _report(
     request: web.Request, callback_id: str, attempt: int, kind: str, body: Any
 ) -> ActionRecord:
+    # CallbackService times each kind in pingo_callback_seconds itself.
     service = state.node(request).callbacks
-    started = time.perf_counter()
-    try:
-        if kind == "running":
-            return await service.running(callback_id, attempt)
-        if kind == "success":
-            return await service.success(callback_id, attempt, runtime_s=_runtime_s(body))
-        if kind == "failed":
-            error = _error_text(body, f"the executor reported attempt {attempt} failed")
-            return await service.failed(callback_id, attempt, error)
-        return await service.killed(callback_id, attempt)
-    finally:
-        metrics.CALLBACK_SECONDS.labels(kind=kind).observe(time.perf_counter() - started)
+    if kind == "running":
+        return await service.running(callback_id, attempt)
+    if kind == "success":
+        return await service.success(callback_id, attempt, runtime_s=_runtime_s(body))
+    if kind == "failed":
+        error = _error_text(body, f"the executor reported attempt {attempt} failed")
+        return await service.failed(callback_id, attempt, error)
+    return await service.killed(callback_id, attempt)
 
 
 @routes.post(PREFIX + "/callbacks/{callback_id}/{kind}", name="post_callback")
