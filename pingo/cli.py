@@ -106,6 +106,10 @@ def _api_errors() -> Iterator[None]:
     except TimeoutError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        # Only the waiting stops: the workflow goes on running on the server.
+        typer.echo("interrupted; the server carries on (see `pingo status ID`)", err=True)
+        raise typer.Exit(130) from None
 
 
 def _client() -> pingo_client.Client:
