@@ -287,3 +287,53 @@ async def test_stop_hands_queued_work_back(tmp_path: Path, store_url: str) -> No
             await node.stop()
     assert done.state is W.SUCCEEDED
     assert runs(counter) == collections.Counter(range(1, 6))
+
+
+async def test_leases_are_renewed_while_work_runs_and_limits_hold(
+    tmp_path: Path, store_url: str
+) -> None:
+    # Leases far shorter than the work: a second node must neither reclaim nor reap it.
+    counter = tmp_path / "counter"
+    spans = tmp_path / "spans"
+    step = f"s=$(date +%s.%N); sleep 1.2; echo $s $(date +%s.%N) >> {spans}"
+    actions = [
+        {
+            "id": i,
+            "name": f"a{i}",
+            "type": "command-line",
+            "command": ["sh", "-c", f'echo {i} >> {counter}; {step}; echo {i} > "$PINGO_OUTPUT"'],
+        }
+        for i in range(1, 4)
+    ]
+    document = {"name": "slow", "startActionId": 1, "endActionId": 3, "actions": actions}
+    settings = engine_settings(
+        tmp_path,
+        store_url,
+        lease_s=0.6,
+        reconcile_grace_s=0.1,
+        poll_interval_s=0.05,
+        executor_limits={"command-line": 1},
+    )
+    settings.home.mkdir(parents=True, exist_ok=True)
+    async with (
+        open_store(settings.store_url, mongo_write_concern="1") as store_a,
+        open_store(settings.store_url, mongo_write_concern="1") as store_b,
+    ):
+        first = Node(settings.replace(node_id="first"), store_a)
+        second = Node(settings.replace(node_id="second", local_slots=1), store_b)
+        await first.start()
+        try:
+            workflow = await first.workflows.submit(document, owner="alice")
+            await asyncio.sleep(0.3)  # the first node holds the work before the second starts
+            await second.start()
+            try:
+                done = await first.wait_workflow(workflow.id, timeout_s=60)
+            finally:
+                await second.stop()
+        finally:
+            await first.stop()
+    assert done.state is W.SUCCEEDED, done.error
+    assert runs(counter) == collections.Counter({1: 1, 2: 1, 3: 1})
+    # Each node ran one action at a time (the limit), so never more than two at once.
+    intervals = [tuple(map(float, line.split())) for line in read(spans).splitlines()]
+    assert max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals) <= 2
