@@ -140,14 +140,15 @@ class Submitter(loops.Loop):
             self.held.submitted(action.key, record.attempts, external_id)
             if external_id != record.external_id:
                 await self._record_external_id(record, external_id)
-        except errors.StoreUnavailable as exc:
-            # The lease runs out and another pass (or node) picks the action up again.
+        except errors.PingoError as exc:
+            # The store went away, or a callback (a kill) moved the action on
+            # meanwhile: its lease runs out and the reaper or another pass resolves it.
             logger.warning(
-                "store unavailable while submitting %s/%s: %s",
+                "submitting %s/%s stopped: %s",
                 action.workflow_id,
                 action.action_id,
                 exc,
-                extra={"event": "submit_store_unavailable"},
+                extra={"event": "submit_interrupted", "code": exc.code},
             )
             self.held.remove(action.key)
 
