@@ -477,7 +477,7 @@ class MemoryStore:
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
         held = 0
-        for key in keys:
+        for key in dict.fromkeys(keys):  # a key given twice is held once
             old = self._actions.get(key)
             if old is None or old.owner != node_id or old.state not in states.ACTION_ACTIVE:
                 continue
@@ -495,10 +495,15 @@ class MemoryStore:
         ready = []
         for child_id in children:
             old = self._actions.get((workflow_id, child_id))
-            if old is None or parent_action_id not in old.waiting_on:
+            if old is None:
                 continue
             waiting_on = tuple(p for p in old.waiting_on if p != parent_action_id)
+            # A WAITING child with nothing left to wait for flips even when this parent
+            # was released before (the Mongo backend's release is not one atomic step,
+            # and a retried release completes one a crash interrupted).
             becomes_ready = not waiting_on and old.state is ActionState.WAITING
+            if len(waiting_on) == len(old.waiting_on) and not becomes_ready:
+                continue  # released before: nothing to do
             record = self._put_action(
                 old,
                 replace(

@@ -370,7 +370,11 @@ class Store(Protocol):
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:
-        """Extend the leases `node_id` holds on `keys`; return how many it still held."""
+        """Extend the leases `node_id` holds on `keys`; return how many it still held.
+
+        Held: owned by `node_id` in PROCESSING, SUBMITTED or RUNNING (even if the
+        lease expired, as long as nobody reclaimed it). A key given twice counts once.
+        """
         ...
 
     async def release_parent(

@@ -1319,7 +1319,8 @@ class SQLiteStore:
             "WHERE workflow_id = ? AND action_id = ? AND owner = ? "
             f"AND state IN ({_placeholders(len(active))})"
         )
-        params = [(lease, _us(now), wf, aid, node_id, *active) for wf, aid in keys]
+        # A key given twice is held once.
+        params = [(lease, _us(now), wf, aid, node_id, *active) for wf, aid in dict.fromkeys(keys)]
 
         def renew(conn: sqlite3.Connection) -> int:
             return conn.executemany(sql, params).rowcount
@@ -1354,13 +1355,14 @@ class SQLiteStore:
         ready_ids = []
         for action_id, state, waiting_json in rows:
             waiting: list[int] = json.loads(waiting_json)
-            if parent_action_id not in waiting:
-                continue  # released before: nothing to do
             left = [p for p in waiting if p != parent_action_id]
+            # Like the other backends: a WAITING child with nothing left to wait for
+            # flips even if this parent was released before.
             if not left and state == ActionState.WAITING.value:
                 ready_ids.append(action_id)
-            else:
+            elif len(left) != len(waiting):
                 still_waiting.append((_dumps(left), now, workflow_id, action_id))
+            # else: released before, nothing to do
         if still_waiting:
             conn.executemany(
                 "UPDATE actions SET waiting_on = ?, updated_at = ?, version = version + 1 "
