@@ -221,6 +221,9 @@ async def test_renew_leases(store: Store, make: Factory, clock: FakeClock) -> No
     assert finished is not None and finished.lease_expires_at != now + timedelta(seconds=10)
     assert await store.renew_leases("node-b", keys, lease_s=10) == 0
     assert await store.renew_leases("node-a", [], lease_s=10) == 0
+    # Expired but not reclaimed: still held. A key given twice counts once.
+    clock.advance(60)
+    assert await store.renew_leases("node-a", [keys[0], keys[0], keys[2]], lease_s=10) == 2
 
 
 async def test_list_actions_in_states(store: Store, make: Factory, clock: FakeClock) -> None:
