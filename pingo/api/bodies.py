@@ -25,26 +25,27 @@ def _malformed(message: str) -> problems.BadRequest:
     )
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+_TO_SQUARE = bytes.maketrans(b"{}", b"[]")
 
 
 def _depth_exceeds(raw: bytes, limit: int) -> bool:
     """Whether the (valid) JSON text `raw` nests containers deeper than `limit`.
 
-    Works on the text, not the decoded value: strings are cut out and only the
-    brackets left are scanned, which is far cheaper than walking every value.
+    Works on the text, in C-speed bytes operations rather than a walk over every
+    value: cut the strings out, keep only the brackets (all made square), then
+    peel one level of innermost `[]` pairs per pass. Valid JSON brackets match,
+    so the text is empty after exactly as many passes as its depth.
     """
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    depth = 0
-    for char in brackets:
-        if char in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        else:
-            depth -= 1
-    return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(_TO_SQUARE, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"")
+    return bool(brackets)
 
 
 def is_json_content_type(content_type: str) -> bool:
