@@ -1,4 +1,4 @@
-"""Count words (one per line): `count.py WORDS OUTPUT`, writing `count<TAB>word`, most frequent first."""
+"""Count words, one per line: `count.py WORDS OUTPUT` writes `N<TAB>word`, most frequent first."""
 
 import collections
 import sys
