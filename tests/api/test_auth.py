@@ -225,3 +225,28 @@ async def test_configured_admin_token_is_used(aiohttp_client: AiohttpClient, tmp
     assert (settings.home / "admin.token").read_text().strip() == ADMIN_TOKEN
     me = await client.get("/api/v1/me", headers=bearer(ADMIN_TOKEN))
     assert (await me.json())["admin"] is True
+
+
+async def test_user_sharing_scope_keeps_datasets_private(
+    aiohttp_client: AiohttpClient, tmp_path: Any
+) -> None:
+    app = create_app(make_settings(tmp_path, sharing_scope="user"))
+    api = Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+    await api.add_user("alice")
+    await api.add_user("bob")
+    alice = await api.wait((await api.submit(chain("private"), user="alice"))["id"])
+    bob = await api.submit(chain("private"), user="bob")
+    # The same document in another user's scope is another computation: nothing reused.
+    assert not any(a["reused"] for a in bob["actions"])
+    assert alice["endDatasetId"] != bob["endDatasetId"]
+    hidden = await api.client.get(
+        f"/api/v1/datasets/{alice['endDatasetId']}", headers=api.auth("bob")
+    )
+    assert hidden.status == 404
+    mine = await api.client.get(
+        f"/api/v1/datasets/{alice['endDatasetId']}", headers=api.auth("alice")
+    )
+    assert mine.status == 200
+    listed = await (await api.client.get("/api/v1/datasets", headers=api.auth("bob"))).json()
+    assert alice["endDatasetId"] not in {d["id"] for d in listed["items"]}
+    await api.wait(bob["id"])
