@@ -29,28 +29,37 @@ class ApiState:
     finished_documents: DocumentCache = field(default_factory=lambda: DocumentCache())
 
 
+@dataclass(frozen=True, slots=True)
+class CachedDocument:
+    """A SUCCEEDED workflow's serialized document, and whose it is (for access checks)."""
+
+    owner: str
+    body: bytes
+
+
 class DocumentCache:
-    """A small LRU of immutable response bodies, bounded by total size."""
+    """A small LRU of immutable response bodies, bounded by their total size."""
 
     def __init__(self, max_bytes: int = 32 * 2**20) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._items: OrderedDict[str, CachedDocument] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: str) -> bytes | None:
-        body = self._items.get(key)
-        if body is not None:
+    def get(self, key: str) -> CachedDocument | None:
+        item = self._items.get(key)
+        if item is not None:
             self._items.move_to_end(key)
-        return body
+        return item
 
-    def put(self, key: str, body: bytes) -> None:
-        if len(body) > self.max_bytes // 4 or key in self._items:
+    def put(self, key: str, item: CachedDocument) -> None:
+        size = len(item.body)
+        if size > self.max_bytes // 4 or key in self._items:
             return
-        self._items[key] = body
-        self._bytes += len(body)
+        self._items[key] = item
+        self._bytes += size
         while self._bytes > self.max_bytes:
             _, evicted = self._items.popitem(last=False)
-            self._bytes -= len(evicted)
+            self._bytes -= len(evicted.body)
 
 
 STATE_KEY = web.AppKey("pingo.api.state", ApiState)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pingo.api.state import DocumentCache
+from pingo.api.state import CachedDocument, DocumentCache
 from pingo.states import ActionState
 
 from .conftest import REPO, Api, chain, command_workflow, sleeper
@@ -361,12 +361,25 @@ async def test_wordcount_example_end_to_end_and_reused_on_resubmit(
 
 def test_document_cache_is_bounded_and_lru() -> None:
     cache = DocumentCache(max_bytes=100)
-    cache.put("a", b"x" * 20)
-    cache.put("b", b"y" * 20)
-    cache.put("huge", b"z" * 30)  # over a quarter of the budget: never cached
+    cache.put("a", CachedDocument("alice", b"x" * 20))
+    cache.put("b", CachedDocument("alice", b"y" * 20))
+    cache.put("huge", CachedDocument("alice", b"z" * 30))  # over a quarter: never cached
     assert cache.get("huge") is None
-    assert cache.get("a") == b"x" * 20  # a is now the most recently used
+    assert cache.get("a") == CachedDocument("alice", b"x" * 20)  # now the most recent
     for key in ("c", "d", "e", "f"):
-        cache.put(key, b"w" * 20)
+        cache.put(key, CachedDocument("bob", b"w" * 20))
     assert cache.get("b") is None  # evicted first
     assert cache.get("a") is not None
+
+
+async def test_cached_documents_still_check_the_owner(users_api: Api) -> None:
+    api = users_api
+    done = await api.wait((await api.submit(chain("cached"), user="alice"))["id"])
+    assert done["state"] == "SUCCEEDED"
+    for _ in range(2):  # the second read is served from the cache
+        mine = await api.client.get(f"/api/v1/workflows/{done['id']}", headers=api.auth("alice"))
+        assert await mine.json() == done
+        theirs = await api.client.get(f"/api/v1/workflows/{done['id']}", headers=api.auth("bob"))
+        assert theirs.status == 404
+        admin = await api.client.get(f"/api/v1/workflows/{done['id']}", headers=api.auth("admin"))
+        assert admin.status == 200

@@ -53,10 +53,10 @@ async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
     if succeeded:
         cached = cache.get(record.id)
         if cached is not None:
-            return cached
+            return cached.body
     body = bodies.encode_json(await _document(request, record))
     if succeeded:
-        cache.put(record.id, body)
+        cache.put(record.id, state.CachedDocument(owner=record.owner, body=body))
     return body
 
 
@@ -188,7 +188,14 @@ async def list_workflows(request: web.Request) -> web.Response:
 @routes.get(PREFIX + "/workflows/{workflow_id}", name="get_workflow")
 async def get_workflow(request: web.Request) -> web.Response:
     """The workflow document."""
-    record = await visible_workflow(request, request.match_info["workflow_id"])
+    workflow_id = request.match_info["workflow_id"]
+    cached = state.api_state(request).finished_documents.get(workflow_id)
+    if cached is not None:
+        # A SUCCEEDED workflow never changes, nor does its owner: no store read at all.
+        if not auth.may_see(auth.current_user(request), cached.owner):
+            raise errors.NotFound(f"no workflow {workflow_id!r}")
+        return bodies.raw_json_response(cached.body)
+    record = await visible_workflow(request, workflow_id)
     return bodies.raw_json_response(await _document_body(request, record))
 
 
