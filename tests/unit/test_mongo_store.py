@@ -114,6 +114,23 @@ def test_a_bad_url_is_a_configuration_error() -> None:
         MongoStore.from_url("mongodb://")
 
 
+@pytest.mark.parametrize(
+    ("url", "database"),
+    [
+        ("mongodb://h", "pingo"),
+        ("mongodb://h/", "pingo"),
+        ("mongodb://h/?replicaSet=rs", "pingo"),
+        ("mongodb://u:p%40ss@h1:1,h2:2/prod?replicaSet=rs", "prod"),
+        ("mongodb+srv://cluster.example.invalid/team%2Dx", "team-x"),
+    ],
+)
+async def test_the_database_comes_from_the_url_path(url: str, database: str) -> None:
+    # Nothing connects (nor resolves the SRV name) before the store is entered.
+    store = MongoStore.from_url(url)
+    assert store._db.name == database
+    await store.__aexit__(None, None, None)
+
+
 async def test_open_store_picks_the_database_from_the_url(wire_url: str) -> None:
     async with open_store(f"{wire_url}/from_url_db", mongo_write_concern="1") as store:
         assert isinstance(store, MongoStore)
