@@ -68,16 +68,16 @@ def server(
     from pingo.api.app import serve
     from pingo.config import Settings
 
-    settings = Settings.from_env(
-        host=host,
-        port=port,
-        home=Path(home) if home is not None else None,
-        store_url=store_url,
-        data_root=data_root,
-        log_level=log_level,
-    )
-    configure_logging(settings.log_level)
     try:
+        settings = Settings.from_env(
+            host=host,
+            port=port,
+            home=Path(home) if home is not None else None,
+            store_url=store_url,
+            data_root=data_root,
+            log_level=log_level,
+        )
+        configure_logging(settings.log_level)
         # The HTTP API and the node's loops, in one process (issue 5).
         asyncio.run(serve(settings))
     except errors.PingoError as exc:
