@@ -49,6 +49,7 @@ import logging
 import queue
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -249,6 +250,8 @@ _WORKFLOW_COLUMNS = (
 )
 #: The columns a transition may change (table `actions`), then those fixed at planning
 #: (table `action_specs`); `_action` reads a row of both, in this order.
+#: The same, with NULL for the document (for a workflow whose document is cached).
+_WORKFLOW_NO_DOCUMENT = _WORKFLOW_COLUMNS.replace("document", "NULL")
 _HOT_COLUMNS = (
     "workflow_id, action_id, state, waiting_on, updated_at, attempts, owner, "
     "lease_expires_at, not_before, external_id, error, started_at, finished_at, runtime_s, "
@@ -300,6 +303,13 @@ _Spec = tuple[
     datetime,
     int,
 ]
+#: JSON text (characters) of the workflow documents kept decoded per process.
+_DOCUMENT_CACHE_CHARS = 8_000_000
+
+#: A dataset's decoded definition and parents: fixed by its id (a provenance hash).
+_DatasetFixed = tuple[Mapping[str, Any], tuple[str, ...]]
+_EMPTY: tuple[Any, ...] = ()
+
 #: Decoded specs kept per process (they never change, so a cached one is never stale);
 #: bounded so that memory does not grow with the number of actions ever seen.
 _SPEC_CACHE_SIZE = 8192
@@ -329,13 +339,13 @@ def _placeholders(count: int) -> str:
     return ", ".join("?" * count)
 
 
-def _workflow(row: Sequence[Any]) -> WorkflowRecord:
+def _workflow(row: Sequence[Any], document: Mapping[str, Any]) -> WorkflowRecord:
     return WorkflowRecord(
         id=row[0],
         name=row[1],
         owner=row[2],
         state=WorkflowState(row[3]),
-        document=json.loads(row[4]),
+        document=document,
         scope=row[5],
         on_failure=row[6],
         end_dataset_id=row[7],
@@ -434,7 +444,7 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         reason=spec[4],
         definition=spec[5],
         inputs=spec[6],
-        waiting_on=tuple(json.loads(hot[3])),
+        waiting_on=_EMPTY if hot[3] == "[]" else tuple(json.loads(hot[3])),
         children=spec[7],
         callback_id=spec[8],
         created_at=spec[9],
@@ -453,21 +463,21 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
     )
 
 
-def _dataset(row: Sequence[Any]) -> DatasetRecord:
+def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
     return DatasetRecord(
         id=row[0],
         state=DatasetState(row[1]),
         path=row[2],
         scope=row[3],
         action_type=row[4],
-        definition=json.loads(row[5]),
-        parents=tuple(json.loads(row[6])),
+        definition=fixed[0],
+        parents=fixed[1],
         producer_workflow_id=row[7],
         producer_action_id=row[8],
         is_managed=bool(row[9]),
         created_at=_dt_req(row[10]),
         updated_at=_dt_req(row[11]),
-        claims=tuple(json.loads(row[12])),
+        claims=_EMPTY if row[12] == "[]" else tuple(json.loads(row[12])),
         size_bytes=row[13],
         compute_s=row[14],
         use_count=row[15],
@@ -716,6 +726,12 @@ class SQLiteStore:
         self._worker: _Worker | None = None
         self._conn: sqlite3.Connection | None = None
         self._specs: dict[tuple[str, int], _Spec] = {}
+        self._dataset_fixed: dict[str, _DatasetFixed] = {}
+        #: Decoded workflow documents (fixed at submission), least recently used first,
+        #: and the length of their JSON text: polling a big workflow's state must not
+        #: decode its whole document every time.
+        self._documents: OrderedDict[str, tuple[Mapping[str, Any], int]] = OrderedDict()
+        self._documents_size = 0
 
     @classmethod
     def from_url(
@@ -857,6 +873,36 @@ class SQLiteStore:
         self._specs[key] = spec
         return spec
 
+    def _workflow(self, row: Sequence[Any]) -> WorkflowRecord:
+        """The record of a row of `_WORKFLOW_COLUMNS`."""
+        cached = self._documents.get(row[0])
+        if cached is not None:
+            self._documents.move_to_end(row[0])
+            return _workflow(row, cached[0])
+        text: str = row[4]
+        document: Mapping[str, Any] = json.loads(text)
+        self._cache_document(row[0], document, len(text))
+        return _workflow(row, document)
+
+    def _cache_document(self, workflow_id: str, document: Mapping[str, Any], size: int) -> None:
+        if size > _DOCUMENT_CACHE_CHARS or workflow_id in self._documents:
+            return
+        self._documents[workflow_id] = (document, size)
+        self._documents_size += size
+        while self._documents_size > _DOCUMENT_CACHE_CHARS:
+            _, (_, evicted) = self._documents.popitem(last=False)
+            self._documents_size -= evicted
+
+    def _dataset(self, row: Sequence[Any]) -> DatasetRecord:
+        """The record of a row of `_DATASET_COLUMNS`."""
+        fixed = self._dataset_fixed.get(row[0])
+        if fixed is None:
+            if len(self._dataset_fixed) >= _SPEC_CACHE_SIZE:
+                self._dataset_fixed.clear()
+            fixed = (json.loads(row[5]), tuple(json.loads(row[6])))
+            self._dataset_fixed[row[0]] = fixed
+        return _dataset(row, fixed)
+
     def _action(self, row: Sequence[Any]) -> ActionRecord:
         """The record of a row of `_ACTION_SELECT` (both tables)."""
         key = (row[0], row[1])
@@ -932,17 +978,18 @@ class SQLiteStore:
             )
         if any(a.workflow_id != workflow.id for a in plan.actions):
             raise errors.Conflict("the plan's actions belong to another workflow")
+        params = _workflow_params(workflow)
         conn.execute(
-            f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})",
-            _workflow_params(workflow),
+            f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})", params
         )
         conn.executemany(_HOT_INSERT, [_hot_params(a) for a in plan.actions])
         conn.executemany(_SPEC_INSERT, [_spec_params(a) for a in plan.actions])
         for dataset in plan.datasets:
             self._persist_dataset(conn, dataset, now)
+        # The node that plans a workflow usually runs it: no need to read this back.
+        # (Ids are unique, so an entry left by a rolled-back plan is never read.)
+        self._cache_document(workflow.id, workflow.document, len(params[4]))
         for a in plan.actions:
-            # The node that plans an action usually runs it: no need to read this back.
-            # (Ids are unique, so an entry left by a rolled-back plan is never read.)
             self._cache_spec(
                 a.key,
                 (
@@ -1025,11 +1072,13 @@ class SQLiteStore:
             )
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
-        return await self._run(
-            self._one,
-            _workflow,
-            f"SELECT {_WORKFLOW_COLUMNS} FROM workflows WHERE id = ?",
-            (workflow_id,),
+        return await self._run(self._get_workflow, workflow_id)
+
+    def _get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        # A decoded document in the cache: do not even copy its text out of SQLite.
+        columns = _WORKFLOW_NO_DOCUMENT if workflow_id in self._documents else _WORKFLOW_COLUMNS
+        return self._one(
+            self._workflow, f"SELECT {columns} FROM workflows WHERE id = ?", (workflow_id,)
         )
 
     def _one(
@@ -1049,7 +1098,7 @@ class SQLiteStore:
     async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
         return await self._run(
             self._one,
-            _workflow,
+            self._workflow,
             f"SELECT {_WORKFLOW_COLUMNS} FROM workflows WHERE owner = ? AND idempotency_key = ?",
             (owner, key),
         )
@@ -1101,7 +1150,7 @@ class SQLiteStore:
                 params.append(str(value))
         return await self._run(
             self._page,
-            _workflow,
+            self._workflow,
             "workflows",
             _WORKFLOW_COLUMNS,
             where,
@@ -1128,7 +1177,7 @@ class SQLiteStore:
         )
         record = await self._run_write(
             self._one,
-            _workflow,
+            self._workflow,
             sql,
             [new.value, *params, workflow_id, *(s.value for s in expected)],
         )
@@ -1384,7 +1433,7 @@ class SQLiteStore:
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
         return await self._run(
             self._one,
-            _dataset,
+            self._dataset,
             f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
             (dataset_id,),
         )
@@ -1399,7 +1448,7 @@ class SQLiteStore:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             for record in self._all(
-                _dataset,
+                self._dataset,
                 f"SELECT {_DATASET_COLUMNS} FROM datasets "
                 f"WHERE id IN ({_placeholders(len(chunk))})",
                 chunk,
@@ -1418,7 +1467,7 @@ class SQLiteStore:
         params: list[Any] = [] if state is None else [state.value]
         return await self._run(
             self._page,
-            _dataset,
+            self._dataset,
             "datasets",
             _DATASET_COLUMNS,
             where,
@@ -1448,7 +1497,7 @@ class SQLiteStore:
             sql += " AND claims = '[]'"
         sql += f" RETURNING {_DATASET_COLUMNS}"
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
-        record = await self._run_write(self._one, _dataset, sql, args)
+        record = await self._run_write(self._one, self._dataset, sql, args)
         if record is None:
             logger.debug(
                 "dataset %s not moved to %s: lost the compare-and-set",
@@ -1473,7 +1522,9 @@ class SQLiteStore:
             claims: list[str] = json.loads(row[1])
             if claim in claims:
                 return self._one(
-                    _dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+                    self._dataset,
+                    f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
+                    (dataset_id,),
                 )
             claims.append(claim)
             return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
@@ -1488,7 +1539,7 @@ class SQLiteStore:
             f"WHERE id = ? RETURNING {_DATASET_COLUMNS}",
             [*params, now, dataset_id],
         ).fetchone()
-        return None if row is None else _dataset(row)
+        return None if row is None else self._dataset(row)
 
     async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
         now = _us(self.clock())
@@ -1499,10 +1550,10 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 return None
-            record = _dataset(row)
-            if claim not in record.claims:
-                return record
-            claims = [c for c in record.claims if c != claim]
+            claims: list[str] = json.loads(row[12])
+            if claim not in claims:
+                return self._dataset(row)
+            claims.remove(claim)
             return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
 
         return await self._run_write(self._with_db, remove)
@@ -1511,7 +1562,7 @@ class SQLiteStore:
         now = _us(self.clock())
         return await self._run_write(
             self._one,
-            _dataset,
+            self._dataset,
             "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
             f"version = version + 1 WHERE id = ? RETURNING {_DATASET_COLUMNS}",
             (now, now, dataset_id),
@@ -1527,10 +1578,12 @@ class SQLiteStore:
                 (int(pinned), now, dataset_id, int(pinned)),
             ).fetchone()
             if row is not None:
-                return _dataset(row)
+                return self._dataset(row)
             # Already as asked (or absent): nothing changes.
             return self._one(
-                _dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+                self._dataset,
+                f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
+                (dataset_id,),
             )
 
         return await self._run_write(self._with_db, pin)
@@ -1546,12 +1599,12 @@ class SQLiteStore:
             "WHERE state IN ('PROCESSING', 'DELETING') AND updated_at <= ? "
             "ORDER BY updated_at, id LIMIT ?"
         )
-        return await self._run(self._all, _dataset, sql, (stale_before, limit))
+        return await self._run(self._all, self._dataset, sql, (stale_before, limit))
 
     async def list_retention_candidates(self) -> list[DatasetRecord]:
         return await self._run(
             self._all,
-            _dataset,
+            self._dataset,
             f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE state = 'STORED' "
             "ORDER BY updated_at, id",
             (),
