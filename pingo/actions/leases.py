@@ -96,20 +96,44 @@ class HeldActions:
         if key is not None:
             self.remove(key)
 
-    async def acquire_limit(self, action: ActionRecord) -> None:
-        """Wait until `action`'s type is under its limit, then count it (no limit: no wait)."""
+    async def acquire_limit(self, action: ActionRecord, give_up: asyncio.Event) -> bool:
+        """Wait until `action`'s type is under its limit, then count it (no limit: no wait).
+
+        False, without counting it, when `give_up` is set first (the node stops:
+        a slot may only free when work that will not report anymore ends).
+        """
         limit = self._limits.get(action.type)
         if limit is None:
-            return
+            return True
         semaphore = self._semaphores.get(action.type)
         if semaphore is None:
             semaphore = self._semaphores[action.type] = asyncio.Semaphore(max(1, limit))
-        await semaphore.acquire()
+        if semaphore.locked():
+            acquiring = asyncio.ensure_future(semaphore.acquire())
+            giving_up = asyncio.ensure_future(give_up.wait())
+            try:
+                await asyncio.wait({acquiring, giving_up}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                giving_up.cancel()
+                if not acquiring.done():
+                    acquiring.cancel()
+            try:
+                await acquiring
+            except asyncio.CancelledError:
+                if not acquiring.cancelled():
+                    raise  # we are cancelled ourselves, not the acquisition
+                return False
+            if give_up.is_set():
+                semaphore.release()
+                return False
+        else:
+            await semaphore.acquire()
         held = self._held.get(action.key)
         if held is None or held.limited:
             semaphore.release()
         else:
             held.limited = True
+        return True
 
 
 class LeaseRenewer(loops.Loop):

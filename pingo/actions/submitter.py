@@ -104,7 +104,9 @@ class Submitter(loops.Loop):
         action = item.action
         executor = self.executors.get(action.type)
         try:
-            await self.held.acquire_limit(action)
+            if not await self.held.acquire_limit(action, self._stopping):
+                await hand_back(self.store, self.node_id, self.held, action)
+                return
             record = await self._mark_submitted(action, executor)
             if record is None:
                 return

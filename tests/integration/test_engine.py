@@ -337,3 +337,42 @@ async def test_leases_are_renewed_while_work_runs_and_limits_hold(
     # Each node ran one action at a time (the limit), so never more than two at once.
     intervals = [tuple(map(float, line.split())) for line in read(spans).splitlines()]
     assert max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals) <= 2
+
+
+async def test_stop_with_submitters_waiting_on_a_limit(tmp_path: Path) -> None:
+    # One long action holds the only slot of its type; the others wait in submitters.
+    # Stopping must not wait for a slot that only the (killed) long action would free.
+    settings = engine_settings(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'pingo.db'}",
+        executor_limits={"command-line": 1},
+        submitters=3,
+    )
+    settings.home.mkdir(parents=True, exist_ok=True)
+    document = {
+        "name": "waits",
+        "startActionId": 1,
+        "endActionId": 3,
+        "actions": [
+            {"id": i, "name": f"a{i}", "type": "command-line", "command": ["sleep", f"3{i}"]}
+            for i in range(1, 4)
+        ],
+    }
+    async with open_store(settings.store_url) as store:
+        node = Node(settings, store)
+        local = node.executors["command-line"]
+        assert isinstance(local, LocalExecutor)
+        local.close_grace_s = 0.2
+        await node.start()
+        workflow = await node.workflows.submit(document, owner="alice")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while local.running < 1:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(node.stop(), timeout=15)
+        left = {a.action_id: a for a in await store.list_actions(workflow.id)}
+    # The two that never started went back to READY with no attempt charged.
+    waiting = [a for a in left.values() if a.state is A.READY]
+    assert len(waiting) == 2
+    assert all(a.attempts == 0 and a.owner is None for a in waiting)
