@@ -139,9 +139,10 @@ class LocalExecutor:
     async def close(self) -> None:
         """Accept no more work; let running processes finish for a short grace.
 
-        What is still running then is stopped without a report: its lease
-        expires and the reaper hands the action to another attempt, as after a
-        crash. Reporting it failed or killed would charge the user for our stop.
+        What is still running then is killed without a report and left to its
+        lease, as after a crash: once the lease expires, a reaper retries the
+        action. Reporting it killed would kill the user's workflow for our stop,
+        and leaving it running would leave work nobody reports on.
         """
         self._closing = True
         running = self._alive()
