@@ -50,8 +50,8 @@ import queue
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -62,6 +62,7 @@ from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _cursor, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
+    KEEP,
     ActionChanges,
     ActionRecord,
     Clock,
@@ -74,6 +75,7 @@ from pingo.store.protocol import (
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
+    _Changes,
 )
 
 logger = logging.getLogger(__name__)
@@ -511,13 +513,22 @@ def _column_value(name: str, value: Any) -> Any:
     return value
 
 
-def _set_clause(changes: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _set_clause(changes: _Changes) -> tuple[str, list[Any]]:
     """`, col = ?…` for the changed fields and their column values."""
+    kind = type(changes)
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(changes))
     sql = []
     params = []
-    for name, value in changes:
-        sql.append(f", {name} = ?")
-        params.append(_column_value(name, value))
+    for name in names:
+        value = getattr(changes, name)
+        if value is not KEEP:
+            sql.append(f", {name} = ?")
+            params.append(_column_value(name, value))
     return "".join(sql), params
 
 
@@ -581,7 +592,8 @@ class _Worker(threading.Thread):
     def __init__(self, store: SQLiteStore) -> None:
         super().__init__(name="pingo-sqlite", daemon=True)
         self.store = store
-        self.requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        #: Lists of calls (one per event-loop iteration), or None to stop.
+        self.requests: queue.SimpleQueue[list[_Request] | None] = queue.SimpleQueue()
 
     def run(self) -> None:
         stopping = False
@@ -589,7 +601,7 @@ class _Worker(threading.Thread):
             first = self.requests.get()
             if first is None:
                 return
-            batch = [first]
+            batch = list(first)
             while len(batch) < _MAX_BATCH:
                 try:
                     more = self.requests.get_nowait()
@@ -598,7 +610,7 @@ class _Worker(threading.Thread):
                 if more is None:
                     stopping = True
                     break
-                batch.append(more)
+                batch.extend(more)
             live = [r for r in batch if not r.future.cancelled()]
             try:
                 if any(r.write for r in live):
@@ -724,6 +736,8 @@ class SQLiteStore:
         self.synchronous = sync
         self.busy_timeout_s = busy_timeout_s
         self._worker: _Worker | None = None
+        #: Calls made during the current event-loop iteration, not yet handed over.
+        self._pending: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
         self._conn: sqlite3.Connection | None = None
         self._specs: dict[tuple[str, int], _Spec] = {}
         self._dataset_fixed: dict[str, _DatasetFixed] = {}
@@ -838,8 +852,22 @@ class SQLiteStore:
             raise errors.StoreUnavailable("the sqlite store is not open")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        worker.requests.put(_Request(fn, args, write, loop, future))
+        request = _Request(fn, args, write, loop, future)
+        pending = self._pending.get(loop)
+        if pending is None:
+            # Hand over everything this loop iteration asks for in one put: each put
+            # that wakes the idle worker is a futex call and a GIL handover, which
+            # cost more than the small statement itself.
+            self._pending[loop] = [request]
+            loop.call_soon(self._flush, loop, worker)
+        else:
+            pending.append(request)
         return await future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop, worker: _Worker) -> None:
+        requests = self._pending.pop(loop, None)
+        if requests:
+            worker.requests.put(requests)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` (reads only) in the worker thread."""
@@ -1169,7 +1197,7 @@ class SQLiteStore:
     ) -> WorkflowRecord | None:
         if not expected:
             return None
-        sets, params = _set_clause(changes.items())
+        sets, params = _set_clause(changes)
         sql = (
             f"UPDATE workflows SET state = ?, version = version + 1{sets} "
             f"WHERE id = ? AND state IN ({_placeholders(len(expected))}) "
@@ -1256,7 +1284,7 @@ class SQLiteStore:
     ) -> ActionRecord | None:
         if not expected:
             return None
-        sets, params = _set_clause(changes.items())
+        sets, params = _set_clause(changes)
         sql = (
             f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
             f"WHERE workflow_id = ? AND action_id = ? "
@@ -1291,7 +1319,7 @@ class SQLiteStore:
     ) -> list[ActionRecord]:
         if not expected:
             return []
-        sets, params = _set_clause(changes.items())
+        sets, params = _set_clause(changes)
         # One UPDATE: each row is its own compare-and-set on its state, all in one commit.
         sql = (
             f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
@@ -1488,7 +1516,7 @@ class SQLiteStore:
     ) -> DatasetRecord | None:
         if not expected:
             return None
-        sets, params = _set_clause(changes.items())
+        sets, params = _set_clause(changes)
         sql = (
             f"UPDATE datasets SET state = ?, updated_at = ?, version = version + 1{sets} "
             f"WHERE id = ? AND state IN ({_placeholders(len(expected))})"
