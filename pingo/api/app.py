@@ -36,7 +36,10 @@ CALLBACK_PREFIX = "/api/v1/callbacks/"
 @web.middleware
 async def auth_middleware(request: web.Request, handler: problems.Handler) -> web.StreamResponse:
     """Every /api/v1 route but the callbacks needs a user's bearer token."""
-    path = request.path
+    # Decided by the route that matched, not by the raw path, so that no spelling of a
+    # URL can reach a protected handler as if it were a callback.
+    resource = request.match_info.route.resource
+    path = resource.canonical if resource is not None else request.path
     if path.startswith(API_PREFIX) and not path.startswith(CALLBACK_PREFIX):
         store = state.node(request).store
         request[auth.USER_KEY] = await auth.authenticate(

@@ -250,3 +250,19 @@ async def test_user_sharing_scope_keeps_datasets_private(
     listed = await (await api.client.get("/api/v1/datasets", headers=api.auth("bob"))).json()
     assert alice["endDatasetId"] not in {d["id"] for d in listed["items"]}
     await api.wait(bob["id"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/callbacks/x/../../workflows",
+        "/api/v1/callbacks/%2e%2e/%2e%2e/workflows",
+        "/api/v1/callbacks/..%2F..%2Fworkflows",
+        "/api/v1//workflows",
+    ],
+)
+async def test_no_spelling_of_a_path_skips_authentication(api: Api, path: str) -> None:
+    await api.submit(chain("hidden"))
+    response = await api.client.get(path)
+    assert response.status in {400, 401, 404}, path
+    assert "hidden" not in await response.text()
