@@ -41,15 +41,16 @@ def free_port() -> int:
 class Server:
     """`pingo server` as a subprocess, its output in a log file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, argv: list[str] | None = None) -> None:
         self.env = env
         self.log_path = log_path
+        self.argv = argv or [str(Path(sys.executable).parent / "pingo"), "server"]
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "pingo"), "server"],
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -200,3 +201,39 @@ async def test_sigkilled_node_restarts_and_finishes_its_workflow(
     # A graceful stop after that: SIGTERM ends the server cleanly.
     server.signal(signal.SIGTERM)
     assert server.wait(30) == 0, server.log()
+
+
+async def test_run_node_runs_the_engine_alone_until_sigterm(
+    server_env: dict[str, str], tmp_path: Path
+) -> None:
+    # `run_node` is the engine without HTTP: it must work and stop cleanly on SIGTERM.
+    counter = tmp_path / "counter"
+    script = (
+        "import asyncio, logging\n"
+        "from pingo.config import Settings\n"
+        "from pingo.node import run_node\n"
+        "logging.basicConfig(level='INFO')\n"
+        "asyncio.run(run_node(Settings.from_env()))\n"
+    )
+    node = Server(server_env, tmp_path / "node.log", [sys.executable, "-c", script])
+    settings = Settings(
+        home=Path(server_env["PINGO_HOME"]), store_url=server_env["PINGO_STORE_URL"]
+    )
+    settings.home.mkdir(parents=True, exist_ok=True)
+    node.start()
+    try:
+        async with open_store(settings.store_url) as store:
+            manager = WorkflowManager(store, DatasetStorage(settings.data_root), settings)
+            workflow = await manager.submit(slow_workflow(counter, layers=1), owner="alice")
+            await wait_for(
+                store,
+                workflow.id,
+                lambda actions: all(a.state is A.FINISHED for a in actions),
+                30,
+                node,
+            )
+        node.signal(signal.SIGTERM)
+        assert node.wait(30) == 0, node.log()
+    finally:
+        node.ensure_stopped()
+    assert runs(counter) == collections.Counter({1: 1, 2: 1, 3: 1})
