@@ -559,7 +559,10 @@ class _Request:
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    write: bool
+    #: True: writes. False: only reads. None: writes only when it finds work; run in a
+    #: batch without writes it takes the write lock itself (BEGIN IMMEDIATE … COMMIT),
+    #: in a batch with writes it is one of them.
+    write: bool | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     result: Any = None
@@ -624,7 +627,9 @@ class _Worker(threading.Thread):
                 # was committed. The thread must survive to serve the next calls.
                 failure = self.store._translate(exc)
                 for request in live:
-                    if request.write or (request.error is None and request.result is None):
+                    if request.write is not False or (
+                        request.error is None and request.result is None
+                    ):
                         request.error = failure
                 self._abandon_transaction()
             self._hand_back(live)
@@ -670,14 +675,15 @@ class _Worker(threading.Thread):
                 # A failure made SQLite roll the whole transaction back.
                 request.error = errors.StoreUnavailable("the transaction was rolled back")
                 continue
-            savepoint = request.write and not alone
+            writes = request.write is not False
+            savepoint = writes and not alone
             if savepoint:
                 conn.execute("SAVEPOINT call")
             if self._run_one(request):
                 if savepoint:
                     conn.execute("RELEASE call")
                 done.append(request)
-            elif conn.in_transaction and request.write:
+            elif conn.in_transaction and writes:
                 # Undo this call's partial work, and only this call's.
                 if savepoint:
                     conn.execute("ROLLBACK TO call")
@@ -685,10 +691,10 @@ class _Worker(threading.Thread):
                 else:
                     conn.execute("ROLLBACK")
         if not conn.in_transaction:
-            # Rolled back (by SQLite, or a lone call that failed): nothing of it stays.
+            # Rolled back (by SQLite, or a lone call that failed): nothing of it stays,
+            # and what the batch read may have included it.
             for request in done:
-                if request.write:
-                    request.error = errors.StoreUnavailable("the transaction was rolled back")
+                request.error = errors.StoreUnavailable("the transaction was rolled back")
             return
         try:
             conn.execute("COMMIT")
@@ -846,7 +852,7 @@ class SQLiteStore:
             self._conn.close()
             self._conn = None
 
-    async def _submit(self, write: bool, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def _submit(self, write: bool | None, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         worker = self._worker
         if worker is None:
             raise errors.StoreUnavailable("the sqlite store is not open")
@@ -1335,8 +1341,8 @@ class SQLiteStore:
             return []
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
-        # Submitted as a read: it takes the write lock itself only when there is work.
-        return await self._run(self._claim_actions, node_id, limit, _us(now), _us(lease))
+        # It takes the write lock only when there is something to claim.
+        return await self._submit(None, self._claim_actions, (node_id, limit, _us(now), _us(lease)))
 
     def _claimable(self, conn: sqlite3.Connection, limit: int, now: int) -> list[Any]:
         # Two index range scans (one per state) rather than one OR that no index serves.

@@ -287,3 +287,27 @@ async def test_scraper_and_deletor_queries_use_indexes(tmp_path: Path) -> None:
             assert any(index in step for step in steps), (sql, steps)
             # A full scan of a table would make the scraper's poll grow with history.
             assert not any(step.startswith("SCAN") for step in steps), (sql, steps)
+
+
+async def test_a_claim_batched_with_writes_is_committed_with_them(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(_plan("wf-1", 6))
+        stall = await _stall_worker(store, 0.2)
+        claimed, moved, user, idle = await asyncio.gather(
+            store.claim_actions("node-a", 3, lease_s=30),
+            store.transition_action("wf-1", 5, {ActionState.READY}, ActionState.KILLED),
+            store.create_user(_user("dora")),
+            store.claim_actions("node-b", 3, lease_s=30),
+        )
+        await stall
+        assert [a.action_id for a in claimed] == [0, 1, 2]
+        assert moved is not None
+        assert [a.action_id for a in idle] == [3, 4]  # 5 was killed before this claim
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        owners = [(a.state, a.owner) for a in await store.list_actions("wf-1")]
+        assert owners == [
+            *[(ActionState.PROCESSING, "node-a")] * 3,
+            *[(ActionState.PROCESSING, "node-b")] * 2,
+            (ActionState.KILLED, None),
+        ]
+        assert await store.get_user("dora") == user
