@@ -315,3 +315,21 @@ async def test_child_gets_default_sigpipe_and_its_own_path(
     assert recorder.reports[0][0] == "success", recorder.reports
     ignored = int(read(sub.output_path).split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+async def test_a_program_that_moved_on_path_is_found_again(
+    tmp_path: Path, executor: LocalExecutor, recorder: Recorder
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory in (first, second):
+        directory.mkdir()
+    script = '#!/bin/sh\necho ran > "$PINGO_OUTPUT"\n'
+    (first / "moving-program").write_text(script)
+    (first / "moving-program").chmod(0o755)
+    env = {"PATH": f"{first}:{second}:/usr/bin:/bin"}
+    await executor.submit(submission(tmp_path, ["moving-program"], env=env))
+    await recorder.wait_for(1)
+    (first / "moving-program").rename(second / "moving-program")
+    await executor.submit(submission(tmp_path, ["moving-program"], env=env))
+    await recorder.wait_for(2)
+    assert [r[0] for r in recorder.reports] == ["success", "success"]

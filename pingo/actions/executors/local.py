@@ -256,14 +256,18 @@ class LocalExecutor:
         )
         return argv, env
 
-    def _executable(self, name: str, env: Mapping[str, str]) -> str:
-        """`name` as given when it is a path, else found on the child's PATH (cached)."""
+    def _executable(self, name: str, env: Mapping[str, str], *, fresh: bool = False) -> str:
+        """`name` as given when it is a path, else found on the child's PATH.
+
+        Lookups are cached (a PATH search is a dozen system calls per spawn);
+        `fresh` looks again, after the cached program went away.
+        """
         if os.sep in name:
             return name
         search = env.get("PATH", os.defpath)
         key = (name, search)
-        found = self._executables.get(key)
-        if found is None or not os.access(found, os.X_OK):
+        found = None if fresh else self._executables.get(key)
+        if found is None:
             found = shutil.which(name, path=search)
             if found is None:
                 raise FileNotFoundError(errno.ENOENT, "no such program on PATH", name)
@@ -297,18 +301,28 @@ class LocalExecutor:
         self, submission: Submission, argv: list[str], env: dict[str, str], log: BinaryIO
     ) -> _Process:
         log_fd = log.fileno()
-        pid = os.posix_spawn(
-            self._executable(argv[0], env),
-            argv,
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, self._devnull(), 0),
-                (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                (os.POSIX_SPAWN_DUP2, log_fd, 2),
-            ],
-            setsid=True,
-            setsigdef=_RESET_SIGNALS,
-        )
+        file_actions = [
+            (os.POSIX_SPAWN_DUP2, self._devnull(), 0),
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ]
+        executable = self._executable(argv[0], env)
+        try:
+            pid = os.posix_spawn(
+                executable,
+                argv,
+                env,
+                file_actions=file_actions,
+                setsid=True,
+                setsigdef=_RESET_SIGNALS,
+            )
+        except (FileNotFoundError, PermissionError):
+            again = self._executable(argv[0], env, fresh=True)
+            if again == executable:
+                raise
+            pid = os.posix_spawn(
+                again, argv, env, file_actions=file_actions, setsid=True, setsigdef=_RESET_SIGNALS
+            )
         started = time.monotonic()
         external_id = self.external_id_for(submission.callback_id, submission.attempt)
         try:
