@@ -50,7 +50,7 @@ import queue
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -335,6 +335,12 @@ def _dt(micros: int | None) -> datetime | None:
 
 def _dt_req(micros: int) -> datetime:
     return _EPOCH + micros * _US
+
+
+def _chunks(values: Sequence[T], size: int = 500) -> Iterable[Sequence[T]]:
+    """`values` in slices of at most `size`: SQLite binds a limited number of parameters."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
 
 
 def _placeholders(count: int) -> str:
@@ -765,6 +771,11 @@ class SQLiteStore:
     async def __aenter__(self) -> Self:
         if self._worker is not None:
             raise errors.ConfigurationError("the store is already open")
+        # Another file may sit at this path since the last time: forget what was decoded.
+        self._specs.clear()
+        self._dataset_fixed.clear()
+        self._documents.clear()
+        self._documents_size = 0
         worker = _Worker(self)
         worker.start()
         self._worker = worker
@@ -1429,11 +1440,16 @@ class SQLiteStore:
         children: Sequence[int],
         now: int,
     ) -> list[ActionRecord]:
-        rows = conn.execute(
-            "SELECT action_id, state, waiting_on FROM actions "
-            f"WHERE workflow_id = ? AND action_id IN ({_placeholders(len(children))})",
-            [workflow_id, *children],
-        ).fetchall()
+        rows = []
+        # In chunks: a fan-out action may have more children than SQLite binds at once.
+        for chunk in _chunks(children):
+            rows.extend(
+                conn.execute(
+                    "SELECT action_id, state, waiting_on FROM actions "
+                    f"WHERE workflow_id = ? AND action_id IN ({_placeholders(len(chunk))})",
+                    [workflow_id, *chunk],
+                ).fetchall()
+            )
         still_waiting = []
         ready_ids = []
         for action_id, state, waiting_json in rows:
@@ -1452,14 +1468,16 @@ class SQLiteStore:
                 "WHERE workflow_id = ? AND action_id = ?",
                 still_waiting,
             )
-        if not ready_ids:
-            return []
-        ready = conn.execute(
-            "UPDATE actions SET waiting_on = '[]', state = 'READY', updated_at = ?, "
-            f"version = version + 1 WHERE workflow_id = ? "
-            f"AND action_id IN ({_placeholders(len(ready_ids))}) RETURNING {_HOT_COLUMNS}",
-            [now, workflow_id, *ready_ids],
-        ).fetchall()
+        ready = []
+        for chunk in _chunks(ready_ids):
+            ready.extend(
+                conn.execute(
+                    "UPDATE actions SET waiting_on = '[]', state = 'READY', updated_at = ?, "
+                    f"version = version + 1 WHERE workflow_id = ? "
+                    f"AND action_id IN ({_placeholders(len(chunk))}) RETURNING {_HOT_COLUMNS}",
+                    [now, workflow_id, *chunk],
+                ).fetchall()
+            )
         return sorted(self._actions_hot(ready), key=lambda a: a.action_id)
 
     # ------------------------------------------------------------------- datasets

@@ -307,3 +307,18 @@ async def test_every_transition_is_idempotent(store: Store, make: Factory) -> No
         assert await store.transition_action(wid, 0, expected, new) is None
         assert await store.get_action(wid, 0) == first
         current = new
+
+
+async def test_release_parent_of_a_wide_fan_out(store: Store, make: Factory) -> None:
+    """More children than one statement binds (SQLite) or one batch holds."""
+    width = 510
+    plan = make.plan({0: (), **{i: (0,) for i in range(1, width + 1)}}, datasets=False)
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    children = tuple(range(1, width + 1))
+
+    ready = await store.release_parent(wid, 0, children)
+
+    assert [a.action_id for a in ready] == list(children)
+    assert await store.count_actions(wid) == {A.READY: width + 1}
+    assert await store.release_parent(wid, 0, children) == []

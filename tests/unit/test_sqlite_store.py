@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -311,3 +312,22 @@ async def test_a_claim_batched_with_writes_is_committed_with_them(tmp_path: Path
             (ActionState.KILLED, None),
         ]
         assert await store.get_user("dora") == user
+
+
+async def test_release_parent_beyond_sqlites_bound_parameter_limit(tmp_path: Path) -> None:
+    """A fan-out wider than SQLite's 32,766 bound parameters per statement."""
+    width = 40_000
+    plan = _plan("wf-1", width + 1)
+    children = tuple(range(1, width + 1))
+    wide = replace(
+        plan,
+        actions=(
+            replace(plan.actions[0], children=children),
+            *(replace(a, state=ActionState.WAITING, waiting_on=(0,)) for a in plan.actions[1:]),
+        ),
+    )
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(wide)
+        ready = await store.release_parent("wf-1", 0, children)
+        assert len(ready) == width
+        assert await store.count_actions("wf-1") == {ActionState.READY: width + 1}
