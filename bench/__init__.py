@@ -446,16 +446,12 @@ def render(outcomes: Sequence[Outcome], flat: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(title="Pingo benchmarks (median of runs)", title_justify="left")
-    for column, justify in (
-        ("figure", "left"),
-        ("median", "right"),
-        ("min", "right"),
-        ("max", "right"),
-        ("runs", "right"),
-        ("target", "left"),
-        ("", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    # Figure names never wrap (they are what a reader greps for); targets may.
+    table.add_column("figure", no_wrap=True)
+    for column in ("median", "min", "max", "runs"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("target", overflow="fold")
+    table.add_column("", no_wrap=True)
     for outcome in outcomes:
         for name, fig in aggregate(outcome.runs).items():
             target = TARGETS.get(name)

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal:
+        # Piped or under make in CI: rich would assume 80 columns and squeeze the names.
+        console = Console(width=132)
     found = bench.discover(args.dir)
     if args.list:
         for b in found:
