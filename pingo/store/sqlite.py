@@ -1391,12 +1391,16 @@ class SQLiteStore:
     ) -> list[ActionRecord]:
         if not chosen:
             return []
-        rows = conn.execute(
-            "UPDATE actions SET state = 'PROCESSING', owner = ?, lease_expires_at = ?, "
-            "updated_at = ?, version = version + 1 "
-            f"WHERE rowid IN ({_placeholders(len(chosen))}) RETURNING {_HOT_COLUMNS}",
-            [node_id, lease, now, *(c[3] for c in chosen)],
-        ).fetchall()
+        rows = []
+        for chunk in _chunks(chosen):
+            rows.extend(
+                conn.execute(
+                    "UPDATE actions SET state = 'PROCESSING', owner = ?, lease_expires_at = ?, "
+                    "updated_at = ?, version = version + 1 "
+                    f"WHERE rowid IN ({_placeholders(len(chunk))}) RETURNING {_HOT_COLUMNS}",
+                    [node_id, lease, now, *(c[3] for c in chunk)],
+                ).fetchall()
+            )
         order = {(c[1], c[2]): i for i, c in enumerate(chosen)}
         return sorted(self._actions_hot(rows), key=lambda a: order[a.key])
 
