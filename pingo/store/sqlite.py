@@ -141,20 +141,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # SUBMITTED/RUNNING lease scan goes by state (those are bounded by executor slots).
         "CREATE INDEX actions_processing_lease ON actions (state, lease_expires_at) "
         "WHERE state = 'PROCESSING'",
-        # Per-workflow counts by state, kept by triggers: the callback path asks "is
-        # anything left to run?" after every action, and counting a big workflow's
-        # rows each time would make finishing a workflow quadratic.
+        # Per-workflow counts by state: the callback path asks "is anything left to
+        # run?" after every action, and counting a big workflow's rows each time would
+        # make finishing a workflow quadratic. A trigger keeps them on state changes;
+        # rows are only inserted by create_workflow, which adds its counts in bulk.
         """CREATE TABLE action_counts (
             workflow_id TEXT NOT NULL,
             state TEXT NOT NULL,
             count INTEGER NOT NULL,
             PRIMARY KEY (workflow_id, state)
         ) WITHOUT ROWID""",
-        """CREATE TRIGGER action_counts_insert AFTER INSERT ON actions BEGIN
-            INSERT INTO action_counts (workflow_id, state, count)
-            VALUES (new.workflow_id, new.state, 1)
-            ON CONFLICT (workflow_id, state) DO UPDATE SET count = count + 1;
-        END""",
         """CREATE TRIGGER action_counts_update AFTER UPDATE OF state ON actions
         WHEN old.state IS NOT new.state BEGIN
             UPDATE action_counts SET count = count - 1
@@ -201,18 +197,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             pinned INTEGER NOT NULL,
             version INTEGER NOT NULL
         )""",
-        # Totals by state, kept by triggers: the retention loop reads them every pass.
+        # Totals by state, for the retention loop's every pass: a trigger keeps them on
+        # changes; create_workflow adds the datasets it inserts in bulk.
         """CREATE TABLE dataset_totals (
             state TEXT PRIMARY KEY,
             count INTEGER NOT NULL,
             bytes INTEGER NOT NULL
         ) WITHOUT ROWID""",
-        """CREATE TRIGGER dataset_totals_insert AFTER INSERT ON datasets BEGIN
-            INSERT INTO dataset_totals (state, count, bytes)
-            VALUES (new.state, 1, COALESCE(new.size_bytes, 0))
-            ON CONFLICT (state) DO UPDATE
-            SET count = count + 1, bytes = bytes + COALESCE(new.size_bytes, 0);
-        END""",
         """CREATE TRIGGER dataset_totals_update AFTER UPDATE OF state, size_bytes ON datasets
         WHEN old.state IS NOT new.state OR old.size_bytes IS NOT new.size_bytes BEGIN
             UPDATE dataset_totals
@@ -317,8 +308,14 @@ _EMPTY: tuple[Any, ...] = ()
 _SPEC_CACHE_SIZE = 8192
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+"""Compact JSON (one encoder for all calls: building one per call costs more than small
+values take to encode)."""
+
+
+def _ints(values: Sequence[int]) -> str:
+    """A JSON array of ints (waiting_on, children), without the JSON encoder."""
+    return "[" + ",".join(map(str, values)) + "]" if values else "[]"
 
 
 def _us(at: datetime) -> int:
@@ -390,7 +387,7 @@ def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
         a.workflow_id,
         a.action_id,
         a.state.value,
-        _dumps(list(a.waiting_on)),
+        _ints(a.waiting_on),
         _us(a.updated_at),
         a.attempts,
         a.owner,
@@ -416,7 +413,7 @@ def _spec_params(a: ActionRecord) -> tuple[Any, ...]:
         a.reason,
         _dumps(a.definition),
         _dumps([[parent, dataset] for parent, dataset in a.inputs.items()]),
-        _dumps(list(a.children)),
+        _ints(a.children),
         a.callback_id,
         _us(a.created_at),
         a.max_attempts,
@@ -468,6 +465,31 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         finished_at=_dt(hot[12]),
         runtime_s=hot[13],
         version=hot[14],
+    )
+
+
+def _new_dataset_params(plan: DatasetPlan, now: int) -> tuple[Any, ...]:
+    return (
+        plan.id,
+        plan.state.value,
+        plan.path,
+        plan.scope,
+        plan.action_type,
+        _dumps(plan.definition),
+        _dumps(list(plan.parents)),
+        plan.producer_workflow_id,
+        plan.producer_action_id,
+        int(plan.is_managed),
+        now,
+        now,
+        _dumps(list(dict.fromkeys(plan.claims))),
+        None,
+        None,
+        0,
+        None,
+        None,
+        0,
+        0,
     )
 
 
@@ -1029,8 +1051,15 @@ class SQLiteStore:
         )
         conn.executemany(_HOT_INSERT, [_hot_params(a) for a in plan.actions])
         conn.executemany(_SPEC_INSERT, [_spec_params(a) for a in plan.actions])
-        for dataset in plan.datasets:
-            self._persist_dataset(conn, dataset, now)
+        counts: dict[str, int] = {}
+        for a in plan.actions:
+            counts[a.state.value] = counts.get(a.state.value, 0) + 1
+        conn.executemany(
+            "INSERT INTO action_counts (workflow_id, state, count) VALUES (?, ?, ?) "
+            "ON CONFLICT (workflow_id, state) DO UPDATE SET count = count + excluded.count",
+            [(workflow.id, state, n) for state, n in counts.items()],
+        )
+        self._persist_datasets(conn, plan.datasets, now)
         # The node that plans a workflow usually runs it: no need to read this back.
         # (Ids are unique, so an entry left by a rolled-back plan is never read.)
         self._cache_document(workflow.id, workflow.document, len(params[4]))
@@ -1052,35 +1081,44 @@ class SQLiteStore:
                 ),
             )
 
-    def _persist_dataset(self, conn: sqlite3.Connection, plan: DatasetPlan, now: int) -> None:
-        row = conn.execute("SELECT state, claims FROM datasets WHERE id = ?", (plan.id,)).fetchone()
-        if row is None:
-            conn.execute(
-                _DATASET_INSERT,
-                (
-                    plan.id,
-                    plan.state.value,
-                    plan.path,
-                    plan.scope,
-                    plan.action_type,
-                    _dumps(plan.definition),
-                    _dumps(list(plan.parents)),
-                    plan.producer_workflow_id,
-                    plan.producer_action_id,
-                    int(plan.is_managed),
-                    now,
-                    now,
-                    _dumps(list(dict.fromkeys(plan.claims))),
-                    None,
-                    None,
-                    0,
-                    None,
-                    None,
-                    0,
-                    0,
-                ),
-            )
-            return
+    def _persist_datasets(
+        self, conn: sqlite3.Connection, plans: Sequence[DatasetPlan], now: int
+    ) -> None:
+        """Create the planned datasets that are new, in bulk; merge the others one by one."""
+        existing: dict[str, tuple[str, str]] = {}
+        ids = list(dict.fromkeys(p.id for p in plans))
+        for chunk in _chunks(ids):
+            for row in conn.execute(
+                f"SELECT id, state, claims FROM datasets WHERE id IN ({_placeholders(len(chunk))})",
+                chunk,
+            ):
+                existing[row[0]] = (row[1], row[2])
+        new: dict[str, DatasetPlan] = {}
+        merges: list[DatasetPlan] = []
+        for plan in plans:
+            if plan.id in existing or plan.id in new:
+                merges.append(plan)  # exists, or planned twice: the second one merges
+            else:
+                new[plan.id] = plan
+        conn.executemany(_DATASET_INSERT, [_new_dataset_params(p, now) for p in new.values()])
+        totals: dict[str, int] = {}
+        for plan in new.values():
+            totals[plan.state.value] = totals.get(plan.state.value, 0) + 1
+        conn.executemany(
+            "INSERT INTO dataset_totals (state, count, bytes) VALUES (?, ?, 0) "
+            "ON CONFLICT (state) DO UPDATE SET count = count + excluded.count",
+            list(totals.items()),
+        )
+        for plan in merges:
+            row = conn.execute(
+                "SELECT state, claims FROM datasets WHERE id = ?", (plan.id,)
+            ).fetchone()
+            self._merge_dataset(conn, plan, row, now)
+
+    def _merge_dataset(
+        self, conn: sqlite3.Connection, plan: DatasetPlan, row: Sequence[Any], now: int
+    ) -> None:
+        """Apply a plan to a dataset that exists: upgrade its state and/or add claims."""
         old_state = DatasetState(row[0])
         old_claims: list[str] = json.loads(row[1])
         claims = list(dict.fromkeys([*old_claims, *plan.claims]))
