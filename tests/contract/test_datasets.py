@@ -323,3 +323,17 @@ async def test_dataset_of_a_finished_action_is_reachable(store: Store, make: Fac
     assert action is not None
     dataset = await store.get_dataset(action.dataset_id)
     assert dataset is not None and dataset.producer_action_id == 0
+
+
+async def test_a_dataset_planned_twice_in_one_plan_is_merged(store: Store, make: Factory) -> None:
+    plan = make.plan({0: (), 1: ()}, datasets=False)
+    first = replace(make.dataset(plan.actions[0], state=D.TO_STORE), claims=("w/a",))
+    second = replace(make.dataset(plan.actions[1], id=first.id, state=D.TO_LEAF), claims=("w/b",))
+    await store.create_workflow(replace(plan, datasets=(first, second)))
+
+    record = await store.get_dataset(first.id)
+    assert record is not None
+    assert record.state is D.TO_LEAF
+    assert sorted(record.claims) == ["w/a", "w/b"]
+    assert record.producer_action_id == 0  # the first plan created it
+    assert await store.bytes_by_state() == {D.TO_LEAF: 0}
