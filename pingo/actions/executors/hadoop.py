@@ -61,25 +61,14 @@ def hadoop_command(hadoop: str, generation: Generation, submission: Submission) 
 class HadoopExecutor(ClientProcessExecutor):
     """Runs MapReduce jobs of one generation through `hadoop jar`."""
 
-    kind = "hadoop"
-
     def __init__(self, settings: Settings, reporter: Reporter, generation: Generation) -> None:
+        self.action_type = generation.action_type
         super().__init__(settings, reporter)
         self.generation = generation
         self.hadoop = find_program(settings.hadoop_bin, "PINGO_HADOOP_BIN")
 
     def build_command(self, submission: Submission) -> list[str]:
         return hadoop_command(self.hadoop, self.generation, submission)
-
-    async def on_exit(self, submission: Submission, returncode: int) -> None:
-        # A client that fails never got a job to the cluster, so no notification
-        # will come. Reporting is idempotent if Hadoop notifies FAILED as well.
-        if returncode != 0:
-            await self.reporter.failed(
-                submission.callback_id,
-                submission.attempt,
-                f"hadoop exited with status {returncode}; see the action's log",
-            )
 
 
 def create_v1(settings: Settings, reporter: Reporter) -> HadoopExecutor:

@@ -53,7 +53,6 @@ from typing import Any, BinaryIO
 from pingo import errors
 from pingo.actions.executors import placeholders
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
-from pingo.actions.executors.client import ensure_local_parent
 from pingo.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -288,9 +287,8 @@ class LocalExecutor:
     def _open_files(self, submission: Submission) -> BinaryIO:
         """Create the output's parent directory and open the attempt's log (in a thread)."""
         output = submission.output_path
-        if "://" in output and not output.startswith("file://"):
-            ensure_local_parent(output)
-        else:
+        # A remote output (hdfs://, s3://) is created by the job itself.
+        if "://" not in output or output.startswith("file://"):
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))

@@ -16,11 +16,7 @@ from typing import Any
 
 from pingo.actions.executors import placeholders
 from pingo.actions.executors.base import Reporter, Submission
-from pingo.actions.executors.client import (
-    ClientProcessExecutor,
-    client_environment,
-    find_program,
-)
+from pingo.actions.executors.client import ClientProcessExecutor, find_program
 from pingo.config import Settings
 
 
@@ -59,7 +55,7 @@ def wrapped_command(submission: Submission, command: list[str]) -> list[str]:
 class SparkExecutor(ClientProcessExecutor):
     """Runs Spark applications with spark-submit under the callback wrapper."""
 
-    kind = "spark"
+    action_type = "spark"
 
     def __init__(self, settings: Settings, reporter: Reporter) -> None:
         super().__init__(settings, reporter)
@@ -74,10 +70,9 @@ class SparkExecutor(ClientProcessExecutor):
         )
         return wrapped_command(submission, command)
 
-    def build_environment(self, submission: Submission) -> dict[str, str]:
+    def extra_environment(self) -> Mapping[str, str]:
         # PySpark applications run with this Python unless the operator chose another.
-        extra = {} if "PYSPARK_PYTHON" in os.environ else {"PYSPARK_PYTHON": sys.executable}
-        return client_environment(submission, extra)
+        return {} if "PYSPARK_PYTHON" in os.environ else {"PYSPARK_PYTHON": sys.executable}
 
 
 def create(settings: Settings, reporter: Reporter) -> SparkExecutor:
