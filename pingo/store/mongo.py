@@ -39,9 +39,9 @@ import inspect
 import json
 import logging
 from collections.abc import (
-    Awaitable,
     Callable,
     Collection,
+    Coroutine,
     Iterable,
     Iterator,
     Mapping,
@@ -401,8 +401,8 @@ def parse_write_concern(text: str) -> WriteConcern:
 
 
 def _translated(
-    method: Callable[Concatenate[MongoStore, P], Awaitable[R]],
-) -> Callable[Concatenate[MongoStore, P], Awaitable[R]]:
+    method: Callable[Concatenate[MongoStore, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[MongoStore, P], Coroutine[Any, Any, R]]:
     """Translate driver errors into `pingo.errors` at the edge of the store."""
 
     @functools.wraps(method)
