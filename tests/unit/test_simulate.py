@@ -247,3 +247,15 @@ def test_cli_simulate_prints_json_and_writes_a_plot(
     assert shown.exit_code == 0 and "gdsf" in shown.stdout
     unknown = CliRunner().invoke(app, [*args[:-3], "--policy", "nope"])
     assert unknown.exit_code == 2 and "unknown retention policy" in unknown.output
+
+
+def test_the_table_in_the_docs_is_the_saved_run() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    saved = json.loads((docs / "retention-study.json").read_text())
+    rows = [simulate.Result.from_json(r) for r in saved["results"]]
+    assert simulate.markdown(rows) in (docs / "retention.md").read_text()
+    # Every seed's engine replay with unlimited storage matched the planning model.
+    for sequence_summary in saved["sequences"]:
+        assert sequence_summary["unlimitedComputeSeconds"] == pytest.approx(
+            sequence_summary["modelUnlimitedComputeSeconds"]
+        )
