@@ -718,38 +718,31 @@ def render(result: Study) -> list[Any]:
             f"{s.working_set.no_reuse_compute_s / 3600:,.1f}",
             f"{s.unlimited.compute_s / 3600:,.1f}",
         )
-    table = Table(title="Compute executed, mean over seeds [min-max]")
-    for column in (
-        "capacity",
-        "policy",
-        "compute h",
-        "x LRU",
-        "LRU gap closed",
-        "x oracle",
-        "oracle h",
-        "evictions",
-        "peak GB",
-    ):
-        table.add_column(column, justify="right" if column != "policy" else "left")
+    many = len(result.seeds) > 1
+    table = Table(
+        title="Compute executed" + (" (mean over seeds; ± is the spread)" if many else ""),
+        caption="gap: share of LRU's excess over unlimited storage removed",
+    )
+    for column in ("cap", "policy", "compute h", "xLRU", "gap", "xoracle", "evicted", "peak GB"):
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
     previous: float | None = None
     for row in summarize(result.results):
         if previous is not None and row.capacity_fraction != previous:
             table.add_section()
         previous = row.capacity_fraction
-        closed = (
-            "-"
-            if row.gap_closed is None or row.policy == "lru"
-            else f"{row.gap_closed:+.0%} ± {row.gap_closed_stdev or 0:.0%}"
-        )
+        spread = f" {row.compute_min_s / 3600:,.1f}-{row.compute_max_s / 3600:,.1f}" if many else ""
+        closed = "-"
+        if row.gap_closed is not None and row.policy != "lru":
+            closed = f"{row.gap_closed:+.0%}" + (
+                f"±{row.gap_closed_stdev or 0:.0%}" if many else ""
+            )
         table.add_row(
             f"{row.capacity_fraction:.0%}",
             row.policy,
-            f"{row.compute_s / 3600:,.1f} [{row.compute_min_s / 3600:,.1f}-"
-            f"{row.compute_max_s / 3600:,.1f}]",
+            f"{row.compute_s / 3600:,.1f}{spread}",
             "-" if row.vs_lru is None else f"{row.vs_lru:.3f}",
             closed,
-            f"{row.vs_oracle:.3f} ± {row.vs_oracle_stdev:.3f}",
-            f"{row.oracle_compute_s / 3600:,.1f}",
+            f"{row.vs_oracle:.3f}" + (f"±{row.vs_oracle_stdev:.3f}" if many else ""),
             f"{row.evictions:,.0f}",
             _gb(row.peak_bytes),
         )
