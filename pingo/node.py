@@ -58,24 +58,24 @@ class _HeldReporter:
         self._callbacks = callbacks
         self._held = held
 
-    async def running(self, callback_id: str, attempt: int) -> object:
+    async def running(self, callback_id: str, attempt: int) -> ActionRecord:
         return await self._callbacks.running(callback_id, attempt)
 
     async def success(
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
-    ) -> object:
+    ) -> ActionRecord:
         try:
             return await self._callbacks.success(callback_id, attempt, runtime_s=runtime_s)
         finally:
             self._held.remove_callback(callback_id)
 
-    async def failed(self, callback_id: str, attempt: int, error: str) -> object:
+    async def failed(self, callback_id: str, attempt: int, error: str) -> ActionRecord:
         try:
             return await self._callbacks.failed(callback_id, attempt, error)
         finally:
             self._held.remove_callback(callback_id)
 
-    async def killed(self, callback_id: str, attempt: int) -> object:
+    async def killed(self, callback_id: str, attempt: int) -> ActionRecord:
         try:
             return await self._callbacks.killed(callback_id, attempt)
         finally:
@@ -130,11 +130,12 @@ class Node:
             store, self.storage, capacity_bytes=settings.storage_capacity_bytes
         )
         factories = base.load_executor_factories() if executors is None else dict(executors)
-        reporter = _HeldReporter(self.callbacks, self.held)
+        #: How work reports, in-process or over HTTP: the callbacks, releasing held slots.
+        self.reporter = _HeldReporter(self.callbacks, self.held)
         self.executors: dict[str, base.Executor] = {}
         for action_type, factory in factories.items():
             try:
-                self.executors[action_type] = factory(settings, reporter)
+                self.executors[action_type] = factory(settings, self.reporter)
             except errors.ConfigurationError as exc:
                 # A cluster client missing on this machine (no `hadoop`, no `spark-submit`)
                 # must not stop the node: the API refuses that type at submission instead.

@@ -205,6 +205,25 @@ async def test_mapreduce_job_is_built_and_completed_by_its_notification(
     assert (Path(dataset["path"]) / "part-r-00000").is_file()
 
 
+async def test_a_notification_frees_the_type_slot_at_once(
+    tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One MapReduce client at a time, and leases far longer than the test: the
+    # second job can start in time only if the first one's HTTP notification
+    # releases its slot (no lease renewal or reconciliation comes to the rescue).
+    monkeypatch.setenv("HADOOP_STANDIN_MODE", "success")
+    document = mapreduce_workflow("mapreduce-v2", "slots")
+    second = dict(document["actions"][1], id=3, name="count-again", queue="other")
+    document["actions"].append(second)
+    document["endActionId"] = 3
+    limits = {"mapreduce-v2": 1}
+    async for server in _serve(tmp_path, executor_limits=limits, lease_s=60.0):
+        workflow = await server.submit(document)
+        done = await server.wait(workflow["id"], timeout_s=10)
+        assert done["state"] == "SUCCEEDED", done
+    assert len(recorded(standin)) == 2
+
+
 @pytest.mark.parametrize("hadoop_mode", ["fail"])
 async def test_failed_job_status_fails_the_action(server: Server, standin: Path) -> None:
     workflow = await server.submit(mapreduce_workflow("mapreduce-v2", "fails", maxAttempts=2))
