@@ -128,6 +128,9 @@ DATASET_TRANSITIONS: Mapping[tuple[DatasetState, DatasetState], frozenset[Trigge
     (D.DELETED, D.STORED): frozenset({Trigger.CALLBACK}),
     (D.DELETED, D.LEAF): frozenset({Trigger.CALLBACK}),
     (D.DELETED, D.STORED_TO_DELETE): frozenset({Trigger.CALLBACK}),
+    # A leaf recomputed while its old copy waits for deletion (a user deleted it,
+    # then submitted it again): the workflow's final output must outlive the delete.
+    (D.STORED_TO_DELETE, D.LEAF): frozenset({Trigger.CALLBACK}),
     # Failure or kill of the producing action: partial output removed.
     (D.TO_STORE, D.DELETED): frozenset({Trigger.CALLBACK}),
     (D.TO_LEAF, D.DELETED): frozenset({Trigger.CALLBACK}),

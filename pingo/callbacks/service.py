@@ -358,9 +358,14 @@ class CallbackService:
             if target is None and dataset.state is D.DELETED:
                 # Evicted or failed elsewhere while this attempt ran: store it again.
                 target = D.LEAF if await self._is_leaf(action) else D.STORED
+            elif target is None and dataset.state is D.STORED_TO_DELETE:
+                # Marked for deletion after planning chose to recompute it. An
+                # intermediate may go (it was computed for its consumers, whose
+                # claims hold it); this workflow's final output must stay.
+                target = D.LEAF if await self._is_leaf(action) else None
             if target is None:
-                # STORED / LEAF / STORED_TO_DELETE: the same provenance is on disk
-                # already (stored by someone else); keep it as it is.
+                # STORED / LEAF / an intermediate STORED_TO_DELETE: the same
+                # provenance is on disk already (stored by someone else); keep it.
                 return
             states.ensure_transition(dataset.state, target, T.CALLBACK)
             moved = await self.store.transition_dataset(

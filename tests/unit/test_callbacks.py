@@ -252,6 +252,26 @@ async def test_success_after_the_dataset_was_deleted_meanwhile(
     assert (await dataset(store, leaf.dataset_id)).state is D.LEAF
 
 
+async def test_a_recomputed_leaf_outlives_a_pending_deletion(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    # The leaf was stored, a user force-deleted it while a reader's claim held it,
+    # and a new workflow recomputes it: its output must not be deleted after success.
+    record = await manager.submit(workflow({1: []}, tag="pending"), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    await walk_dataset(store, action.dataset_id, [D.DELETED, D.LEAF])
+    held = await store.add_dataset_claim(action.dataset_id, "reader/1", {D.LEAF})
+    assert held is not None
+    await walk_dataset(store, action.dataset_id, [D.STORED_TO_DELETE])
+    write_output(storage, action, b"kept")
+    await callbacks.success(action.callback_id, 1)
+    assert (await dataset(store, action.dataset_id)).state is D.LEAF
+    assert await wf_state(store, record.id) is W.SUCCEEDED
+
+
 async def test_success_waits_for_a_deletion_in_progress(
     store: protocol.Store,
     storage: DatasetStorage,
