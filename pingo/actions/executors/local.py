@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between SIGTERM and SIGKILL when a process group is stopped.
 KILL_GRACE_S = 5.0
+#: Directories remembered as created (each workflow adds its log directory).
+_REMEMBERED_DIRS = 4096
 #: Bytes of the log's end quoted in a failure's error.
 LOG_TAIL_BYTES = 2000
 
@@ -282,6 +284,9 @@ class LocalExecutor:
         # Every attempt of a workflow shares these directories: create each once.
         if path not in self._dirs:
             os.makedirs(path, exist_ok=True)
+            if len(self._dirs) >= _REMEMBERED_DIRS:
+                # A server runs for months: forget rather than grow (makedirs is idempotent).
+                self._dirs.clear()
             self._dirs.add(path)
 
     def _open_files(self, submission: Submission) -> BinaryIO:
