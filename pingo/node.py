@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pingo import errors, loops, states
@@ -306,8 +306,9 @@ class Node:
         await executor.kill(action.external_id)
 
 
-async def run_node(settings: Settings) -> None:
-    """Open the store and run a node until SIGINT or SIGTERM (or a loop dies)."""
+@contextlib.asynccontextmanager
+async def running_node(settings: Settings) -> AsyncIterator[Node]:
+    """Open the store `settings` names and run a node on it while the block runs."""
     settings.home.mkdir(parents=True, exist_ok=True)
     async with open_store(
         settings.store_url,
@@ -316,6 +317,15 @@ async def run_node(settings: Settings) -> None:
     ) as store:
         node = Node(settings, store)
         await node.start()
+        try:
+            yield node
+        finally:
+            await node.stop()
+
+
+async def run_node(settings: Settings) -> None:
+    """Open the store and run a node until SIGINT or SIGTERM (or a loop dies)."""
+    async with running_node(settings) as node:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -330,6 +340,5 @@ async def run_node(settings: Settings) -> None:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            await node.stop()
-        if failure is not None:
-            raise failure
+    if failure is not None:
+        raise failure

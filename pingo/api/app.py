@@ -80,23 +80,14 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
             await _attach(app, node)
             yield
             return
-        from pingo.node import Node
-        from pingo.store import open_store
+        from pingo.node import running_node
 
-        settings.home.mkdir(parents=True, exist_ok=True)
-        async with open_store(
-            settings.store_url,
-            sqlite_synchronous=settings.sqlite_synchronous,
-            mongo_write_concern=settings.mongo_write_concern,
-        ) as store:
-            own = Node(settings, store)
-            await own.start()
+        async with running_node(settings) as own:
             try:
                 await _attach(app, own)
                 yield
             finally:
                 app[state.STATE_KEY].node = None
-                await own.stop()
 
     app.cleanup_ctx.append(engine)
     setup_routes(app)
