@@ -10,7 +10,6 @@ reconciliation when that callback is lost.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -21,10 +20,8 @@ from pathlib import Path
 from pingo import errors
 from pingo.actions.executors import placeholders
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
-from pingo.actions.executors.local import LocalExecutor, _failure, _outcome, _Process
+from pingo.actions.executors.local import LocalExecutor, _outcome, _Process
 from pingo.config import Settings
-
-logger = logging.getLogger(__name__)
 
 #: Client processes one node runs at once, unless `executor_limits` says otherwise.
 DEFAULT_CLIENT_SLOTS = 64
@@ -94,41 +91,16 @@ class ClientProcessExecutor(LocalExecutor):
         return self._ended.get(external_id, ExecutorStatus.UNKNOWN)
 
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
-        sub = proc.submission
         self._ended[proc.external_id] = _outcome(proc, returncode)
         while len(self._ended) > REMEMBERED_OUTCOMES:
             self._ended.popitem(last=False)
-        try:
-            if proc.stopped_for == "killed":
-                await self.reporter.killed(sub.callback_id, sub.attempt)
-            elif proc.stopped_for == "timeout":
-                await self.reporter.failed(
-                    sub.callback_id, sub.attempt, f"timed out after {sub.timeout_s:g} s"
-                )
-            elif returncode != 0:
-                # A failing client may never have reached the cluster, so no
-                # callback may come; reporting twice is harmless (idempotent).
-                await self.reporter.failed(
-                    sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
-                )
-            # Exit 0: the cluster's callback carries the success; if it is lost,
-            # reconciliation finds SUCCEEDED here after the grace.
-        except errors.PingoError as exc:
-            logger.info(
-                "report for %s/%s attempt %d refused: %s",
-                sub.workflow_id,
-                sub.action_id,
-                sub.attempt,
-                exc,
-                extra={"event": "client_report_refused"},
-            )
-        except Exception:
-            logger.exception(
-                "report for %s/%s attempt %d failed; reconciliation will resolve it",
-                sub.workflow_id,
-                sub.action_id,
-                sub.attempt,
-                extra={"event": "client_report_failed"},
-            )
-        finally:
-            self._procs.pop(proc.external_id, None)
+        await super()._report(proc, returncode, runtime_s)
+
+    async def _report_outcome(self, proc: _Process, returncode: int, runtime_s: float) -> None:
+        # Exit 0: the cluster's callback carries the success; if it is lost,
+        # reconciliation finds SUCCEEDED in `status` after the grace. A failing
+        # client may never have reached the cluster, so its failure is reported
+        # here (twice is harmless: callbacks are idempotent).
+        if proc.stopped_for is None and returncode == 0:
+            return
+        await super()._report_outcome(proc, returncode, runtime_s)

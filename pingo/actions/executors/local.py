@@ -378,21 +378,26 @@ class LocalExecutor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _report_outcome(self, proc: _Process, returncode: int, runtime_s: float) -> None:
+        """Tell the callbacks how the work ended."""
+        sub = proc.submission
+        if proc.stopped_for == "killed":
+            await self.reporter.killed(sub.callback_id, sub.attempt)
+        elif proc.stopped_for == "timeout":
+            await self.reporter.failed(
+                sub.callback_id, sub.attempt, f"timed out after {sub.timeout_s:g} s"
+            )
+        elif returncode == 0:
+            await self.reporter.success(sub.callback_id, sub.attempt, runtime_s=runtime_s)
+        else:
+            await self.reporter.failed(
+                sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
+            )
+
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
         try:
-            if proc.stopped_for == "killed":
-                await self.reporter.killed(sub.callback_id, sub.attempt)
-            elif proc.stopped_for == "timeout":
-                await self.reporter.failed(
-                    sub.callback_id, sub.attempt, f"timed out after {sub.timeout_s:g} s"
-                )
-            elif returncode == 0:
-                await self.reporter.success(sub.callback_id, sub.attempt, runtime_s=runtime_s)
-            else:
-                await self.reporter.failed(
-                    sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
-                )
+            await self._report_outcome(proc, returncode, runtime_s)
         except errors.PingoError as exc:
             # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
             # the callbacks decided; nothing is left for us to do.
