@@ -138,10 +138,17 @@ class CallbackService:
         changes = protocol.ActionChanges(
             finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
         )
-        finished = await self._move(action, _EXECUTING, A.FINISHED, T.CALLBACK, changes)
-        if finished is None:
+        # One store call: FINISHED by compare-and-set, then (only for the winner) its
+        # input claims dropped and its children released.
+        states.ensure_transition(action.state, A.FINISHED, T.CALLBACK)
+        outcome = await self.store.finish_action(
+            action.workflow_id, action.action_id, _EXECUTING, changes, if_attempt=action.attempts
+        )
+        if outcome is None:
+            _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
-        released = await self._release_children(finished)
+        finished, released = outcome
+        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
         if released:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
             self.on_ready()
@@ -400,19 +407,6 @@ class CallbackService:
                     return False
         return True
 
-    async def _release_children(
-        self, finished: protocol.ActionRecord
-    ) -> list[protocol.ActionRecord]:
-        """Drop its input claims and release its children (independent: both at once)."""
-        if not finished.children:
-            await self._release_inputs(finished)
-            return []
-        _, released = await asyncio.gather(
-            self._release_inputs(finished),
-            self.store.release_parent(finished.workflow_id, finished.action_id, finished.children),
-        )
-        return released
-
     async def _may_be_last(self, finished: protocol.ActionRecord) -> bool:
         """Whether this success may have ended the workflow (a cheap filter before counting).
 
@@ -620,13 +614,7 @@ class CallbackService:
             if_attempt=action.attempts,
         )
         if moved is None:
-            logger.debug(
-                "action %s/%s moved on before %s",
-                action.workflow_id,
-                action.action_id,
-                new.value,
-                extra={"event": "action_cas_lost", "workflow_id": action.workflow_id},
-            )
+            _log_cas_lost(action, new)
             return None
         metrics.ACTION_TRANSITIONS.labels(state=new.value).inc()
         return moved
@@ -689,6 +677,16 @@ class CallbackService:
                 new.value,
                 extra={"event": "workflow_ended", "workflow_id": workflow_id, "state": new.value},
             )
+
+
+def _log_cas_lost(action: protocol.ActionRecord, new: states.ActionState) -> None:
+    logger.debug(
+        "action %s/%s moved on before %s",
+        action.workflow_id,
+        action.action_id,
+        new.value,
+        extra={"event": "action_cas_lost", "workflow_id": action.workflow_id},
+    )
 
 
 def _descendants(

@@ -37,6 +37,7 @@ from pingo.store.protocol import (
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
+    claim_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -408,6 +409,21 @@ class MemoryStore:
         if_owner: str | None = None,
         if_attempt: int | None = None,
     ) -> ActionRecord | None:
+        return self._transition_action(
+            workflow_id, action_id, expected, new, changes, if_owner=if_owner, if_attempt=if_attempt
+        )
+
+    def _transition_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        new: ActionState,
+        changes: ActionChanges,
+        *,
+        if_owner: str | None = None,
+        if_attempt: int | None = None,
+    ) -> ActionRecord | None:
         old = self._actions.get((workflow_id, action_id))
         if (
             old is None
@@ -491,6 +507,11 @@ class MemoryStore:
     async def release_parent(
         self, workflow_id: str, parent_action_id: int, children: Sequence[int]
     ) -> list[ActionRecord]:
+        return self._release_parent(workflow_id, parent_action_id, children)
+
+    def _release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
         now = self.clock()
         ready = []
         for child_id in children:
@@ -517,6 +538,26 @@ class MemoryStore:
             if becomes_ready:
                 ready.append(record)
         return ready
+
+    async def finish_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_attempt: int | None = None,
+    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        # No await from here on: the three steps are one atomic step under asyncio.
+        finished = self._transition_action(
+            workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
+        )
+        if finished is None:
+            return None
+        claim = claim_key(workflow_id, action_id)
+        for dataset_id in dict.fromkeys(finished.inputs.values()):
+            self._remove_dataset_claim(dataset_id, claim)
+        return finished, self._release_parent(workflow_id, action_id, finished.children)
 
     # ------------------------------------------------------------------- datasets
 
@@ -587,6 +628,9 @@ class MemoryStore:
         return self._update_dataset(old, claims=(*old.claims, claim))
 
     async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        return self._remove_dataset_claim(dataset_id, claim)
+
+    def _remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
         old = self._datasets.get(dataset_id)
         if old is None or claim not in old.claims:
             return old

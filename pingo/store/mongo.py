@@ -34,6 +34,7 @@ array), "exactly [x]" is `$size` + `$all` (no array literals, no `$not`); no
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -943,6 +944,11 @@ class MongoStore:
     async def release_parent(
         self, workflow_id: str, parent_action_id: int, children: Sequence[int]
     ) -> list[ActionRecord]:
+        return await self._release_parent(workflow_id, parent_action_id, children)
+
+    async def _release_parent(
+        self, workflow_id: str, parent_action_id: int, children: Sequence[int]
+    ) -> list[ActionRecord]:
         ready = []
         for child_id in children:
             record = await self._release_child(workflow_id, parent_action_id, child_id)
@@ -997,6 +1003,47 @@ class MongoStore:
             return_document=_AFTER,
         )
         return None if doc is None else _action(doc)
+
+    @_translated
+    async def finish_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_attempt: int | None = None,
+    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        """Not atomic on MongoDB: ordered single-document steps, the CAS first.
+
+        Without multi-document transactions, the steps the other backends take in one
+        transaction are taken one by one here. That is safe because the compare-and-set
+        comes first and each later step is idempotent. A caller that loses the CAS
+        changes nothing. A node that dies after the CAS leaves a FINISHED action whose
+        claims or children were not all released: `CallbackService.recover_workflow`
+        (run for every RUNNING workflow when a node starts) releases the children still
+        waiting on a FINISHED parent and drops the claims ended actions hold, and the
+        deletor's `release_orphan_claims` drops ended actions' claims on the datasets it
+        could delete. Until then a claim only delays a deletion, and a child only waits.
+        """
+        finished = await self._transition_action(
+            workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
+        )
+        if finished is None:
+            return None
+        claim = claim_key(workflow_id, action_id)
+        # Claims and children are different documents: both at once, as the callback
+        # service did before this verb existed (one round trip less on a remote server).
+        claims = asyncio.gather(
+            *(
+                self._remove_dataset_claim(dataset_id, claim)
+                for dataset_id in dict.fromkeys(finished.inputs.values())
+            )
+        )
+        _, ready = await asyncio.gather(
+            claims, self._release_parent(workflow_id, action_id, finished.children)
+        )
+        return finished, ready
 
     # ------------------------------------------------------------------- datasets
 
@@ -1080,6 +1127,9 @@ class MongoStore:
 
     @_translated
     async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
+        return await self._remove_dataset_claim(dataset_id, claim)
+
+    async def _remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
         removed = await self._update_dataset(
             {"_id": dataset_id, "claims": claim}, {"$pull": {"claims": claim}}
         )

@@ -387,6 +387,26 @@ class Store(Protocol):
         """
         ...
 
+    async def finish_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        changes: ActionChanges = ActionChanges(),
+        *,
+        if_attempt: int | None = None,
+    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        """Compare-and-set the action to FINISHED, then drop its claims and release its children.
+
+        None when another writer won the compare-and-set; nothing else changes then.
+        Otherwise, in the same call, the action's claim (`claim_key`) is removed from
+        every dataset in its `inputs` and it is released from each of its `children`
+        as `release_parent` does; returns the finished record and the children that
+        became READY. The memory and SQLite backends do all of it atomically; the
+        MongoDB backend does it as ordered single-document steps (see there).
+        """
+        ...
+
     # ---- datasets
 
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:

@@ -76,6 +76,7 @@ from pingo.store.protocol import (
     WorkflowPlan,
     WorkflowRecord,
     _Changes,
+    claim_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -558,6 +559,46 @@ def _set_clause(changes: _Changes) -> tuple[str, list[Any]]:
             sql.append(f", {name} = ?")
             params.append(_column_value(name, value))
     return "".join(sql), params
+
+
+def _transition_action_statement(
+    workflow_id: str,
+    action_id: int,
+    expected: Collection[ActionState],
+    new: ActionState,
+    changes: ActionChanges,
+    now: int,
+    *,
+    if_owner: str | None = None,
+    if_attempt: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The compare-and-set UPDATE of one action (RETURNING `_HOT_COLUMNS`) and its parameters."""
+    sets, params = _set_clause(changes)
+    sql = (
+        f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
+        f"WHERE workflow_id = ? AND action_id = ? "
+        f"AND state IN ({_placeholders(len(expected))})"
+    )
+    args: list[Any] = [new.value, now, *params, workflow_id, action_id]
+    args.extend(s.value for s in expected)
+    if if_owner is not None:
+        sql += " AND owner = ?"
+        args.append(if_owner)
+    if if_attempt is not None:
+        sql += " AND attempts = ?"
+        args.append(if_attempt)
+    sql += f" RETURNING {_HOT_COLUMNS}"
+    return sql, args
+
+
+def _log_action_cas_lost(workflow_id: str, action_id: int, new: ActionState) -> None:
+    logger.debug(
+        "action %s/%s not moved to %s: lost the compare-and-set",
+        workflow_id,
+        action_id,
+        new,
+        extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+    )
 
 
 def path_from_url(url: str) -> str:
@@ -1339,30 +1380,19 @@ class SQLiteStore:
     ) -> ActionRecord | None:
         if not expected:
             return None
-        sets, params = _set_clause(changes)
-        sql = (
-            f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
-            f"WHERE workflow_id = ? AND action_id = ? "
-            f"AND state IN ({_placeholders(len(expected))})"
+        sql, args = _transition_action_statement(
+            workflow_id,
+            action_id,
+            expected,
+            new,
+            changes,
+            _us(self.clock()),
+            if_owner=if_owner,
+            if_attempt=if_attempt,
         )
-        args: list[Any] = [new.value, _us(self.clock()), *params, workflow_id, action_id]
-        args.extend(s.value for s in expected)
-        if if_owner is not None:
-            sql += " AND owner = ?"
-            args.append(if_owner)
-        if if_attempt is not None:
-            sql += " AND attempts = ?"
-            args.append(if_attempt)
-        sql += f" RETURNING {_HOT_COLUMNS}"
         record = await self._run_write(self._one, self._action_hot, sql, args)
         if record is None:
-            logger.debug(
-                "action %s/%s not moved to %s: lost the compare-and-set",
-                workflow_id,
-                action_id,
-                new,
-                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
-            )
+            _log_action_cas_lost(workflow_id, action_id, new)
         return record
 
     async def transition_actions(
@@ -1522,6 +1552,54 @@ class SQLiteStore:
             )
         return sorted(self._actions_hot(ready), key=lambda a: a.action_id)
 
+    async def finish_action(
+        self,
+        workflow_id: str,
+        action_id: int,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        if_attempt: int | None = None,
+    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        if not expected:
+            return None
+        now = _us(self.clock())
+        sql, args = _transition_action_statement(
+            workflow_id,
+            action_id,
+            expected,
+            ActionState.FINISHED,
+            changes,
+            now,
+            if_attempt=if_attempt,
+        )
+        outcome: tuple[ActionRecord, list[ActionRecord]] | None = await self._run_write(
+            self._with_db,
+            lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now),
+        )
+        if outcome is None:
+            _log_action_cas_lost(workflow_id, action_id, ActionState.FINISHED)
+        return outcome
+
+    def _finish_action(
+        self,
+        conn: sqlite3.Connection,
+        workflow_id: str,
+        action_id: int,
+        sql: str,
+        args: list[Any],
+        now: int,
+    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        # One call, so one transaction: the compare-and-set, then (only if it won) the
+        # claims and the children. A failure undoes all three together.
+        finished = self._one(self._action_hot, sql, args)
+        if finished is None:
+            return None
+        claim = claim_key(workflow_id, action_id)
+        for dataset_id in dict.fromkeys(finished.inputs.values()):
+            self._remove_dataset_claim(conn, dataset_id, claim, now)
+        return finished, self._release_parent(conn, workflow_id, action_id, finished.children, now)
+
     # ------------------------------------------------------------------- datasets
 
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
@@ -1637,20 +1715,23 @@ class SQLiteStore:
 
     async def remove_dataset_claim(self, dataset_id: str, claim: str) -> DatasetRecord | None:
         now = _us(self.clock())
+        return await self._run_write(
+            self._with_db, lambda conn: self._remove_dataset_claim(conn, dataset_id, claim, now)
+        )
 
-        def remove(conn: sqlite3.Connection) -> DatasetRecord | None:
-            row = conn.execute(
-                f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
-            ).fetchone()
-            if row is None:
-                return None
-            claims: list[str] = json.loads(row[12])
-            if claim not in claims:
-                return self._dataset(row)
-            claims.remove(claim)
-            return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
-
-        return await self._run_write(self._with_db, remove)
+    def _remove_dataset_claim(
+        self, conn: sqlite3.Connection, dataset_id: str, claim: str, now: int
+    ) -> DatasetRecord | None:
+        row = conn.execute(
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        claims: list[str] = json.loads(row[12])
+        if claim not in claims:
+            return self._dataset(row)
+        claims.remove(claim)
+        return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())

@@ -84,6 +84,7 @@ async def _operation(world: World, clock: FakeClock, model: MemoryStore) -> tupl
             "guarded",
             "release",
             "release",
+            "finish",
             "renew",
             "in_states",
             "count",
@@ -142,6 +143,16 @@ async def _operation(world: World, clock: FakeClock, model: MemoryStore) -> tupl
         key = world.action()
         children = world.children[key]
         return kind, lambda s: s.release_parent(key[0], key[1], children)
+    if kind == "finish":
+        wid, aid = world.action()
+        current = await model.get_action(wid, aid)
+        assert current is not None
+        expected = world.some(list(A), 3)
+        if rng.random() < 0.75:
+            expected.add(current.state)
+        attempt = current.attempts if rng.random() < 0.7 else rng.choice([None, 0, 1])
+        changes = ActionChanges(finished_at=clock.now, runtime_s=1.5, error=None)
+        return kind, lambda s: s.finish_action(wid, aid, expected, changes, if_attempt=attempt)
     if kind == "renew":
         keys = [world.action() for _ in range(3)]
         node = rng.choice(nodes)

@@ -103,6 +103,34 @@ async def test_concurrent_releases_flip_a_child_once(store: Store, make: Factory
     assert child is not None and (child.state, child.waiting_on) == (A.READY, ())
 
 
+async def test_concurrent_finishes_have_one_winner_and_flip_a_child_once(
+    store: Store, make: Factory
+) -> None:
+    parents = {i: () for i in range(6)}
+    plan = make.plan(
+        {**parents, 6: tuple(parents)},
+        actions={i: {"state": A.RUNNING, "attempts": 1} for i in parents},
+        datasets=False,
+    )
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+
+    # Every parent finishes at once, and each success is delivered twice.
+    results = await asyncio.gather(
+        *(
+            store.finish_action(wid, p, {A.SUBMITTED, A.RUNNING}, if_attempt=1)
+            for p in [*parents, *parents]
+        )
+    )
+
+    won = [r for r in results if r is not None]
+    assert sorted(finished.action_id for finished, _ in won) == list(parents)
+    flipped = [a for _, ready in won for a in ready]
+    assert [a.action_id for a in flipped] == [6]
+    child = await store.get_action(wid, 6)
+    assert child is not None and (child.state, child.waiting_on) == (A.READY, ())
+
+
 async def test_concurrent_claims_on_a_dataset_being_deleted(
     store: Store, make: Factory, clock: FakeClock
 ) -> None:
