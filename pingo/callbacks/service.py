@@ -274,6 +274,14 @@ class CallbackService:
             ]
             if stuck and await self.store.release_parent(workflow_id, parent.action_id, stuck):
                 woke = True
+        for child in actions:
+            # Its last parent left the waiting set but the flip to READY was lost
+            # (MongoDB applies the two as separate writes). Releasing any finished
+            # parent again flips a WAITING action whose set is empty.
+            if child.state is A.WAITING and not child.waiting_on and child.inputs:
+                parent_id = next(iter(child.inputs))
+                if await self.store.release_parent(workflow_id, parent_id, [child.action_id]):
+                    woke = True
         await self._release_stale_claims(actions)
         bad = [a for a in actions if a.state in (A.FAILED, A.KILLED)]
         if bad:

@@ -20,6 +20,7 @@ from pingo.callbacks.service import CallbackService, StaleCallback
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.store import protocol
+from pingo.store.mongo import MongoStore
 from pingo.workflows import planner
 from tests.unit._engine_support import (
     BACKENDS,
@@ -518,6 +519,34 @@ async def test_recover_releases_children_a_crash_left_waiting(
     before = await store.list_actions(record.id)
     await callbacks.recover_workflow(record.id)
     assert await store.list_actions(record.id) == before
+
+
+async def test_recover_readies_a_child_whose_release_was_half_applied(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    killer: Killer,
+) -> None:
+    if not isinstance(store, MongoStore):
+        pytest.skip("only MongoDB releases a parent in two writes")
+    record = await manager.submit(workflow(CHAIN), owner="ann")
+    await run_ok(store, storage, callbacks, record.id, 1)
+    second = await start_attempt(store, record.id, 2)
+    write_output(storage, second)
+    await callbacks.success(second.callback_id, 1)
+    third = await get(store, record.id, 3)
+    assert third.state is A.READY
+    # Put the child back as a crash between MongoDB's two writes leaves it: the
+    # parent pulled from its waiting set, the flip to READY never applied.
+    await store._actions.update_one(
+        {"workflow_id": record.id, "action_id": 3},
+        {"$set": {"state": A.WAITING.value, "waiting_on": []}},
+    )
+    assert (await get(store, record.id, 3)).state is A.WAITING
+    await callbacks.recover_workflow(record.id)
+    assert (await get(store, record.id, 3)).state is A.READY
+    assert killer.wakes >= 1
 
 
 async def test_recover_drops_claims_of_ended_actions(
