@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,10 @@ from pingo.store import protocol
 from pingo.store.mongo import MongoStore
 from pingo.workflows import planner
 from tests.unit._engine_support import (
-    BACKENDS,
     CHAIN,
     ManualClock,
     content,
     is_dir,
-    make_settings,
-    make_storage,
-    open_backend,
     start_attempt,
     walk_dataset,
     workflow,
@@ -40,29 +35,6 @@ from tests.unit._engine_support import (
 A = states.ActionState
 D = states.DatasetState
 W = states.WorkflowState
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
-) -> AsyncIterator[Any]:
-    async for s in open_backend(request.param, tmp_path, clock):
-        yield s
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return make_storage(settings)
 
 
 class Killer:

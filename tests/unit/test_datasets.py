@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import pytest
@@ -18,15 +16,10 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
-    BACKENDS,
     CHAIN,
-    ManualClock,
     content,
     exists,
     is_dir,
-    make_settings,
-    make_storage,
-    open_backend,
     start_attempt,
     walk_dataset,
     workflow,
@@ -137,29 +130,6 @@ async def test_fsspec_memory_filesystem() -> None:
 
 
 # -------------------------------------------------------------- dataset service
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
-) -> AsyncIterator[Any]:
-    async for s in open_backend(request.param, tmp_path, clock):
-        yield s
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return make_storage(settings)
 
 
 async def computed_chain(

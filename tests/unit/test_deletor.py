@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,12 +16,9 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
-    BACKENDS,
     ManualClock,
     exists,
     make_settings,
-    make_storage,
-    open_backend,
     start_attempt,
     walk_dataset,
     workflow,
@@ -35,26 +30,9 @@ D = states.DatasetState
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
-) -> AsyncIterator[Any]:
-    async for s in open_backend(request.param, tmp_path, clock):
-        yield s
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    # Leases long enough that no deletor's claim goes stale within a test.
     return make_settings(tmp_path, lease_s=30.0, deletor_interval_s=0.01)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return make_storage(settings)
 
 
 async def dataset(store: protocol.Store, dataset_id: str) -> protocol.DatasetRecord:

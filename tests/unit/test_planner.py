@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,11 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
-    BACKENDS,
     CHAIN,
     DIAMOND,
     PATHS_FROM_TO_LEAF,
     ManualClock,
     make_settings,
-    make_storage,
-    open_backend,
     store_all,
     walk_dataset,
     workflow,
@@ -33,29 +30,6 @@ from tests.unit._engine_support import (
 A = states.ActionState
 D = states.DatasetState
 W = states.WorkflowState
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
-) -> AsyncIterator[Any]:
-    async for s in open_backend(request.param, tmp_path, clock):
-        yield s
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return make_storage(settings)
 
 
 class Wakes:
