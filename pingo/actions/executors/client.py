@@ -54,11 +54,9 @@ def find_program(name: str, setting: str) -> str:
 class ClientProcessExecutor(LocalExecutor):
     """Base class: one client process per submission; the cluster reports the outcome."""
 
-    #: The action type whose `executor_limits` entry bounds the clients.
-    action_type = "client"
-
-    def __init__(self, settings: Settings, reporter: Reporter) -> None:
-        slots = settings.executor_limits.get(self.action_type, DEFAULT_CLIENT_SLOTS)
+    def __init__(self, settings: Settings, reporter: Reporter, action_type: str) -> None:
+        """`action_type`'s entry in `executor_limits` bounds the clients running at once."""
+        slots = settings.executor_limits.get(action_type, DEFAULT_CLIENT_SLOTS)
         super().__init__(reporter, slots=slots, node_id=settings.node_id)
         self.settings = settings
         self._ended: OrderedDict[str, ExecutorStatus] = OrderedDict()

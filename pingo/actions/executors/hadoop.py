@@ -62,8 +62,7 @@ class HadoopExecutor(ClientProcessExecutor):
     """Runs MapReduce jobs of one generation through `hadoop jar`."""
 
     def __init__(self, settings: Settings, reporter: Reporter, generation: Generation) -> None:
-        self.action_type = generation.action_type
-        super().__init__(settings, reporter)
+        super().__init__(settings, reporter, generation.action_type)
         self.generation = generation
         self.hadoop = find_program(settings.hadoop_bin, "PINGO_HADOOP_BIN")
 

@@ -55,10 +55,8 @@ def wrapped_command(submission: Submission, command: list[str]) -> list[str]:
 class SparkExecutor(ClientProcessExecutor):
     """Runs Spark applications with spark-submit under the callback wrapper."""
 
-    action_type = "spark"
-
     def __init__(self, settings: Settings, reporter: Reporter) -> None:
-        super().__init__(settings, reporter)
+        super().__init__(settings, reporter, "spark")
         self.spark_submit = find_program(settings.spark_submit_bin, "PINGO_SPARK_SUBMIT_BIN")
 
     def build_command(self, submission: Submission) -> list[str]:
