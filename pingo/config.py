@@ -94,6 +94,10 @@ class Settings:
     #: Grace added to a lease before reconciliation asks an executor for an action's status.
     reconcile_grace_s: float = 30.0
     log_level: str = "INFO"
+    #: Sandbox for command-line actions: `auto` (when user namespaces work), `on` or `off`.
+    sandbox: str = "auto"
+    #: `on` (default) or `off`: whether sandboxed actions reach the network.
+    sandbox_network: str = "on"
 
     def __post_init__(self) -> None:
         # Defaults that derive from other fields are resolved here so every
@@ -109,6 +113,14 @@ class Settings:
         if self.sharing_scope not in ("server", "user"):
             raise errors.ConfigurationError(
                 f"sharing scope must be 'server' or 'user', not {self.sharing_scope!r}"
+            )
+        if self.sandbox not in ("auto", "on", "off"):
+            raise errors.ConfigurationError(
+                f"PINGO_SANDBOX must be auto, on or off, not {self.sandbox!r}"
+            )
+        if self.sandbox_network not in ("on", "off"):
+            raise errors.ConfigurationError(
+                f"PINGO_SANDBOX_NETWORK must be on or off, not {self.sandbox_network!r}"
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
