@@ -123,7 +123,8 @@ class Sandbox:
         """The bwrap command line running `command` for one attempt.
 
         Order matters: bwrap mounts in argument order, so the hiding tmpfs come
-        first and the inputs and the output box are bound on top of them.
+        first, the inputs and the output box are bound on top of them, and the
+        tmpfs are made read-only last.
         """
         args = [self.bwrap, *_base_args(network=self.network)]
         for path in self.hidden_dirs:
@@ -135,6 +136,10 @@ class Sandbox:
             if os.path.lexists(path):
                 args += ["--ro-bind", path, path]
         args += ["--bind", box, os.path.dirname(output)]
+        # Read-only once the binds on top have their mount points: a hidden
+        # directory must not become a scratch space that passes for the real one.
+        for path in self.hidden_dirs:
+            args += ["--remount-ro", path]
         return [*args, "--", *command]
 
 
