@@ -163,7 +163,9 @@ class Node:
             for i in range(max(1, settings.submitters))
         ]
         self.renewer = LeaseRenewer(store, settings.node_id, self.held, settings.lease_s)
-        self.reaper = Reaper(store, settings, self.executors, self.callbacks, self.held)
+        self.reaper = Reaper(
+            store, settings, self.executors, self.callbacks, self.held, storage=self.storage
+        )
         self.deletor = Deletor(store, self.storage, settings)
         self.retention: loops.Loop | None = None
         self._task: asyncio.Task[None] | None = None

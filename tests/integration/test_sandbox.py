@@ -205,8 +205,8 @@ def test_an_action_cannot_make_its_user_admin_through_the_store(
 ) -> None:
     db = server.home / "pingo.db"
     promote = (
-        "import sqlite3; c = sqlite3.connect(%r);"
-        " c.execute(\"update users set is_admin=1 where name='alice'\"); c.commit()" % str(db)
+        f"import sqlite3; c = sqlite3.connect({str(db)!r});"
+        " c.execute(\"update users set is_admin=1 where name='alice'\"); c.commit()"
     )
     workflow = _run(alice, _workflow(["python3", "-c", promote]))
     assert workflow["state"] == "FAILED"
@@ -282,8 +282,8 @@ def test_the_network_is_on_by_default_and_off_on_request(
     server: Server, alice: Client, tmp_path: Path
 ) -> None:
     connect = _sh(
-        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), 5)\""
-        " && echo reached > $PINGO_OUTPUT" % server.port
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {server.port}), 5)\""
+        " && echo reached > $PINGO_OUTPUT"
     )
     online = _run(alice, _workflow(connect))
     assert online["state"] == "SUCCEEDED"

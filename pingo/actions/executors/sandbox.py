@@ -29,7 +29,6 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from pingo import errors
 from pingo.config import Settings
@@ -199,18 +198,3 @@ def from_settings(settings: Settings) -> Sandbox | None:
     assert bwrap is not None
     dirs, files = _hidden(settings)
     return Sandbox(bwrap, settings.sandbox_network == "on", dirs, files)
-
-
-def sweep_boxes(staging_dir: str | Path, live: Iterable[str]) -> int:
-    """Remove attempt boxes in `staging_dir` whose output is not in `live`; return how many."""
-    keep = {box_for(p) for p in live}
-    removed = 0
-    try:
-        entries = list(os.scandir(staging_dir))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        if entry.name.endswith(BOX_SUFFIX) and entry.path not in keep:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-    return removed
