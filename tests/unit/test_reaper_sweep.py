@@ -17,9 +17,31 @@ from pingo.workflows import planner
 from tests.unit._engine_support import CHAIN, ManualClock, start_attempt, workflow
 
 
-def _age(path: Path, seconds: float) -> None:
-    then = time.time() - seconds
-    os.utime(path, (then, then), follow_symlinks=False)
+def _staging(storage: DatasetStorage, action: protocol.ActionRecord, attempt: int) -> str:
+    return storage.staging_path(action.dataset_id, action.workflow_id, action.action_id, attempt)
+
+
+def _plant(old: dict[str, str], young: list[str], age_s: float) -> None:
+    """Create staging entries ("file", "dir", "box" or "link"), `old` ones `age_s` old."""
+    for path, kind in old.items():
+        if kind == "file":
+            Path(path).write_text("output")
+        elif kind == "dir":
+            os.mkdir(path)
+            Path(path, "part-0").write_text("output")
+        elif kind == "box":
+            os.mkdir(sandbox.box_for(path))
+            path = sandbox.box_for(path)
+        else:
+            os.symlink("/nowhere", path)
+        then = time.time() - age_s
+        os.utime(path, (then, then), follow_symlinks=False)
+    for path in young:
+        Path(path).write_text("just created")
+
+
+def _present(paths: list[str]) -> list[bool]:
+    return [os.path.lexists(p) for p in paths]
 
 
 async def test_sweep_removes_staging_of_attempts_without_a_lease(
@@ -32,34 +54,22 @@ async def test_sweep_removes_staging_of_attempts_without_a_lease(
     waiting = await store.get_action(record.id, 2)
     assert waiting is not None
 
-    def staging(action: protocol.ActionRecord, attempt: int) -> Path:
-        return Path(
-            storage.staging_path(action.dataset_id, action.workflow_id, action.action_id, attempt)
-        )
-
-    live = staging(running, 1)
-    live.write_text("being written")
-    live_box = Path(sandbox.box_for(str(live)))
-    live_box.mkdir()
-    stale_attempt = staging(running, 0)
-    stale_attempt.mkdir()
-    (stale_attempt / "part-0").write_text("old")
-    not_started = Path(sandbox.box_for(str(staging(waiting, 1))))
-    not_started.mkdir()
-    stray = live.parent / "not-a-staging-name"
-    stray.symlink_to("/nowhere")
-    young = staging(waiting, 2)
-    young.write_text("just created")
-    for path in (live, live_box, stale_attempt, not_started, stray):
-        _age(path, settings.lease_s + 5)
+    live = _staging(storage, running, 1)
+    stale_attempt = _staging(storage, running, 0)
+    not_started = _staging(storage, waiting, 1)
+    stray = os.path.join(os.path.dirname(live), "not-a-staging-name")
+    young = _staging(storage, waiting, 2)
+    old = {live: "file", stale_attempt: "dir", not_started: "box", stray: "link"}
+    _plant(old, [young], settings.lease_s + 5)
+    _plant({live: "box"}, [], settings.lease_s + 5)
 
     reaper = Reaper(store, settings, {}, callbacks, HeldActions({}), storage=storage)
     assert await reaper.sweep_staging(storage) == 3
-    assert live.exists() and live_box.exists() and young.exists()
-    assert not stale_attempt.exists() and not not_started.exists()
-    assert not os.path.lexists(stray)
+    watched = [live, sandbox.box_for(live), young, stale_attempt, sandbox.box_for(not_started)]
+    assert _present(watched) == [True, True, True, False, False]
+    assert _present([stray]) == [False]
 
     # Once the lease lapses, the attempt's staging is a leftover too.
     clock.advance(settings.lease_s + 1)
     assert await reaper.sweep_staging(storage) == 2
-    assert not live.exists() and not live_box.exists() and young.exists()
+    assert _present([live, sandbox.box_for(live), young]) == [False, False, True]
