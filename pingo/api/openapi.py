@@ -279,6 +279,15 @@ def _schemas() -> dict[str, Any]:
         },
         "UserList": _object({"items": {"type": "array", "items": _ref("User")}}),
         "Status": _object({"status": {"type": "string"}}),
+        "Readiness": _object(
+            {
+                "status": {"type": "string"},
+                "sandbox": {
+                    "enum": ["on", "off", "unavailable"],
+                    "description": "Whether command-line actions run sandboxed (PINGO_SANDBOX).",
+                },
+            }
+        ),
     }
 
 
@@ -715,7 +724,7 @@ def _paths() -> dict[str, Any]:
                 "Readiness (the store answers)",
                 "operations",
                 {
-                    "200": _json_body(_ref("Status"), "Ready."),
+                    "200": _json_body(_ref("Readiness"), "Ready, with the sandbox's state."),
                     "503": _problem("The store is unreachable (STORE_UNAVAILABLE)."),
                 },
                 public=True,
