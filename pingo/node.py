@@ -192,10 +192,15 @@ class Node:
         # Work left READY before this node started (or by a crashed node) needs no poll.
         self.scraper.wake()
         logger.info(
-            "node %s started with executors for %s",
+            "node %s started with executors for %s; sandbox %s",
             self.settings.node_id,
             ", ".join(sorted(self.executors)) or "nothing",
-            extra={"event": "node_started", "node_id": self.settings.node_id},
+            self.sandbox,
+            extra={
+                "event": "node_started",
+                "node_id": self.settings.node_id,
+                "sandbox": self.sandbox,
+            },
         )
 
     def _retention_loop(self) -> loops.Loop | None:
