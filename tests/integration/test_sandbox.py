@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,11 @@ from typing import Any
 import pytest
 
 from pingo.client import ApiError, Client
+from pingo.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PINGO = str(Path(sys.executable).parent / "pingo")
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -57,7 +50,7 @@ class Server:
 
 
 def start_server(home: Path, port: int | None = None, **settings: str) -> Server:
-    port = port or _free_port()
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
                 "PINGO_POLL_INTERVAL_S": "0.05", "PINGO_SANDBOX": "on",
