@@ -348,6 +348,9 @@ def test_no_orphan_survives_a_killed_server(tmp_path: Path) -> None:
 
 def test_home_and_its_files_are_private(server: Server) -> None:
     assert (server.home.stat().st_mode & 0o777) == 0o700
+    # The store keeps token hashes only.
+    for store_file in server.home.glob("pingo.db*"):
+        assert ADMIN_TOKEN.encode() not in store_file.read_bytes(), store_file
     for name in ("pingo.db", "admin.token", "callback.secret"):
         assert ((server.home / name).stat().st_mode & 0o077) == 0, name
     for path in (server.home / "logs").rglob("*"):

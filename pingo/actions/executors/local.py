@@ -267,7 +267,7 @@ class LocalExecutor:
         wrapped = self.sandbox.argv(
             argv,
             output=output,
-            box=sandbox.box_for(output),
+            box=sandbox.box_for(output) if _is_local(submission.output_path) else None,
             inputs=(_local(p) for p in inputs.values()),
         )
         return wrapped, sandbox.environment(env)
@@ -308,7 +308,7 @@ class LocalExecutor:
         """Create the output's parent directory and open the attempt's log (in a thread)."""
         output = submission.output_path
         # A remote output (hdfs://, s3://) is created by the job itself.
-        if "://" not in output or output.startswith("file://"):
+        if _is_local(output):
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
             if self.sandbox is not None:
                 os.makedirs(sandbox.box_for(_local(output)), mode=0o700, exist_ok=True)
@@ -414,7 +414,7 @@ class LocalExecutor:
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
         try:
-            if self.sandbox is not None:
+            if self.sandbox is not None and _is_local(sub.output_path):
                 await asyncio.to_thread(sandbox.collect, _local(sub.output_path))
             await self._report_outcome(proc, returncode, runtime_s)
         except errors.PingoError as exc:
@@ -478,6 +478,11 @@ def _outcome(proc: _Process, returncode: int) -> ExecutorStatus:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _is_local(path: str) -> bool:
+    """Whether `path` is on this machine (a remote output, hdfs:// or s3://, is the job's)."""
+    return "://" not in path or path.startswith("file://")
 
 
 def _local(path: str) -> str:

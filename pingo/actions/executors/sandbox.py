@@ -117,13 +117,14 @@ class Sandbox:
     hidden_files: tuple[str, ...]
 
     def argv(
-        self, command: list[str], *, output: str, box: str, inputs: Iterable[str]
+        self, command: list[str], *, output: str, box: str | None, inputs: Iterable[str]
     ) -> list[str]:
         """The bwrap command line running `command` for one attempt.
 
         Order matters: bwrap mounts in argument order, so the hiding tmpfs come
         first, the inputs and the output box are bound on top of them, and the
-        tmpfs are made read-only last.
+        tmpfs are made read-only last. `box` is None for a remote output
+        (hdfs://, s3://), which the command writes through its own client.
         """
         args = [self.bwrap, *_base_args(network=self.network)]
         for path in self.hidden_dirs:
@@ -134,7 +135,8 @@ class Sandbox:
         for path in _unique(inputs):
             if os.path.lexists(path):
                 args += ["--ro-bind", path, path]
-        args += ["--bind", box, os.path.dirname(output)]
+        if box is not None:
+            args += ["--bind", box, os.path.dirname(output)]
         # Read-only once the binds on top have their mount points: a hidden
         # directory must not become a scratch space that passes for the real one.
         for path in self.hidden_dirs:
