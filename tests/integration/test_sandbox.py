@@ -271,6 +271,19 @@ def test_a_symlink_planted_in_an_output_reaches_nothing(server: Server, alice: C
     _assert_no_secret_anywhere(server)
 
 
+def test_an_output_that_is_a_symlink_reaches_nothing(server: Server, alice: Client) -> None:
+    """A dataset that is itself a link to a secret gives its readers nothing."""
+    home = server.home
+    plant = f"ln -s {home}/admin.token $PINGO_OUTPUT"
+    follow = (
+        "cat $PINGO_INPUT_1; cat $PINGO_INPUT_1 > $PINGO_OUTPUT; echo followed >> $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(plant), _sh(follow), chain=True))
+    assert workflow["state"] == "SUCCEEDED"
+    assert _dataset_path(server, workflow, 2).read_text() == "followed\n"
+    _assert_no_secret_anywhere(server)
+
+
 def test_the_network_is_on_by_default_and_off_on_request(
     server: Server, alice: Client, tmp_path: Path
 ) -> None:

@@ -133,7 +133,13 @@ class Sandbox:
             if os.path.lexists(path):
                 args += ["--ro-bind", "/dev/null", path]
         for path in _unique(inputs):
-            if os.path.lexists(path):
+            if os.path.islink(path):
+                # bwrap resolves a bind's source on the host: a dataset that is a
+                # symlink (planted by the action that produced it) would bind its
+                # target, say $PINGO_HOME/admin.token. Recreated as a link, it
+                # resolves inside the sandbox, where that target is hidden.
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.lexists(path):
                 args += ["--ro-bind", path, path]
         if box is not None:
             args += ["--bind", box, os.path.dirname(output)]
