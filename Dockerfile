@@ -1,5 +1,10 @@
 # Pingo server image: `docker build -t pingo .` then
-#   docker run -p 8642:8642 -e PINGO_ADMIN_TOKEN=change-me -v pingo-home:/var/lib/pingo pingo
+#   docker run -p 8642:8642 -v pingo-home:/var/lib/pingo \
+#     --security-opt seccomp=unconfined --security-opt apparmor=unconfined pingo
+# The security options let the sandbox of command-line actions (bubblewrap, shipped in
+# the locked environment) create user namespaces; without them PINGO_SANDBOX=auto (the
+# default) refuses non-admin users' command-line actions and /readyz says "unavailable"
+# (README, docs/security.md). PINGO_ADMIN_TOKEN, if given, is consumed at first start.
 # Configured by the PINGO_* variables of the README (PINGO_STORE_URL=mongodb://… for a
 # shared store, PINGO_DATA_ROOT=hdfs://… or s3://… for datasets, PINGO_PUBLIC_URL for
 # the URL the cluster calls back).

@@ -25,8 +25,9 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 
 bootstrap: $(VENV)/.synced
 
+# The sandbox is required (PINGO_SANDBOX=on) unless the environment says otherwise.
 run: bootstrap
-	$(BIN)/pingo server
+	PINGO_SANDBOX=$${PINGO_SANDBOX:-on} $(BIN)/pingo server
 
 lint: bootstrap
 	$(BIN)/ruff check .

@@ -13,7 +13,11 @@ dispatch_p50_ms, _p99_ms    READY → executor start with 100 workflows in fligh
                             Origin: the scraper's wake after the READY write (see
                             pingo/actions/scraper.py); end: `submit` returned.
 true_makespan_s             layered-1000 running the real command `true` on 2 local
-                            slots, submission → SUCCEEDED
+                            slots, submission → SUCCEEDED, with the sandbox on (as users
+                            run it)
+sandbox_spawn_overhead_ms   median time of one `true` run in the local executor's
+                            sandbox (the same bwrap command line) minus the median of
+                            plain `true`, spawned one at a time, alternating, in one run
 spawn_floor_s               1,000 `true` processes spawned 2 at a time by a plain
                             Python loop (a new one as soon as one of the two exits)
 
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _workloads
-from pingo.actions.executors import base, noop
+from pingo.actions.executors import base, noop, sandbox
 from pingo.config import Settings
 from pingo.node import Node
 from pingo.store import open_store
@@ -47,6 +51,8 @@ DISPATCH_RUNTIME_S = 0.5
 DISPATCH_SPACING_S = 0.005
 SPAWN_COUNT = 1000
 SPAWN_PARALLEL = 2
+#: Spawns of each kind (plain, sandboxed) behind sandbox_spawn_overhead_ms.
+SANDBOX_SPAWNS = 200
 
 
 def _settings(tmp: Path, **overrides: Any) -> Settings:
@@ -154,6 +160,27 @@ def spawn_floor_s(count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL) -> f
     return time.perf_counter() - started
 
 
+def sandbox_spawn_overhead_ms(count: int = SANDBOX_SPAWNS) -> float:
+    """Median extra milliseconds of a sandboxed `true` over a plain one (alternating)."""
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
+        settings = _settings(Path(tmp), sandbox="on")
+        box = sandbox.from_settings(settings)
+        assert box is not None
+        output = f"{settings.data_root}/.staging/d.wf.1.1"
+        os.makedirs(sandbox.box_for(output))
+        plain = ["/bin/true"]
+        wrapped = box.argv(plain, output=output, box=sandbox.box_for(output), inputs=())
+        env = sandbox.environment({})
+        plain_ms: list[float] = []
+        wrapped_ms: list[float] = []
+        for _ in range(count):
+            for argv, samples in ((plain, plain_ms), (wrapped, wrapped_ms)):
+                started = time.perf_counter()
+                subprocess.run(argv, env=env, check=True)
+                samples.append((time.perf_counter() - started) * 1000)
+    return _workloads.percentile(wrapped_ms, 50) - _workloads.percentile(plain_ms, 50)
+
+
 def _log(what: str, since: float) -> None:
     print(f"# {what} done at {time.perf_counter() - since:.1f} s", file=sys.stderr)
 
@@ -169,7 +196,7 @@ async def _measure() -> dict[str, float]:
     _log("noop montage", t)
     dispatch = await _dispatch_ms()
     _log("dispatch", t)
-    true_s = await _makespan(layered, executors=None, local_slots=2)
+    true_s = await _makespan(layered, executors=None, local_slots=2, sandbox="on")
     _log("true layered-1000", t)
     return {
         "noop_actions_per_s": len(layered["actions"]) / noop_s,
@@ -185,6 +212,7 @@ def measure() -> dict[str, float]:
     logging.getLogger("pingo").setLevel(logging.WARNING)
     figures = asyncio.run(_measure())
     figures["spawn_floor_s"] = spawn_floor_s()
+    figures["sandbox_spawn_overhead_ms"] = sandbox_spawn_overhead_ms()
     return figures
 
 

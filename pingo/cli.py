@@ -62,11 +62,12 @@ def server(
 ) -> None:
     """Run the Pingo server (HTTP API and engine) until SIGINT or SIGTERM."""
     import asyncio
+    import os
     from pathlib import Path
 
     from pingo import errors
     from pingo.api.app import serve
-    from pingo.config import Settings
+    from pingo.config import Settings, consume_secret_environment
 
     try:
         settings = Settings.from_env(
@@ -77,6 +78,9 @@ def server(
             data_root=data_root,
             log_level=log_level,
         )
+        consume_secret_environment()
+        # Files the server creates ($PINGO_HOME's db, tokens, secret, logs) are its own only.
+        os.umask(0o077)
         configure_logging(settings.log_level)
         # The HTTP API and the node's loops, in one process (issue 5).
         asyncio.run(serve(settings))

@@ -36,6 +36,40 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
 
 
+#: Secrets the server reads from its environment once, then removes from it.
+CONSUMED_VARIABLES = ("PINGO_ADMIN_TOKEN",)
+
+
+def consume_secret_environment() -> None:
+    """Remove `CONSUMED_VARIABLES` from this process's environment, once read.
+
+    `os.environ` (and libc's copy) forget them, and their values are blanked in
+    the memory the kernel shows as `/proc/<pid>/environ`, which `unsetenv`
+    leaves untouched: anything that can read that file must not find the token.
+    """
+    for name in CONSUMED_VARIABLES:
+        value = os.environ.pop(name, None)
+        if value:
+            _blank_initial_environment(f"{name}=".encode(), len(value.encode()))
+
+
+def _blank_initial_environment(prefix: bytes, length: int) -> None:
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # Fields after the parenthesised command name; env_start and env_end are 50 and 51.
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            block = mem.read(end - start)
+            at = 0 if block.startswith(prefix) else block.find(b"\0" + prefix) + 1
+            if at or block.startswith(prefix):
+                mem.seek(start + at + len(prefix))
+                mem.write(b"\0" * length)
+    except (OSError, IndexError, ValueError):  # pragma: no cover - not Linux
+        pass
+
+
 def default_home() -> Path:
     """Pingo's per-user directory (e.g. ~/.local/share/pingo on Linux)."""
     return Path(platformdirs.user_data_dir("pingo", appauthor=False))
@@ -94,6 +128,10 @@ class Settings:
     #: Grace added to a lease before reconciliation asks an executor for an action's status.
     reconcile_grace_s: float = 30.0
     log_level: str = "INFO"
+    #: Sandbox for command-line actions: `auto` (when user namespaces work), `on` or `off`.
+    sandbox: str = "auto"
+    #: `on` (default) or `off`: whether sandboxed actions reach the network.
+    sandbox_network: str = "on"
 
     def __post_init__(self) -> None:
         # Defaults that derive from other fields are resolved here so every
@@ -109,6 +147,14 @@ class Settings:
         if self.sharing_scope not in ("server", "user"):
             raise errors.ConfigurationError(
                 f"sharing scope must be 'server' or 'user', not {self.sharing_scope!r}"
+            )
+        if self.sandbox not in ("auto", "on", "off"):
+            raise errors.ConfigurationError(
+                f"PINGO_SANDBOX must be auto, on or off, not {self.sandbox!r}"
+            )
+        if self.sandbox_network not in ("on", "off"):
+            raise errors.ConfigurationError(
+                f"PINGO_SANDBOX_NETWORK must be on or off, not {self.sandbox_network!r}"
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")

@@ -55,6 +55,12 @@ class Forbidden(PingoError):
     code = "FORBIDDEN"
 
 
+class SandboxUnavailable(Forbidden):
+    """Command-line actions of non-admin users need the sandbox, which cannot run on this server."""
+
+    code = "SANDBOX_UNAVAILABLE"
+
+
 class StoreUnavailable(PingoError):
     """The state store cannot be reached."""
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pingo import errors, loops, states
-from pingo.actions.executors import base
+from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer
 from pingo.actions.reaper import Reaper
 from pingo.actions.scraper import ActionQueue, Scraper
@@ -163,7 +163,9 @@ class Node:
             for i in range(max(1, settings.submitters))
         ]
         self.renewer = LeaseRenewer(store, settings.node_id, self.held, settings.lease_s)
-        self.reaper = Reaper(store, settings, self.executors, self.callbacks, self.held)
+        self.reaper = Reaper(
+            store, settings, self.executors, self.callbacks, self.held, storage=self.storage
+        )
         self.deletor = Deletor(store, self.storage, settings)
         self.retention: loops.Loop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -190,10 +192,15 @@ class Node:
         # Work left READY before this node started (or by a crashed node) needs no poll.
         self.scraper.wake()
         logger.info(
-            "node %s started with executors for %s",
+            "node %s started with executors for %s; sandbox %s",
             self.settings.node_id,
             ", ".join(sorted(self.executors)) or "nothing",
-            extra={"event": "node_started", "node_id": self.settings.node_id},
+            self.sandbox,
+            extra={
+                "event": "node_started",
+                "node_id": self.settings.node_id,
+                "sandbox": self.sandbox,
+            },
         )
 
     def _retention_loop(self) -> loops.Loop | None:
@@ -253,6 +260,14 @@ class Node:
             )
 
     @property
+    def sandbox(self) -> str:
+        """`on`, `off` (PINGO_SANDBOX=off) or `unavailable` (auto without user namespaces)."""
+        local = self.executors.get(sandbox.COMMAND_LINE)
+        if getattr(local, "sandbox", None) is not None:
+            return "on"
+        return "off" if self.settings.sandbox == "off" else "unavailable"
+
+    @property
     def running(self) -> bool:
         """Whether the node's loops are running."""
         return self._task is not None and not self._task.done()
@@ -309,7 +324,9 @@ class Node:
 @contextlib.asynccontextmanager
 async def running_node(settings: Settings) -> AsyncIterator[Node]:
     """Open the store `settings` names and run a node on it while the block runs."""
-    settings.home.mkdir(parents=True, exist_ok=True)
+    # Pingo's home holds the store, the secrets and the logs: its owner's only.
+    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.home.chmod(0o700)
     async with open_store(
         settings.store_url,
         sqlite_synchronous=settings.sqlite_synchronous,

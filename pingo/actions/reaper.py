@@ -20,20 +20,30 @@ callbacks:
 
 Every node may run it: the callbacks' compare-and-set keeps each resolution
 single-effect.
+
+It also sweeps the local data root's staging directory, on its first run and
+every lease after (`sweep_staging`): an entry (a staging output, or a sandbox
+box) belongs to an attempt, named in its file name; once that attempt no
+longer holds a lease (its action moved on, another attempt started, the lease
+expired) nothing will promote it and it is removed. Entries younger than a
+lease are left alone, so a sweep never races an attempt being started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
 
 from pingo import errors, loops, metrics, states
-from pingo.actions.executors import base
+from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.config import Settings
+from pingo.datasets.storage import STAGING_DIR, DatasetStorage
 from pingo.store.protocol import ActionRecord, Store
 
 logger = logging.getLogger(__name__)
@@ -68,6 +78,7 @@ class Reaper(loops.Loop):
         callbacks: Resolver,
         held: HeldActions,
         *,
+        storage: DatasetStorage | None = None,
         batch: int = 100,
     ) -> None:
         super().__init__(interval_s=max(0.05, min(settings.lease_s / 3, settings.poll_interval_s)))
@@ -79,9 +90,14 @@ class Reaper(loops.Loop):
         self.callbacks = callbacks
         self.held = held
         self.batch = batch
+        self.storage = storage
+        self._next_sweep = 0.0
 
     async def run_once(self) -> bool:
         await self.check_overdue()
+        if self.storage is not None and time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + self.lease_s
+            await self.sweep_staging(self.storage)
         expired = await self.store.list_actions_in_states(
             {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
         )
@@ -185,3 +201,46 @@ class Reaper(loops.Loop):
                 f"the lease of node {action.owner} expired and no executor here knows "
                 f"attempt {attempt}",
             )
+
+    async def sweep_staging(self, storage: DatasetStorage) -> int:
+        """Remove staging entries of attempts that hold no lease; return how many."""
+        if not storage.is_local:
+            return 0
+        entries = await asyncio.to_thread(_staging_entries, f"{storage.root}/{STAGING_DIR}")
+        cutoff = time.time() - self.lease_s
+        removed = 0
+        for path, mtime in entries:
+            if mtime > cutoff or await self._leased(os.path.basename(path)):
+                continue
+            await storage.remove(path)
+            removed += 1
+        if removed:
+            logger.info(
+                "removed %d staging leftovers of attempts without a lease",
+                removed,
+                extra={"event": "staging_swept", "count": removed},
+            )
+        return removed
+
+    async def _leased(self, name: str) -> bool:
+        """Whether the attempt a staging entry's name names still holds its lease."""
+        parts = name.removesuffix(sandbox.BOX_SUFFIX).rsplit(".", 3)
+        if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+            return False
+        _, workflow_id, action_id, attempt = parts
+        action = await self.store.get_action(workflow_id, int(action_id))
+        return (
+            action is not None
+            and action.state in (A.PROCESSING, A.SUBMITTED, A.RUNNING)
+            and action.attempts == int(attempt)
+            and action.lease_expires_at is not None
+            and action.lease_expires_at > self.store.clock()
+        )
+
+
+def _staging_entries(directory: str) -> list[tuple[str, float]]:
+    try:
+        with os.scandir(directory) as entries:
+            return [(e.path, e.stat(follow_symlinks=False).st_mtime) for e in entries]
+    except FileNotFoundError:
+        return []

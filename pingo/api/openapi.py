@@ -279,6 +279,15 @@ def _schemas() -> dict[str, Any]:
         },
         "UserList": _object({"items": {"type": "array", "items": _ref("User")}}),
         "Status": _object({"status": {"type": "string"}}),
+        "Readiness": _object(
+            {
+                "status": {"type": "string"},
+                "sandbox": {
+                    "enum": ["on", "off", "unavailable"],
+                    "description": "Whether command-line actions run sandboxed (PINGO_SANDBOX).",
+                },
+            }
+        ),
     }
 
 
@@ -355,6 +364,9 @@ _CALLBACK_AUTH = [
     _param("token", "query", {"type": "string"}, "HMAC of callback id and attempt", True),
 ]
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
+_SANDBOX_UNAVAILABLE = _problem(
+    "Command-line actions of a non-admin user while the sandbox cannot run (SANDBOX_UNAVAILABLE)."
+)
 
 
 def _paths() -> dict[str, Any]:
@@ -378,6 +390,7 @@ def _paths() -> dict[str, Any]:
                     },
                     "200": _json_body(_ref("Plan"), "With ?dryRun=true: the plan; nothing stored."),
                     "400": _problem("Malformed JSON or too deeply nested (MALFORMED_JSON)."),
+                    "403": _SANDBOX_UNAVAILABLE,
                     "413": _problem("Body over the limit (PAYLOAD_TOO_LARGE)."),
                     "415": _problem("Not application/json (UNSUPPORTED_MEDIA_TYPE)."),
                     "422": _problem(
@@ -454,6 +467,7 @@ def _paths() -> dict[str, Any]:
                 "workflows",
                 {
                     "201": {**workflow_ok, "headers": {"Location": {"schema": {"type": "string"}}}},
+                    "403": _SANDBOX_UNAVAILABLE,
                     "404": _NOT_FOUND,
                     "422": _problem("Unknown action names or ids in `force`."),
                 },
@@ -715,7 +729,7 @@ def _paths() -> dict[str, Any]:
                 "Readiness (the store answers)",
                 "operations",
                 {
-                    "200": _json_body(_ref("Status"), "Ready."),
+                    "200": _json_body(_ref("Readiness"), "Ready, with the sandbox's state."),
                     "503": _problem("The store is unreachable (STORE_UNAVAILABLE)."),
                 },
                 public=True,

@@ -98,7 +98,7 @@ async def test_docs_page_is_self_contained(api: Api) -> None:
 
 async def test_health_readiness_and_metrics(api: Api) -> None:
     assert await (await api.client.get("/healthz")).json() == {"status": "ok"}
-    assert await (await api.client.get("/readyz")).json() == {"status": "ready"}
+    assert await (await api.client.get("/readyz")).json() == {"status": "ready", "sandbox": "on"}
     await api.wait((await api.submit(chain("metrics")))["id"])
     metrics = await api.client.get("/metrics")
     assert metrics.status == 200

@@ -104,7 +104,7 @@ def server(server_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
     srv.ensure_stopped()
 
 
-def slow_workflow(counter: Path, layers: int = 4, width: int = 3) -> dict[str, Any]:
+def slow_workflow(layers: int = 4, width: int = 3) -> dict[str, Any]:
     """Layers of actions, each depending on every action of the layer above."""
     actions = []
     for layer in range(layers):
@@ -114,11 +114,12 @@ def slow_workflow(counter: Path, layers: int = 4, width: int = 3) -> dict[str, A
                 "id": aid,
                 "name": f"l{layer}-{i}",
                 "type": "command-line",
-                # The run is counted when it starts: a run cut short still counts.
+                # The run is counted (in its attempt's log) when it starts: a run cut
+                # short still counts.
                 "command": [
                     "sh",
                     "-c",
-                    f'echo {aid} >> {counter}; sleep 0.6; echo {aid} > "$PINGO_OUTPUT"',
+                    f'echo run {aid}; sleep 0.6; echo {aid} > "$PINGO_OUTPUT"',
                 ],
             }
             if layer:
@@ -134,9 +135,14 @@ def slow_workflow(counter: Path, layers: int = 4, width: int = 3) -> dict[str, A
     }
 
 
-def runs(counter: Path) -> collections.Counter[int]:
-    with open(counter) as f:
-        return collections.Counter(int(line) for line in f.read().split())
+def runs(home: Path) -> collections.Counter[int]:
+    """How often each action id ran, from the `run <id>` lines of the attempt logs."""
+    return collections.Counter(
+        int(line.split()[1])
+        for log in (home / "logs").rglob("*.log")
+        for line in log.read_text().splitlines()
+        if line.startswith("run ")
+    )
 
 
 async def wait_for(
@@ -158,7 +164,6 @@ async def wait_for(
 async def test_sigkilled_node_restarts_and_finishes_its_workflow(
     server: Server, server_env: dict[str, str], tmp_path: Path
 ) -> None:
-    counter = tmp_path / "counter"
     settings = Settings(
         home=Path(server_env["PINGO_HOME"]), store_url=server_env["PINGO_STORE_URL"]
     )
@@ -166,7 +171,7 @@ async def test_sigkilled_node_restarts_and_finishes_its_workflow(
     async with open_store(settings.store_url) as store:
         server.start()
         manager = WorkflowManager(store, DatasetStorage(settings.data_root), settings)
-        workflow = await manager.submit(slow_workflow(counter), owner="alice")
+        workflow = await manager.submit(slow_workflow(), owner="alice")
 
         # Crash once the first layer finished and the second is running.
         def mid_run(actions: list[protocol.ActionRecord]) -> bool:
@@ -190,7 +195,7 @@ async def test_sigkilled_node_restarts_and_finishes_its_workflow(
         record = await store.get_workflow(workflow.id)
         assert record is not None and record.state is W.SUCCEEDED, server.log()
 
-    counts = runs(counter)
+    counts = runs(settings.home)
     assert set(counts) == set(range(1, 13))
     for action_id in finished_before:
         assert counts[action_id] == 1, (action_id, counts)
@@ -207,7 +212,6 @@ async def test_run_node_runs_the_engine_alone_until_sigterm(
     server_env: dict[str, str], tmp_path: Path
 ) -> None:
     # `run_node` is the engine without HTTP: it must work and stop cleanly on SIGTERM.
-    counter = tmp_path / "counter"
     script = (
         "import asyncio, logging\n"
         "from pingo.config import Settings\n"
@@ -224,7 +228,7 @@ async def test_run_node_runs_the_engine_alone_until_sigterm(
     try:
         async with open_store(settings.store_url) as store:
             manager = WorkflowManager(store, DatasetStorage(settings.data_root), settings)
-            workflow = await manager.submit(slow_workflow(counter, layers=1), owner="alice")
+            workflow = await manager.submit(slow_workflow(layers=1), owner="alice")
             await wait_for(
                 store,
                 workflow.id,
@@ -236,4 +240,4 @@ async def test_run_node_runs_the_engine_alone_until_sigterm(
         assert node.wait(30) == 0, node.log()
     finally:
         node.ensure_stopped()
-    assert runs(counter) == collections.Counter({1: 1, 2: 1, 3: 1})
+    assert runs(settings.home) == collections.Counter({1: 1, 2: 1, 3: 1})

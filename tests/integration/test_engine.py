@@ -1,7 +1,8 @@
 """The engine end to end: a Node on a real store running real subprocesses.
 
-Each action's command appends its id to a counter file, so the tests can tell
-exactly which actions ran and how often. Runs on the embedded SQLite store and
+Each action's command prints `run <id>` into its attempt's log, so the tests can
+tell exactly which actions ran and how often (the sandbox lets an action write
+nothing but its output, so the log is the record). Runs on the embedded SQLite store and
 on a MongoDB wire server (nx-27017, or `PINGO_TEST_MONGODB_URI`).
 """
 
@@ -88,15 +89,15 @@ async def node(settings: Settings) -> AsyncIterator[Node]:
             await node.stop()
 
 
-def counting(action_id: int, counter: Path, extra: str = "") -> list[str]:
-    """A command recording its run in `counter` and writing its output file."""
-    return ["sh", "-c", f'echo {action_id} >> {counter}; echo {action_id}{extra} > "$PINGO_OUTPUT"']
+def counting(action_id: int, extra: str = "") -> list[str]:
+    """A command recording its run in its log and writing its output file."""
+    return ["sh", "-c", f'echo run {action_id}; echo {action_id}{extra} > "$PINGO_OUTPUT"']
 
 
-def layered_100(shared_dir: Path, counter: Path) -> Document:
+def layered_100(shared_dir: Path) -> Document:
     document: Document = json.loads((shared_dir / "bench" / "layered-100.json").read_text())
     for action in document["actions"]:
-        action["command"] = counting(action["id"], counter)
+        action["command"] = counting(action["id"])
     return document
 
 
@@ -105,10 +106,19 @@ def read(path: str | Path) -> str:
         return f.read()
 
 
-def runs(counter: Path) -> collections.Counter[int]:
-    if not counter.exists():
-        return collections.Counter()
-    return collections.Counter(int(line) for line in counter.read_text().split())
+def logged(home: Path, tag: str) -> list[list[str]]:
+    """The words after `tag` on each line of every attempt log under `home`."""
+    return [
+        line.split()[1:]
+        for log in sorted((home / "logs").rglob("*.log"))
+        for line in log.read_text().splitlines()
+        if line.startswith(f"{tag} ")
+    ]
+
+
+def runs(home: Path) -> collections.Counter[int]:
+    """How often each action id ran, from the `run <id>` lines of the attempt logs."""
+    return collections.Counter(int(words[0]) for words in logged(home, "run"))
 
 
 def descendants(document: Document, action_id: int) -> set[int]:
@@ -123,14 +133,14 @@ def descendants(document: Document, action_id: int) -> set[int]:
 async def test_layered_100_runs_once_reuses_and_reruns_what_changed(
     node: Node, shared_dir: Path, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "counter"
-    document = layered_100(shared_dir, counter)
+    home = node.settings.home
+    document = layered_100(shared_dir)
     ids = {a["id"] for a in document["actions"]}
 
     first = await node.workflows.submit(document, owner="alice")
     done = await node.wait_workflow(first.id, timeout_s=60)
     assert done.state is W.SUCCEEDED, done.error
-    assert runs(counter) == collections.Counter(ids)
+    assert runs(home) == collections.Counter(ids)
     actions = await node.store.list_actions(first.id)
     assert {a.state for a in actions} == {A.FINISHED}
     # Every output was promoted onto its dataset path, the staging area left empty.
@@ -148,18 +158,18 @@ async def test_layered_100_runs_once_reuses_and_reruns_what_changed(
     # The same workflow again: every dataset is reused, nothing runs.
     again = await node.workflows.submit(copy.deepcopy(document), owner="bob")
     assert again.state is W.SUCCEEDED
-    assert runs(counter) == collections.Counter(ids)
+    assert runs(home) == collections.Counter(ids)
 
     # One changed command: exactly it and its descendants run again.
     changed_id = 25
     changed = copy.deepcopy(document)
     for action in changed["actions"]:
         if action["id"] == changed_id:
-            action["command"] = counting(changed_id, counter, extra=" v2")
+            action["command"] = counting(changed_id, extra=" v2")
     third = await node.workflows.submit(changed, owner="alice")
     done = await node.wait_workflow(third.id, timeout_s=60)
     assert done.state is W.SUCCEEDED, done.error
-    rerun = runs(counter) - collections.Counter(ids)
+    rerun = runs(home) - collections.Counter(ids)
     assert set(rerun) == {changed_id} | descendants(document, changed_id)
     assert set(rerun.values()) == {1}
 
@@ -170,8 +180,8 @@ def single(command: list[str], **fields: Any) -> Document:
 
 
 async def test_failure_is_retried_then_fails_the_workflow(node: Node, tmp_path: Path) -> None:
-    counter = tmp_path / "counter"
-    document = single(["sh", "-c", f"echo 1 >> {counter}; echo broken >&2; exit 4"], maxAttempts=2)
+    home = node.settings.home
+    document = single(["sh", "-c", "echo run 1; echo broken >&2; exit 4"], maxAttempts=2)
     workflow = await node.workflows.submit(document, owner="alice")
     done = await node.wait_workflow(workflow.id, timeout_s=30)
     assert done.state is W.FAILED
@@ -180,7 +190,7 @@ async def test_failure_is_retried_then_fails_the_workflow(node: Node, tmp_path: 
     assert action.attempts == 2
     assert action.error is not None and "exited with status 4" in action.error
     assert "broken" in action.error
-    assert runs(counter) == {1: 2}
+    assert runs(home) == {1: 2}
     dataset = await node.store.get_dataset(action.dataset_id)
     assert dataset is not None and dataset.state is D.DELETED
 
@@ -259,14 +269,13 @@ async def store_actions(settings: Settings, workflow_id: str) -> list[Any]:
 
 
 async def test_stop_hands_queued_work_back(tmp_path: Path, store_url: str) -> None:
-    counter = tmp_path / "counter"
     settings = engine_settings(tmp_path, store_url, local_slots=1, submitters=2)
     settings.home.mkdir(parents=True, exist_ok=True)
     actions = [
-        {"id": i, "name": f"a{i}", "type": "command-line", "command": counting(i, counter)}
+        {"id": i, "name": f"a{i}", "type": "command-line", "command": counting(i)}
         for i in range(1, 6)
     ]
-    actions[0]["command"] = ["sh", "-c", f"echo 1 >> {counter}; sleep 0.5"]
+    actions[0]["command"] = ["sh", "-c", "echo run 1; sleep 0.5"]
     document = {"name": "five", "startActionId": 1, "endActionId": 5, "actions": actions}
     async with open_store(settings.store_url, mongo_write_concern="1") as store:
         node = Node(settings, store)
@@ -286,22 +295,20 @@ async def test_stop_hands_queued_work_back(tmp_path: Path, store_url: str) -> No
         finally:
             await node.stop()
     assert done.state is W.SUCCEEDED
-    assert runs(counter) == collections.Counter(range(1, 6))
+    assert runs(settings.home) == collections.Counter(range(1, 6))
 
 
 async def test_leases_are_renewed_while_work_runs_and_limits_hold(
     tmp_path: Path, store_url: str
 ) -> None:
     # Leases far shorter than the work: a second node must neither reclaim nor reap it.
-    counter = tmp_path / "counter"
-    spans = tmp_path / "spans"
-    step = f"s=$(date +%s.%N); sleep 1.2; echo $s $(date +%s.%N) >> {spans}"
+    step = "s=$(date +%s.%N); sleep 1.2; echo span $s $(date +%s.%N)"
     actions = [
         {
             "id": i,
             "name": f"a{i}",
             "type": "command-line",
-            "command": ["sh", "-c", f'echo {i} >> {counter}; {step}; echo {i} > "$PINGO_OUTPUT"'],
+            "command": ["sh", "-c", f'echo run {i}; {step}; echo {i} > "$PINGO_OUTPUT"'],
         }
         for i in range(1, 4)
     ]
@@ -333,9 +340,9 @@ async def test_leases_are_renewed_while_work_runs_and_limits_hold(
         finally:
             await first.stop()
     assert done.state is W.SUCCEEDED, done.error
-    assert runs(counter) == collections.Counter({1: 1, 2: 1, 3: 1})
+    assert runs(settings.home) == collections.Counter({1: 1, 2: 1, 3: 1})
     # Each node ran one action at a time (the limit), so never more than two at once.
-    intervals = [tuple(map(float, line.split())) for line in read(spans).splitlines()]
+    intervals = [(float(s), float(e)) for s, e in logged(settings.home, "span")]
     assert max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals) <= 2
 
 

@@ -11,6 +11,10 @@
   `PINGO_ACTION_ID`. The action's own `env` is applied first (placeholders resolved
   in its values), the `PINGO_*` variables last, on the server's environment minus
   anything that looks like a secret (`*TOKEN*`, `*SECRET*`, `*PASSWORD*`).
+- Sandbox (see `sandbox`): with `PINGO_SANDBOX` on, the argv runs inside
+  bubblewrap and the environment is only the action's `env`, the `PINGO_*`
+  variables and a default PATH: none of the server's. Output goes to a private
+  box that `sandbox.collect` moves to the staging path once the process exited.
 - Output: the executor creates the parent directory of `{output}` (the staging
   path) and nothing at `{output}` itself; the command creates a file or a
   directory there (or nothing, an empty dataset). Promotion onto the dataset
@@ -51,7 +55,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pingo import errors
-from pingo.actions.executors import placeholders
+from pingo.actions.executors import placeholders, sandbox
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
 
@@ -108,6 +112,7 @@ class LocalExecutor:
         slots: int,
         node_id: str,
         environ: Mapping[str, str] | None = None,
+        box: sandbox.Sandbox | None = None,
         kill_grace_s: float = KILL_GRACE_S,
         close_grace_s: float = 5.0,
     ) -> None:
@@ -119,6 +124,8 @@ class LocalExecutor:
         self.kill_grace_s = kill_grace_s
         self.close_grace_s = close_grace_s
         self._base_env = server_environment(environ)
+        #: None: processes run unsandboxed (PINGO_SANDBOX=off, or auto without namespaces).
+        self.sandbox = box
         self._slots: asyncio.Semaphore | None = None
         #: Work from start until its report is done (status says RUNNING meanwhile).
         self._procs: dict[str, _Process] = {}
@@ -248,14 +255,22 @@ class LocalExecutor:
             )
         output, inputs = _local(submission.output_path), submission.inputs
         argv = placeholders.resolve_argv([str(a) for a in command], output, inputs)
-        env = dict(self._base_env)
+        env = {} if self.sandbox is not None else dict(self._base_env)
         own_env: Any = definition.get("env") or {}
         for key, value in own_env.items():
             env[str(key)] = placeholders.resolve_argument(str(value), output, inputs)
         env.update(
             placeholders.environment(output, inputs, submission.workflow_id, submission.action_id)
         )
-        return argv, env
+        if self.sandbox is None:
+            return argv, env
+        wrapped = self.sandbox.argv(
+            argv,
+            output=output,
+            box=sandbox.box_for(output) if _is_local(submission.output_path) else None,
+            inputs=(_local(p) for p in inputs.values()),
+        )
+        return wrapped, sandbox.environment(env)
 
     def _executable(self, name: str, env: Mapping[str, str], *, fresh: bool = False) -> str:
         """`name` as given when it is a path, else found on the child's PATH.
@@ -293,12 +308,14 @@ class LocalExecutor:
         """Create the output's parent directory and open the attempt's log (in a thread)."""
         output = submission.output_path
         # A remote output (hdfs://, s3://) is created by the job itself.
-        if "://" not in output or output.startswith("file://"):
+        if _is_local(output):
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
+            if self.sandbox is not None:
+                os.makedirs(sandbox.box_for(_local(output)), mode=0o700, exist_ok=True)
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))
         # submit closes it once the child has its own copy of the descriptor.
-        return open(log_path, "ab")
+        return os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
     def _spawn(
         self, submission: Submission, argv: list[str], env: dict[str, str], log: BinaryIO
@@ -397,6 +414,8 @@ class LocalExecutor:
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
         try:
+            if self.sandbox is not None and _is_local(sub.output_path):
+                await asyncio.to_thread(sandbox.collect, _local(sub.output_path))
             await self._report_outcome(proc, returncode, runtime_s)
         except errors.PingoError as exc:
             # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
@@ -461,6 +480,11 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _is_local(path: str) -> bool:
+    """Whether `path` is on this machine (a remote output, hdfs:// or s3://, is the job's)."""
+    return "://" not in path or path.startswith("file://")
+
+
 def _local(path: str) -> str:
     """A `file://` URL as a plain path; anything else as is."""
     return path[len("file://") :] if path.startswith("file://") else path
@@ -490,4 +514,9 @@ def _tail(path: Path) -> str:
 
 def create(settings: Settings, reporter: Reporter) -> LocalExecutor:
     """Entry point for `command-line` actions."""
-    return LocalExecutor(reporter, slots=settings.local_slots, node_id=settings.node_id)
+    return LocalExecutor(
+        reporter,
+        slots=settings.local_slots,
+        node_id=settings.node_id,
+        box=sandbox.from_settings(settings),
+    )

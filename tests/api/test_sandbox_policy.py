@@ -1,0 +1,88 @@
+"""PINGO_SANDBOX over HTTP: no silent fallback to running users' commands unsandboxed.
+
+The "no user namespaces" case is a node whose local executor has no sandbox,
+which is what `sandbox.from_settings` gives the executor when the probe fails
+under `auto` (this machine has working namespaces, so the probe itself cannot
+fail here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pingo import errors
+from pingo.actions.executors import base
+from pingo.actions.executors.local import LocalExecutor
+from pingo.api.app import create_app
+from pingo.config import Settings
+from pingo.node import Node
+from pingo.store import open_store
+from tests.api.conftest import (
+    ADMIN_TOKEN,
+    AiohttpClient,
+    Api,
+    chain,
+    make_settings,
+)
+
+
+def _unsandboxed(settings: Settings, reporter: base.Reporter) -> LocalExecutor:
+    return LocalExecutor(reporter, slots=2, node_id=settings.node_id, box=None)
+
+
+async def _readyz(api: Api) -> dict[str, str]:
+    response = await api.client.get("/readyz")
+    assert response.status == 200
+    body: dict[str, str] = await response.json()
+    return body
+
+
+async def test_readyz_shows_the_sandbox_on(api: Api) -> None:
+    assert await _readyz(api) == {"status": "ready", "sandbox": "on"}
+
+
+async def test_auto_without_namespaces_refuses_users_but_not_admins(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, sandbox="auto")
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
+        node = Node(settings, store, executors={"command-line": _unsandboxed})
+        await node.start()
+        try:
+            app = create_app(settings, node=node)
+            api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+            assert await _readyz(api) == {"status": "ready", "sandbox": "unavailable"}
+            await api.add_user("alice")
+            for query in ("", "?dryRun=true"):
+                refused = await api.client.post(
+                    f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
+                )
+                assert refused.status == 403, await refused.text()
+                problem = await refused.json()
+                assert problem["code"] == "SANDBOX_UNAVAILABLE"
+                assert "sandbox" in problem["detail"]
+            listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
+            assert (await listing.json())["items"] == []  # nothing was stored
+            done = await api.wait((await api.submit(chain("admin")))["id"])
+            assert done["state"] == "SUCCEEDED"
+        finally:
+            await node.stop()
+
+
+async def test_off_is_explicit_and_shown(aiohttp_client: AiohttpClient, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, sandbox="off")
+    app = create_app(settings)
+    api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    assert await _readyz(api) == {"status": "ready", "sandbox": "off"}
+    await api.add_user("alice")
+    done = await api.wait((await api.submit(chain("off"), user="alice"))["id"])
+    assert done["state"] == "SUCCEEDED"
+
+
+def test_a_bad_sandbox_setting_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(errors.ConfigurationError):
+        Settings.from_env({"PINGO_SANDBOX": "maybe", "PINGO_HOME": str(tmp_path)})
+    with pytest.raises(errors.ConfigurationError):
+        Settings.from_env({"PINGO_SANDBOX_NETWORK": "sometimes", "PINGO_HOME": str(tmp_path)})

@@ -1,0 +1,377 @@
+"""Attacks on the server's secrets and other users' data from a user's own action.
+
+Each test is an attack a plain (non-admin) user could try through a
+command-line action, run end to end over HTTP against a real `pingo server`
+subprocess with the sandbox on (PINGO_SANDBOX=on: it refuses to start
+without working user namespaces rather than quietly running unsandboxed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo.client import ApiError, Client
+from pingo.testing import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PINGO = str(Path(sys.executable).parent / "pingo")
+ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    home: Path
+    port: int
+    env: dict[str, str]
+    log: Path
+
+    def client(self, token: str) -> Client:
+        return Client(base_url=f"http://127.0.0.1:{self.port}", token=token, timeout_s=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+def start_server(home: Path, port: int | None = None, **settings: str) -> Server:
+    port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
+                "PINGO_POLL_INTERVAL_S": "0.05", "PINGO_SANDBOX": "on",
+                "PINGO_ADMIN_TOKEN": ADMIN_TOKEN, "PINGO_LOG_LEVEL": "DEBUG"})  # fmt: skip
+    env.update(settings)
+    log = home.parent / f"{home.name}-server.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [PINGO, "server"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
+    server = Server(process, home, port, env, log)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if server.client(ADMIN_TOKEN).health():
+                return server
+        except OSError:
+            pass
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "pingo server did not become ready"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(tmp_path_factory.mktemp("sandboxed") / "home")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def alice(server: Server) -> Client:
+    token = server.client(ADMIN_TOKEN).create_user("alice")["token"]
+    return server.client(token)
+
+
+@pytest.fixture(scope="module")
+def bob(server: Server) -> Client:
+    token = server.client(ADMIN_TOKEN).create_user("bob")["token"]
+    return server.client(token)
+
+
+def _workflow(*commands: list[str], chain: bool = False) -> dict[str, Any]:
+    """One action per command (each the child of the previous one with `chain`)."""
+    actions: list[dict[str, Any]] = []
+    for index, command in enumerate(commands, start=1):
+        action: dict[str, Any] = {
+            "id": index,
+            "name": f"step{index}",
+            "type": "command-line",
+            "command": command,
+        }
+        if chain and index > 1:
+            action["parentActions"] = [{"id": index - 1}]
+        actions.append(action)
+    return {
+        "name": f"attack-{uuid.uuid4().hex[:8]}",
+        "startActionId": 1,
+        "endActionId": len(commands),
+        "actions": actions,
+    }
+
+
+def _run(client: Client, document: dict[str, Any]) -> dict[str, Any]:
+    workflow = client.submit(document)
+    return client.wait(workflow["id"], timeout_s=60, poll_s=0.05)
+
+
+def _sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def _dataset_path(server: Server, workflow: dict[str, Any], action_id: int) -> Path:
+    action = next(a for a in workflow["actions"] if a["actionId"] == action_id)
+    dataset_id = action["datasetId"]
+    return server.home / "datasets" / dataset_id[:2] / dataset_id
+
+
+def _every_file(*roots: Path) -> Iterator[Path]:
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                yield path
+
+
+def _secrets(server: Server) -> list[bytes]:
+    secret = (server.home / "callback.secret").read_bytes()
+    admin = (server.home / "admin.token").read_text().strip().encode()
+    assert admin == ADMIN_TOKEN.encode()
+    return [admin, secret, secret.hex().encode()]
+
+
+def _assert_no_secret_anywhere(server: Server) -> None:
+    """No log, no dataset, not the server's own log holds a secret."""
+    secrets = _secrets(server)
+    for path in [*_every_file(server.home / "logs", server.home / "datasets"), server.log]:
+        content = path.read_bytes()
+        for secret in secrets:
+            assert secret not in content, f"a secret leaked into {path}"
+
+
+def test_the_sandbox_is_on_and_shown_by_readyz(server: Server) -> None:
+    ready = server.client(ADMIN_TOKEN).request("GET", "/readyz").json()
+    assert ready == {"status": "ready", "sandbox": "on"}
+
+
+def test_an_action_cannot_read_the_secrets_in_pingo_home(server: Server, alice: Client) -> None:
+    home = server.home
+    steal = (
+        f"cat {home}/admin.token {home}/callback.secret; ls -la {home} {home}/logs;"
+        f" cat {home}/logs/*/*; cat $PINGO_HOME/admin.token; cp {home}/callback.secret"
+        " $PINGO_OUTPUT; echo done >> $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(steal)))
+    assert workflow["state"] == "SUCCEEDED"
+    assert _dataset_path(server, workflow, 1).read_text() == "done\n"
+    log = alice.logs(workflow["id"], 1)
+    assert "No such file or directory" in log
+    _assert_no_secret_anywhere(server)
+
+
+def test_an_action_cannot_read_the_server_environment(server: Server, alice: Client) -> None:
+    assert "PINGO_ADMIN_TOKEN" in server.env  # the server was given it...
+    steal = (
+        "tr '\\0' '\\n' < /proc/$PPID/environ; for f in /proc/[0-9]*/environ;"
+        " do tr '\\0' '\\n' < $f; done; env; env > $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(steal)))
+    assert workflow["state"] == "SUCCEEDED"
+    seen = _dataset_path(server, workflow, 1).read_text()
+    names = {line.split("=", 1)[0] for line in seen.splitlines() if "=" in line}
+    # ...and the action sees only its own variables.
+    assert names <= {"PATH", "PWD", "SHLVL", "_", "OLDPWD"} | {
+        n for n in names if n.startswith("PINGO_")
+    }
+    assert "PINGO_HOME" not in names and "PINGO_ADMIN_TOKEN" not in names
+    # The server's own /proc/<pid>/environ no longer holds it either.
+    own = Path(f"/proc/{server.process.pid}/environ").read_bytes()
+    assert ADMIN_TOKEN.encode() not in own
+    _assert_no_secret_anywhere(server)
+
+
+def test_an_action_cannot_make_its_user_admin_through_the_store(
+    server: Server, alice: Client
+) -> None:
+    db = server.home / "pingo.db"
+    promote = (
+        f"import sqlite3; c = sqlite3.connect({str(db)!r});"
+        " c.execute(\"update users set is_admin=1 where name='alice'\"); c.commit()"
+    )
+    workflow = _run(alice, _workflow(["python3", "-c", promote]))
+    assert workflow["state"] == "FAILED"
+    assert alice.me()["admin"] is False
+    with pytest.raises(ApiError) as refused:
+        alice.users()
+    assert refused.value.status == 403
+
+
+def test_an_action_cannot_overwrite_another_users_datasets(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    marker = uuid.uuid4().hex
+    bobs = _run(
+        bob,
+        _workflow(
+            _sh(f"echo bob-{marker} > $PINGO_OUTPUT"),
+            _sh(f"mkdir $PINGO_OUTPUT && echo part-{marker} > $PINGO_OUTPUT/part-0"),
+        ),
+    )
+    assert bobs["state"] == "SUCCEEDED"
+    file_dataset = _dataset_path(server, bobs, 1)
+    dir_dataset = _dataset_path(server, bobs, 2)
+    poison = (
+        f"echo POISONED > {file_dataset}; echo POISONED > {dir_dataset}/part-0;"
+        f" rm -rf {dir_dataset}; ln -sf /dev/null {file_dataset}; echo tried > $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(poison)))
+    assert workflow["state"] == "SUCCEEDED"
+    assert file_dataset.read_text() == f"bob-{marker}\n"
+    assert (dir_dataset / "part-0").read_text() == f"part-{marker}\n"
+
+
+def test_an_action_cannot_write_through_its_inputs(server: Server, alice: Client) -> None:
+    """Inputs are bound read-only: a child cannot change the dataset it reads."""
+    workflow = _run(
+        alice,
+        _workflow(
+            _sh("mkdir $PINGO_OUTPUT && echo original > $PINGO_OUTPUT/part-0"),
+            _sh(
+                "echo POISONED > $PINGO_INPUT_1/part-0; touch $PINGO_INPUT_1/extra;"
+                " echo tried > $PINGO_OUTPUT"
+            ),
+            chain=True,
+        ),
+    )
+    assert workflow["state"] == "SUCCEEDED"
+    parent = _dataset_path(server, workflow, 1)
+    assert (parent / "part-0").read_text() == "original\n"
+    assert sorted(p.name for p in parent.iterdir()) == ["part-0"]
+
+
+def test_a_symlink_planted_in_an_output_reaches_nothing(server: Server, alice: Client) -> None:
+    """An output holding links to the secrets and to another dataset leaks nothing."""
+    home = server.home
+    plant = (
+        f"mkdir $PINGO_OUTPUT && ln -s {home}/admin.token $PINGO_OUTPUT/token"
+        f" && ln -s {home}/callback.secret $PINGO_OUTPUT/secret && ln -s {home} $PINGO_OUTPUT/home"
+    )
+    follow = (
+        "cat $PINGO_INPUT_1/token $PINGO_INPUT_1/secret; ls $PINGO_INPUT_1/home;"
+        " echo leaked > $PINGO_INPUT_1/home/admin.token;"
+        " cat $PINGO_INPUT_1/token > $PINGO_OUTPUT; echo followed >> $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(plant), _sh(follow), chain=True))
+    assert workflow["state"] == "SUCCEEDED"
+    assert _dataset_path(server, workflow, 2).read_text() == "followed\n"
+    assert (home / "admin.token").read_text().strip() == ADMIN_TOKEN
+    _assert_no_secret_anywhere(server)
+
+
+def test_an_output_that_is_a_symlink_reaches_nothing(server: Server, alice: Client) -> None:
+    """A dataset that is itself a link to a secret gives its readers nothing."""
+    home = server.home
+    plant = f"ln -s {home}/admin.token $PINGO_OUTPUT"
+    follow = (
+        "cat $PINGO_INPUT_1; cat $PINGO_INPUT_1 > $PINGO_OUTPUT; echo followed >> $PINGO_OUTPUT"
+    )
+    workflow = _run(alice, _workflow(_sh(plant), _sh(follow), chain=True))
+    assert workflow["state"] == "SUCCEEDED"
+    assert _dataset_path(server, workflow, 2).read_text() == "followed\n"
+    _assert_no_secret_anywhere(server)
+
+
+def test_the_network_is_on_by_default_and_off_on_request(
+    server: Server, alice: Client, tmp_path: Path
+) -> None:
+    connect = _sh(
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {server.port}), 5)\""
+        " && echo reached > $PINGO_OUTPUT"
+    )
+    online = _run(alice, _workflow(connect))
+    assert online["state"] == "SUCCEEDED"
+
+    offline_server = start_server(tmp_path / "home", PINGO_SANDBOX_NETWORK="off")
+    try:
+        offline = _run(offline_server.client(ADMIN_TOKEN), _workflow(connect))
+        assert offline["state"] == "FAILED"
+        log = offline_server.client(ADMIN_TOKEN).logs(offline["id"], 1)
+        assert "Network is unreachable" in log or "Connection refused" in log
+    finally:
+        offline_server.stop()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_no_orphan_survives_a_killed_server(tmp_path: Path) -> None:
+    """kill -9 of the server takes its running action with it; the retry writes the dataset."""
+    # Outside /tmp (private in the sandbox), so that attempt 1 sees the flag the test removes.
+    flag_dir = Path(tempfile.mkdtemp(prefix="pingo-orphan-", dir="/var/tmp"))
+    try:
+        flag = flag_dir / "slow"
+        flag.touch()
+        marker = f"orphan-{uuid.uuid4().hex}"
+        script = f"if [ -e {flag} ]; then sleep 30; fi; echo {marker} > $PINGO_OUTPUT"
+        home = tmp_path / "home"
+        quick = {"PINGO_LEASE_S": "2", "PINGO_RECONCILE_GRACE_S": "0.5",
+                 "PINGO_RETRY_BACKOFF_S": "0.1"}  # fmt: skip
+        first = start_server(home, **quick)
+        admin = first.client(ADMIN_TOKEN)
+        workflow = admin.submit(_workflow(_sh(script)))
+        deadline = time.monotonic() + 30
+        while not _processes_with(marker):
+            assert time.monotonic() < deadline, "the action never started"
+            time.sleep(0.05)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(timeout=10)
+
+        deadline = time.monotonic() + 10
+        while _processes_with(marker):
+            assert time.monotonic() < deadline, "attempt 1 outlived the server"
+            time.sleep(0.05)
+        flag.unlink()
+
+        second = start_server(home, port=first.port, **quick)
+        try:
+            done = second.client(ADMIN_TOKEN).wait(workflow["id"], timeout_s=60, poll_s=0.1)
+            assert done["state"] == "SUCCEEDED"
+            action = done["actions"][0]
+            assert action["attempts"] == 2
+            assert _dataset_path(second, done, 1).read_text() == f"{marker}\n"
+        finally:
+            second.stop()
+    finally:
+        shutil.rmtree(flag_dir, ignore_errors=True)
+
+
+def test_home_and_its_files_are_private(server: Server) -> None:
+    assert (server.home.stat().st_mode & 0o777) == 0o700
+    # The store keeps token hashes only.
+    for store_file in server.home.glob("pingo.db*"):
+        assert ADMIN_TOKEN.encode() not in store_file.read_bytes(), store_file
+    for name in ("pingo.db", "admin.token", "callback.secret"):
+        assert ((server.home / name).stat().st_mode & 0o077) == 0, name
+    for path in (server.home / "logs").rglob("*"):
+        assert (path.stat().st_mode & 0o077) == 0, path
+
+
+def test_reading_the_workflow_document_does_not_need_the_sandbox(server: Server) -> None:
+    # Sanity: the examples, which read files from the repository, run sandboxed too.
+    document = json.loads((REPO / "examples" / "wordcount.json").read_text())
+    done = _run(server.client(ADMIN_TOKEN), document)
+    assert done["state"] == "SUCCEEDED", done
