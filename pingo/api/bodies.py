@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.api import problems, state
 
 #: Deeper than any real workflow; shallow enough that nothing downstream recurses too far.
@@ -18,8 +18,8 @@ MAX_DEPTH = 64
 E = TypeVar("E", bound=enum.Enum)
 
 
-def _malformed(message: str) -> problems.BadRequest:
-    issue = errors.ValidationIssue("MALFORMED_JSON", message, "")
+def _malformed(message: str, pointer: str = "") -> problems.BadRequest:
+    issue = errors.ValidationIssue("MALFORMED_JSON", message, pointer)
     return problems.BadRequest(
         f"the body is not valid JSON: {message}", [issue], code="MALFORMED_JSON"
     )
@@ -83,11 +83,11 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     except UnicodeDecodeError as exc:
         raise _malformed("the body is not UTF-8") from exc
     try:
-        value = json.loads(text)
+        value = untrusted.loads(text)
     except RecursionError as exc:
         raise _malformed("nested too deeply") from exc
-    except ValueError as exc:
-        raise _malformed(str(exc)) from exc
+    except untrusted.MalformedJSON as exc:
+        raise _malformed(str(exc), exc.pointer) from exc
     if _depth_exceeds(raw, MAX_DEPTH):
         raise _malformed(f"nested deeper than {MAX_DEPTH} levels")
     return value
@@ -133,9 +133,10 @@ def query_int(
         value = int(raw)
     except ValueError:
         raise _invalid(name, f"expected an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise _invalid(name, f"must be {bounds}, got {value}")
+    # Every integer the server takes is one the stores can hold (signed 64-bit).
+    high = untrusted.INT64_MAX if maximum is None else min(maximum, untrusted.INT64_MAX)
+    if value < max(minimum, untrusted.INT64_MIN) or value > high:
+        raise _invalid(name, f"must be between {minimum} and {high}, got {value}")
     return value
 
 
@@ -165,6 +166,9 @@ def path_int(request: web.Request, name: str) -> int:
     """An integer path segment (404 when it is not one: no such resource)."""
     raw = request.match_info[name]
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise errors.NotFound(f"no {name} {raw!r}") from None
+    if not untrusted.INT64_MIN <= value <= untrusted.INT64_MAX:
+        raise errors.NotFound(f"no {name} {raw!r}")  # no store holds such an id
+    return value

@@ -299,6 +299,17 @@ _COMMON_ERRORS = {
 }
 
 
+_QUERY_ERRORS = {"400": _problem("A query parameter is not valid (INVALID_PARAMETER).")}
+_BODY_ERRORS = {
+    "400": _problem(
+        "The body is not strict JSON (MALFORMED_JSON), or a query parameter is not valid "
+        "(INVALID_PARAMETER)."
+    ),
+    "413": _problem("Body over the limit (PAYLOAD_TOO_LARGE)."),
+    "415": _problem("Not application/json (UNSUPPORTED_MEDIA_TYPE)."),
+}
+
+
 def _op(
     operation_id: str,
     summary: str,
@@ -314,7 +325,14 @@ def _op(
         "operationId": operation_id,
         "summary": summary,
         "tags": [tag],
-        "responses": {**dict(responses), **({} if public else _COMMON_ERRORS)},
+        "responses": {
+            # Query parameters and bodies are read by the one strict reader of each,
+            # which can refuse them these ways on any operation.
+            **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
+            **(_BODY_ERRORS if request_body is not None else {}),
+            **dict(responses),
+            **({} if public else _COMMON_ERRORS),
+        },
     }
     if description:
         operation["description"] = description

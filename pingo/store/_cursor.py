@@ -14,7 +14,7 @@ import binascii
 import json
 from datetime import UTC, datetime, timedelta
 
-from pingo import errors
+from pingo import errors, untrusted
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -40,7 +40,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """`(created_at, id)` of the position `cursor` points after; `ValidationFailed` if bad."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        value = untrusted.loads(base64.urlsafe_b64decode(padded.encode()))
         micros, item_id = value
         if not isinstance(micros, int) or not isinstance(item_id, str):
             raise ValueError(cursor)
