@@ -15,8 +15,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pingo import __version__, states
+from pingo import __version__, states, untrusted
 from pingo.api import problems
+from pingo.store import _cursor
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
 
@@ -358,7 +359,10 @@ def _param(
 
 
 _WORKFLOW_ID = _param("workflowId", "path", {"type": "string"}, "the workflow's id")
-_ACTION_ID = _param("actionId", "path", {"type": "integer"}, "the action's id in its workflow")
+#: Every integer the API takes is one the stores hold (`pingo.untrusted`).
+_INT64 = {"type": "integer", "minimum": untrusted.INT64_MIN, "maximum": untrusted.INT64_MAX}
+_ATTEMPT = {"type": "integer", "minimum": 1, "maximum": untrusted.INT64_MAX}
+_ACTION_ID = _param("actionId", "path", _INT64, "the action's id in its workflow")
 _DATASET_ID_PARAM = _param("datasetId", "path", _DATASET_ID, "the dataset's id")
 _CALLBACK_ID = _param("callbackId", "path", {"type": "string"}, "the action's callback id")
 _LIMIT = _param(
@@ -367,9 +371,14 @@ _LIMIT = _param(
     {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
     "page size",
 )
-_CURSOR = _param("cursor", "query", {"type": "string"}, "the `next` of the previous page")
+_CURSOR = _param(
+    "cursor",
+    "query",
+    {"type": "string", "pattern": _cursor.CURSOR_PATTERN},
+    "the `next` of the previous page",
+)
 _CALLBACK_AUTH = [
-    _param("attempt", "query", {"type": "integer", "minimum": 1}, "the attempt reporting", True),
+    _param("attempt", "query", _ATTEMPT, "the attempt reporting", True),
     _param("token", "query", {"type": "string"}, "HMAC of callback id and attempt", True),
 ]
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
@@ -513,9 +522,7 @@ def _paths() -> dict[str, Any]:
                 parameters=[
                     _WORKFLOW_ID,
                     _ACTION_ID,
-                    _param(
-                        "attempt", "query", {"type": "integer", "minimum": 1}, "default: latest"
-                    ),
+                    _param("attempt", "query", _ATTEMPT, "default: latest"),
                 ],
             )
         },
