@@ -374,7 +374,8 @@ _LIMIT = _param(
 _CURSOR = _param(
     "cursor",
     "query",
-    {"type": "string", "pattern": _cursor.CURSOR_PATTERN},
+    # Empty, like any empty query parameter, means absent: the first page.
+    {"type": "string", "pattern": f"^(?:{_cursor.CURSOR_PATTERN})?$"},
     "the `next` of the previous page",
 )
 _CALLBACK_AUTH = [
@@ -419,7 +420,7 @@ def _paths() -> dict[str, Any]:
                     _param(
                         "Idempotency-Key",
                         "header",
-                        {"type": "string", "maxLength": 255},
+                        {"type": "string", "minLength": 1, "maxLength": 255},
                         "a retried POST with the same key returns the same workflow",
                     ),
                 ],

@@ -32,7 +32,7 @@ def from_micros(micros: int) -> datetime:
 #: `<microseconds since the epoch>.<item id>`. Seventeen digits reach the year
 #: 5138, inside both `datetime` and a signed 64-bit integer; ids are
 #: `wf-…` names and hex digests, so they need no escaping.
-CURSOR_PATTERN = r"^[0-9]{1,17}\.[A-Za-z0-9_-]{1,128}$"
+CURSOR_PATTERN = r"[0-9]{1,17}\.[A-Za-z0-9_-]{1,128}"
 _CURSOR = re.compile(CURSOR_PATTERN)
 
 
