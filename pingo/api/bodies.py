@@ -112,6 +112,9 @@ def json_response(
     return raw_json_response(encode_json(data), status=status, headers=headers)
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def _invalid(name: str, message: str) -> problems.InvalidParameter:
     issue = errors.ValidationIssue("INVALID_PARAMETER", message, f"/{name}")
     return problems.InvalidParameter(f"query parameter {name!r}: {message}", [issue])
@@ -127,12 +130,12 @@ def query_int(
 ) -> int | None:
     """An integer query parameter within bounds (400 INVALID_PARAMETER otherwise)."""
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _invalid(name, f"expected an integer, got {raw!r}") from None
+    if not _INTEGER.fullmatch(raw):
+        # int() would also take " 7", "1_000" and non-ASCII digits: not JSON integers.
+        raise _invalid(name, f"expected an integer, got {raw!r}")
+    value = int(raw)
     # Every integer the server takes is one the stores can hold (signed 64-bit).
     high = untrusted.INT64_MAX if maximum is None else min(maximum, untrusted.INT64_MAX)
     if value < max(minimum, untrusted.INT64_MIN) or value > high:
@@ -142,8 +145,13 @@ def query_int(
 
 def query_bool(request: web.Request, name: str) -> bool:
     """A boolean query parameter: true/false/1/0/yes/no (absent is false)."""
-    raw = request.query.get(name, "").strip().lower()
-    if raw in ("", "false", "0", "no"):
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    # An empty value is refused like any other unknown one: the OpenAPI document
+    # declares booleans, and "" is none of them.
+    raw = raw.strip().lower()
+    if raw in ("false", "0", "no"):
         return False
     if raw in ("true", "1", "yes"):
         return True
@@ -153,7 +161,7 @@ def query_bool(request: web.Request, name: str) -> bool:
 def query_enum(request: web.Request, name: str, enum_type: type[E]) -> E | None:
     """An enum-valued query parameter (by value), or None when absent."""
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     try:
         return enum_type(raw.upper())
@@ -165,10 +173,9 @@ def query_enum(request: web.Request, name: str, enum_type: type[E]) -> E | None:
 def path_int(request: web.Request, name: str) -> int:
     """An integer path segment (404 when it is not one: no such resource)."""
     raw = request.match_info[name]
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.NotFound(f"no {name} {raw!r}") from None
+    if not _INTEGER.fullmatch(raw):
+        raise errors.NotFound(f"no {name} {raw!r}")
+    value = int(raw)
     if not untrusted.INT64_MIN <= value <= untrusted.INT64_MAX:
         raise errors.NotFound(f"no {name} {raw!r}")  # no store holds such an id
     return value
