@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.config import Settings
 from pingo.store.protocol import Store, UserRecord
 
@@ -27,12 +27,19 @@ logger = logging.getLogger(__name__)
 ADMIN_NAME = "admin"
 ADMIN_TOKEN_FILE = "admin.token"
 USER_KEY = web.RequestKey("pingo.user", UserRecord)
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def hash_token(token: str) -> str:
-    """The sha256 hex digest the store keeps instead of the token."""
-    return hashlib.sha256(token.encode()).hexdigest()
+    """The sha256 hex digest the store keeps instead of the token.
+
+    A token that is not valid Unicode (a header byte like 0xFF arrives as a lone
+    surrogate) is refused as not valid, like any unknown token.
+    """
+    raw = untrusted.to_bytes(token)
+    if raw is None:
+        raise errors.Unauthorized("the bearer token is not valid")
+    return hashlib.sha256(raw).hexdigest()
 
 
 def generate_token() -> str:
@@ -42,7 +49,8 @@ def generate_token() -> str:
 
 def check_user_name(name: str) -> None:
     """Raise `ValidationFailed` unless `name` is a valid user name."""
-    if not _NAME_RE.match(name) or name.startswith("user:"):
+    # fullmatch: `$` would also match before a trailing newline.
+    if not _NAME_RE.fullmatch(name) or name.startswith("user:"):
         raise errors.ValidationFailed(
             [
                 errors.ValidationIssue(

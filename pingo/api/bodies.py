@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.api import problems, state
 
 #: Deeper than any real workflow; shallow enough that nothing downstream recurses too far.
@@ -18,8 +18,8 @@ MAX_DEPTH = 64
 E = TypeVar("E", bound=enum.Enum)
 
 
-def _malformed(message: str) -> problems.BadRequest:
-    issue = errors.ValidationIssue("MALFORMED_JSON", message, "")
+def _malformed(message: str, pointer: str = "") -> problems.BadRequest:
+    issue = errors.ValidationIssue("MALFORMED_JSON", message, pointer)
     return problems.BadRequest(
         f"the body is not valid JSON: {message}", [issue], code="MALFORMED_JSON"
     )
@@ -83,11 +83,11 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     except UnicodeDecodeError as exc:
         raise _malformed("the body is not UTF-8") from exc
     try:
-        value = json.loads(text)
+        value = untrusted.loads(text)
     except RecursionError as exc:
         raise _malformed("nested too deeply") from exc
-    except ValueError as exc:
-        raise _malformed(str(exc)) from exc
+    except untrusted.MalformedJSON as exc:
+        raise _malformed(str(exc), exc.pointer) from exc
     if _depth_exceeds(raw, MAX_DEPTH):
         raise _malformed(f"nested deeper than {MAX_DEPTH} levels")
     return value
@@ -112,6 +112,9 @@ def json_response(
     return raw_json_response(encode_json(data), status=status, headers=headers)
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def _invalid(name: str, message: str) -> problems.InvalidParameter:
     issue = errors.ValidationIssue("INVALID_PARAMETER", message, f"/{name}")
     return problems.InvalidParameter(f"query parameter {name!r}: {message}", [issue])
@@ -127,22 +130,28 @@ def query_int(
 ) -> int | None:
     """An integer query parameter within bounds (400 INVALID_PARAMETER otherwise)."""
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _invalid(name, f"expected an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise _invalid(name, f"must be {bounds}, got {value}")
+    if not _INTEGER.fullmatch(raw):
+        # int() would also take " 7", "1_000" and non-ASCII digits: not JSON integers.
+        raise _invalid(name, f"expected an integer, got {raw!r}")
+    value = int(raw)
+    # Every integer the server takes is one the stores can hold (signed 64-bit).
+    high = untrusted.INT64_MAX if maximum is None else min(maximum, untrusted.INT64_MAX)
+    if value < max(minimum, untrusted.INT64_MIN) or value > high:
+        raise _invalid(name, f"must be between {minimum} and {high}, got {value}")
     return value
 
 
 def query_bool(request: web.Request, name: str) -> bool:
     """A boolean query parameter: true/false/1/0/yes/no (absent is false)."""
-    raw = request.query.get(name, "").strip().lower()
-    if raw in ("", "false", "0", "no"):
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    # An empty value is refused like any other unknown one: the OpenAPI document
+    # declares booleans, and "" is none of them.
+    raw = raw.strip().lower()
+    if raw in ("false", "0", "no"):
         return False
     if raw in ("true", "1", "yes"):
         return True
@@ -152,7 +161,7 @@ def query_bool(request: web.Request, name: str) -> bool:
 def query_enum(request: web.Request, name: str, enum_type: type[E]) -> E | None:
     """An enum-valued query parameter (by value), or None when absent."""
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     try:
         return enum_type(raw.upper())
@@ -164,7 +173,9 @@ def query_enum(request: web.Request, name: str, enum_type: type[E]) -> E | None:
 def path_int(request: web.Request, name: str) -> int:
     """An integer path segment (404 when it is not one: no such resource)."""
     raw = request.match_info[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise errors.NotFound(f"no {name} {raw!r}") from None
+    if not _INTEGER.fullmatch(raw):
+        raise errors.NotFound(f"no {name} {raw!r}")
+    value = int(raw)
+    if not untrusted.INT64_MIN <= value <= untrusted.INT64_MAX:
+        raise errors.NotFound(f"no {name} {raw!r}")  # no store holds such an id
+    return value

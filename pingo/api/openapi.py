@@ -15,8 +15,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pingo import __version__, states
+from pingo import __version__, states, untrusted
 from pingo.api import problems
+from pingo.store import _cursor
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
 
@@ -308,6 +309,17 @@ _COMMON_ERRORS = {
 }
 
 
+_QUERY_ERRORS = {"400": _problem("A query parameter is not valid (INVALID_PARAMETER).")}
+_BODY_ERRORS = {
+    "400": _problem(
+        "The body is not strict JSON (MALFORMED_JSON), or a query parameter is not valid "
+        "(INVALID_PARAMETER)."
+    ),
+    "413": _problem("Body over the limit (PAYLOAD_TOO_LARGE)."),
+    "415": _problem("Not application/json (UNSUPPORTED_MEDIA_TYPE)."),
+}
+
+
 def _op(
     operation_id: str,
     summary: str,
@@ -323,7 +335,14 @@ def _op(
         "operationId": operation_id,
         "summary": summary,
         "tags": [tag],
-        "responses": {**dict(responses), **({} if public else _COMMON_ERRORS)},
+        "responses": {
+            # Query parameters and bodies are read by the one strict reader of each,
+            # which can refuse them these ways on any operation.
+            **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
+            **(_BODY_ERRORS if request_body is not None else {}),
+            **dict(responses),
+            **({} if public else _COMMON_ERRORS),
+        },
     }
     if description:
         operation["description"] = description
@@ -349,7 +368,10 @@ def _param(
 
 
 _WORKFLOW_ID = _param("workflowId", "path", {"type": "string"}, "the workflow's id")
-_ACTION_ID = _param("actionId", "path", {"type": "integer"}, "the action's id in its workflow")
+#: Every integer the API takes is one the stores hold (`pingo.untrusted`).
+_INT64 = {"type": "integer", "minimum": untrusted.INT64_MIN, "maximum": untrusted.INT64_MAX}
+_ATTEMPT = {"type": "integer", "minimum": 1, "maximum": untrusted.INT64_MAX}
+_ACTION_ID = _param("actionId", "path", _INT64, "the action's id in its workflow")
 _DATASET_ID_PARAM = _param("datasetId", "path", _DATASET_ID, "the dataset's id")
 _CALLBACK_ID = _param("callbackId", "path", {"type": "string"}, "the action's callback id")
 _LIMIT = _param(
@@ -358,9 +380,15 @@ _LIMIT = _param(
     {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
     "page size",
 )
-_CURSOR = _param("cursor", "query", {"type": "string"}, "the `next` of the previous page")
+_CURSOR = _param(
+    "cursor",
+    "query",
+    # Empty, like any empty query parameter, means absent: the first page.
+    {"type": "string", "pattern": f"^(?:{_cursor.CURSOR_PATTERN})?$"},
+    "the `next` of the previous page",
+)
 _CALLBACK_AUTH = [
-    _param("attempt", "query", {"type": "integer", "minimum": 1}, "the attempt reporting", True),
+    _param("attempt", "query", _ATTEMPT, "the attempt reporting", True),
     _param("token", "query", {"type": "string"}, "HMAC of callback id and attempt", True),
 ]
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
@@ -405,7 +433,7 @@ def _paths() -> dict[str, Any]:
                     _param(
                         "Idempotency-Key",
                         "header",
-                        {"type": "string", "maxLength": 255},
+                        {"type": "string", "minLength": 1, "maxLength": 255},
                         "a retried POST with the same key returns the same workflow",
                     ),
                 ],
@@ -509,9 +537,7 @@ def _paths() -> dict[str, Any]:
                 parameters=[
                     _WORKFLOW_ID,
                     _ACTION_ID,
-                    _param(
-                        "attempt", "query", {"type": "integer", "minimum": 1}, "default: latest"
-                    ),
+                    _param("attempt", "query", _ATTEMPT, "default: latest"),
                 ],
             )
         },

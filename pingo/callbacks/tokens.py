@@ -8,6 +8,8 @@ import os
 import secrets
 from pathlib import Path
 
+from pingo import untrusted
+
 SECRET_FILE = "callback.secret"
 
 
@@ -41,5 +43,12 @@ def sign(secret: bytes, callback_id: str, attempt: int) -> str:
 
 
 def verify(secret: bytes, callback_id: str, attempt: int, token: str) -> bool:
-    """Whether `token` was signed for this callback id and attempt (constant time)."""
-    return hmac.compare_digest(sign(secret, callback_id, attempt), token)
+    """Whether `token` was signed for this callback id and attempt (constant time).
+
+    Both sides are compared as bytes: `compare_digest` refuses non-ASCII str,
+    and the token and id come from the URL, where anyone can put anything.
+    """
+    given = untrusted.to_bytes(token)
+    if given is None or untrusted.to_bytes(callback_id) is None:
+        return False
+    return hmac.compare_digest(sign(secret, callback_id, attempt).encode(), given)

@@ -68,7 +68,7 @@ from pymongo.errors import (
 from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.write_concern import WriteConcern
 
-from pingo import errors, states
+from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _cursor, utcnow
 from pingo.store.memory import plan_upgrades
@@ -141,7 +141,7 @@ def _dump_json(value: Mapping[str, Any] | None) -> str | None:
 
 
 def _load_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else untrusted.loads(text)
 
 
 def _idempotency(owner: str, key: str) -> str:

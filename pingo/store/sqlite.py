@@ -57,7 +57,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from pingo import errors, states
+from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _cursor, utcnow
 from pingo.store.memory import plan_upgrades
@@ -988,7 +988,8 @@ class SQLiteStore:
             self._documents.move_to_end(row[0])
             return _workflow(row, cached[0])
         text: str = row[4]
-        document: Mapping[str, Any] = json.loads(text)
+        # Strict, like every JSON the server reads: a NaN must not come back out.
+        document: Mapping[str, Any] = untrusted.loads(text)
         self._cache_document(row[0], document, len(text))
         return _workflow(row, document)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ _SUPPORTED = _ANNOTATIONS | {
     "$ref", "type", "properties", "required", "additionalProperties", "items", "minItems",
     "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "enum", "const",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "allOf", "anyOf", "oneOf",
-    "not",
+    "not", "pattern", "propertyNames",
 }  # fmt: skip
 
 
@@ -137,6 +138,10 @@ def _compile(schema: Any, root: Mapping[str, Any], refs: tuple[str, ...]) -> Pre
             raise _Unsupported
         preds.append(_one_of_strings(frozenset(values)))
     preds.extend(_compile_bounds(schema))
+    if "pattern" in schema:
+        preds.append(_matches(schema["pattern"]))
+    if "propertyNames" in schema:
+        preds.append(_each_key(_compile(schema["propertyNames"], root, refs)))
     if {"properties", "required", "additionalProperties"} & set(schema):
         preds.append(_compile_object(schema, root, refs))
     if "items" in schema:
@@ -160,6 +165,26 @@ def _one_of_strings(allowed: frozenset[str]) -> Predicate:
 def _each_item(item: Predicate) -> Predicate:
     def check(x: Any) -> bool:
         return not isinstance(x, list) or all(item(v) for v in x)
+
+    return check
+
+
+def _matches(pattern: Any) -> Predicate:
+    # jsonschema uses `re.search` too; the schema's patterns are in the subset
+    # where ECMA-262 and Python regular expressions agree.
+    if not isinstance(pattern, str):
+        raise _Unsupported
+    search = re.compile(pattern).search
+
+    def check(x: Any) -> bool:
+        return not isinstance(x, str) or search(x) is not None
+
+    return check
+
+
+def _each_key(name: Predicate) -> Predicate:
+    def check(x: Any) -> bool:
+        return not isinstance(x, dict) or all(name(k) for k in x)
 
     return check
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import json
 import logging
 import re
 from collections import deque
@@ -32,7 +31,7 @@ from typing import Any
 import jsonschema
 import networkx as nx
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.errors import ValidationIssue
 from pingo.workflows import _schema
 from pingo.workflows import types as action_types_mod
@@ -208,26 +207,27 @@ def _explain(validator: Any, instance: Any, base: str) -> Iterator[ValidationIss
                         f"{where}/{_escape(key)}",
                     )
             continue
-        yield ValidationIssue(SCHEMA_VIOLATION, error.message, where)
+        if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
+            # jsonschema points at the object; the culprit is one of its keys.
+            where = f"{where}/{_escape(error.instance)}"
+        message = error.message
+        if error.validator == "pattern" and "description" in error.schema:
+            # "'a\x00' does not match '^[^\\u0000]*$'" says less than the rule itself.
+            message = f"{error.instance!r} is not allowed: {error.schema['description']}"
+        yield ValidationIssue(SCHEMA_VIOLATION, message, where)
 
 
 # -- analysis --------------------------------------------------------------------
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _decode(document: bytes | str | Mapping[str, Any]) -> tuple[Any, ValidationIssue | None]:
     if isinstance(document, Mapping):
         return document, None
     try:
-        return json.loads(document, parse_constant=_reject_constant), None
-    except json.JSONDecodeError as exc:
-        return None, ValidationIssue(
-            MALFORMED_JSON, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", ""
-        )
-    except (ValueError, TypeError) as exc:  # bad encoding, NaN/Infinity, not text at all
+        return untrusted.loads(document), None
+    except untrusted.MalformedJSON as exc:
+        return None, ValidationIssue(MALFORMED_JSON, f"not valid JSON: {exc}", exc.pointer)
+    except TypeError as exc:  # not text at all (an already parsed array, a number)
         return None, ValidationIssue(MALFORMED_JSON, f"not valid JSON: {exc}", "")
 
 

@@ -19,6 +19,7 @@ Callbacks are idempotent: the same one twice answers the same.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from aiohttp import web
@@ -73,7 +74,8 @@ def _runtime_s(body: Any) -> float | None:
         value = float(raw)
     except (TypeError, ValueError):
         return None
-    return value if value >= 0 else None
+    # float("inf") and float("nan") parse, but neither is a runtime (nor strict JSON).
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _error_text(body: Any, default: str) -> str:

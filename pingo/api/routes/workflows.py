@@ -324,10 +324,10 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
     action = await _visible_action(request)
     if action.attempts == 0:
         raise errors.NotFound(f"action {action.action_id} has not run (it was {action.reason})")
-    attempt = (
-        bodies.query_int(request, "attempt", default=None, minimum=1, maximum=action.attempts)
-        or action.attempts
-    )
+    attempt = bodies.query_int(request, "attempt", default=action.attempts, minimum=1)
+    if attempt is None or attempt > action.attempts:
+        # A well-formed attempt number that has not happened: no such log, not a bad request.
+        raise errors.NotFound(f"action {action.action_id} has run {action.attempts} attempt(s)")
     path = executors_base.log_path(
         state.settings(request).home, action.workflow_id, action.action_id, attempt
     )

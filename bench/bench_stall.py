@@ -1,0 +1,152 @@
+"""One user's huge workflow must not stall the server for everyone else (issue 13).
+
+loop_stall_max_ms      the largest gap between two `/healthz` answers while a 100,000-action
+                       chained workflow is submitted and then killed (goal < 100 ms)
+submit_100k_s          POST of that workflow to its 201, over HTTP
+kill_100k_s            POST .../kill until the workflow reads KILLED
+rss_mb_before_100k     VmRSS (MiB) of the server, idle, before the submission
+rss_mb_after_100k      VmRSS once the workflow is KILLED and the server idled
+rss_after_100k_ratio   the two divided (goal <= 1.10)
+
+The server is the real one (`pingo server` subprocess, embedded SQLite, free loopback
+port; see bench_memory.Server). A poller asks `/healthz` back to back on its own
+connection during the submission and the kill; a gap is the time between two answers, so
+it includes the request's own round trip (about 1 ms on loopback). Action i of the
+workflow is `["true"]` with parent i - 1; the kill comes as soon as the 201 has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench import _workloads
+from bench.bench_memory import API, Server, _wait_ready, rss_mb
+
+#: One run submits and kills 100,000 actions: once is enough on a shared machine.
+RUNS = 1
+ACTIONS = 100_000
+IDLE_S = 5.0
+KILL_TIMEOUT_S = 600.0
+
+
+def chained_workflow(n: int) -> bytes:
+    """n `true` actions in a line, serialized once (the bench measures the server, not this)."""
+    actions: list[dict[str, Any]] = [
+        {"id": 1, "name": "a1", "type": "command-line", "command": ["true"]}
+    ]
+    actions += [
+        {
+            "id": i,
+            "name": f"a{i}",
+            "type": "command-line",
+            "command": ["true"],
+            "parentActions": [{"id": i - 1}],
+        }
+        for i in range(2, n + 1)
+    ]
+    document = {"name": "chain-100k", "startActionId": 1, "endActionId": n, "actions": actions}
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+class _Poller:
+    """Back-to-back `/healthz` requests; remembers the largest gap between answers."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.max_gap_s = 0.0
+        self.answers = 0
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            last = time.perf_counter()
+            while not self._stop.is_set():
+                async with session.get(f"{self.url}/healthz") as response:
+                    await response.read()
+                now = time.perf_counter()
+                self.max_gap_s = max(self.max_gap_s, now - last)
+                self.answers += 1
+                last = now
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def _state(session: aiohttp.ClientSession, server: Server, workflow_id: str) -> str:
+    async with session.get(f"{server.url}{API}/workflows/{workflow_id}") as response:
+        response.raise_for_status()
+        document: dict[str, Any] = await response.json()
+    return str(document["state"])
+
+
+async def _drive(server: Server, body: bytes) -> dict[str, float]:
+    headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+    timeout = aiohttp.ClientTimeout(total=KILL_TIMEOUT_S)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+        await _wait_ready(session, server)
+        await asyncio.sleep(IDLE_S)
+        before = rss_mb(server.pid)
+
+        poller = _Poller(server.url)
+        polling = asyncio.create_task(poller.run())
+        await asyncio.sleep(0.5)  # a few answers first, so the baseline gap is known
+        started = time.perf_counter()
+        async with session.post(f"{server.url}{API}/workflows", data=body) as response:
+            text = await response.text()
+            if response.status != 201:
+                raise RuntimeError(f"submission: {response.status} {text[:500]}")
+        submitted = time.perf_counter()
+        workflow_id = json.loads(text)["id"]
+        async with session.post(f"{server.url}{API}/workflows/{workflow_id}/kill") as response:
+            if response.status >= 300:
+                raise RuntimeError(f"kill: {response.status} {(await response.text())[:500]}")
+        while await _state(session, server, workflow_id) != "KILLED":
+            server.check_alive()
+            if time.perf_counter() - submitted > KILL_TIMEOUT_S:
+                raise TimeoutError(f"workflow not KILLED after {KILL_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.2)
+        killed = time.perf_counter()
+        poller.stop()
+        await polling
+
+        await asyncio.sleep(IDLE_S)
+        server.check_alive()
+        after = rss_mb(server.pid)
+    print(
+        f"bench_stall: {poller.answers} /healthz answers; RSS {before:.1f} -> {after:.1f} MiB",
+        file=sys.stderr,
+    )
+    return {
+        "loop_stall_max_ms": poller.max_gap_s * 1000,
+        "submit_100k_s": submitted - started,
+        "kill_100k_s": killed - submitted,
+        "rss_mb_before_100k": before,
+        "rss_mb_after_100k": after,
+        "rss_after_100k_ratio": after / before,
+    }
+
+
+def measure() -> dict[str, float]:
+    """Stall, submission and kill times of a 100,000-action workflow, and RSS around it."""
+    body = chained_workflow(ACTIONS)
+    with tempfile.TemporaryDirectory(
+        prefix="pingo-bench-stall-", dir=_workloads.scratch_dir()
+    ) as tmp:
+        server = Server(Path(tmp))
+        server.start()
+        try:
+            return asyncio.run(_drive(server, body))
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    print(measure())

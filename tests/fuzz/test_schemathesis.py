@@ -1,0 +1,163 @@
+"""Schema-driven fuzzing: schemathesis against a real `pingo server`, as a user and as an admin.
+
+Every check runs: no 5xx, no status, content type, header or body the OpenAPI
+document does not declare, no schema-invalid request accepted and no
+schema-valid one refused (`schemathesis.toml` beside this file lists the two
+operations whose refusals no schema can foresee). Stateful links let it reach
+workflows, actions and datasets it created. The seed is fixed and the example
+database off, so a failure reproduces: the report names the `curl` to replay.
+Inputs it ever broke the server with belong in tests/fixtures/fuzz_corpus.json,
+replayed by tests/api/test_fuzz_corpus.py in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+ADMIN_TOKEN = "fuzz-admin-token"
+SEED = 20261122
+#: Seconds of fuzzing per identity; two identities keep the whole test near two minutes.
+MAX_TIME_S = 50
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    url: str
+    log: Path
+
+
+def _request(url: str, token: str, body: dict[str, object] | None = None) -> dict[str, object]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: dict[str, object] = json.loads(response.read())
+        return answer
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Served]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env.update(
+        {
+            "PINGO_HOME": str(tmp_path / "home"),
+            "PINGO_HOST": "127.0.0.1",
+            "PINGO_PORT": str(port),
+            "PINGO_ADMIN_TOKEN": ADMIN_TOKEN,
+        }
+    )
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(BIN / "pingo"), "server"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise AssertionError(log.read_text(errors="replace")[-4000:]) from None
+                time.sleep(0.2)
+        yield Served(url, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _schemathesis(served: Served, token: str, report: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(BIN / "st"),
+            "--config-file",
+            str(HERE / "schemathesis.toml"),
+            "run",
+            f"{served.url}/openapi.json",
+            "--header",
+            f"Authorization: Bearer {token}",
+            "--checks",
+            "all",
+            "--phases",
+            "examples,coverage,fuzzing,stateful",
+            "--seed",
+            str(SEED),
+            "--max-examples",
+            "25",
+            "--max-time",
+            str(MAX_TIME_S),
+            "--workers",
+            "1",
+            "--request-timeout",
+            "30",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(report),
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=MAX_TIME_S * 3 + 60,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(400)
+def test_the_api_agrees_with_its_openapi_document(server: Served, tmp_path: Path) -> None:
+    # A workflow and a user give the stateful phase something to link to.
+    _request(
+        f"{server.url}/api/v1/workflows",
+        ADMIN_TOKEN,
+        {
+            "name": "fuzz-seed",
+            "startActionId": 1,
+            "endActionId": 1,
+            "actions": [{"id": 1, "name": "a", "type": "command-line", "command": ["true"]}],
+        },
+    )
+    user = _request(f"{server.url}/api/v1/users", ADMIN_TOKEN, {"name": "fuzzer"})
+    failures = []
+    for who, token in (("admin", ADMIN_TOKEN), ("user", str(user["token"]))):
+        run = _schemathesis(server, token, tmp_path / f"report-{who}")
+        if run.returncode != 0:
+            failures.append(f"--- as {who} (exit {run.returncode}) ---\n{run.stdout[-12000:]}")
+    log = server.log.read_text(errors="replace")
+    assert "unhandled error" not in log, log[-8000:]
+    assert not failures, "\n".join(failures) + run.stderr[-2000:]
