@@ -15,7 +15,12 @@ dispatch_p50_ms, _p99_ms    READY → executor start with 100 workflows in fligh
 true_makespan_s             layered-1000 running the real command `true` on 2 local
                             slots, submission → SUCCEEDED
 spawn_floor_s               1,000 `true` processes spawned 2 at a time by a plain
-                            Python loop (a new one as soon as one of the two exits)
+                            Python loop (a new one as soon as one of the two exits),
+                            each through `$PINGO_BENCH_SPAWN_PREFIX` when set (the
+                            argv the local executor wraps every action in, e.g. its
+                            sandbox), so the floor costs what Pingo's spawns must
+spawn_floor_prefixed        1 when that prefix was set, else 0 (so a reader knows
+                            which floor the figures were held against)
 
 Every part runs its own node on a fresh SQLite file, so no dataset is reused.
 """
@@ -25,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,9 @@ DISPATCH_RUNTIME_S = 0.5
 DISPATCH_SPACING_S = 0.005
 SPAWN_COUNT = 1000
 SPAWN_PARALLEL = 2
+#: What every spawned `true` of the floor runs under: the same wrapper (a sandbox) the
+#: local executor puts around each action, or nothing. Shell words.
+SPAWN_PREFIX_ENV = "PINGO_BENCH_SPAWN_PREFIX"
 
 
 def _settings(tmp: Path, **overrides: Any) -> Settings:
@@ -137,14 +146,22 @@ async def _dispatch_ms() -> list[float]:
     return samples
 
 
-def spawn_floor_s(count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL) -> float:
-    """`count` `true` processes, `parallel` at a time, from a plain loop."""
+def spawn_prefix() -> list[str]:
+    """The argv every floor spawn is wrapped in (`$PINGO_BENCH_SPAWN_PREFIX`), or none."""
+    return shlex.split(os.environ.get(SPAWN_PREFIX_ENV, ""))
+
+
+def spawn_floor_s(
+    count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL, prefix: Sequence[str] = ()
+) -> float:
+    """`count` `true` processes (each under `prefix`), `parallel` at a time, from a loop."""
+    argv = [*prefix, "true"]
     started = time.perf_counter()
     running: dict[int, subprocess.Popen[bytes]] = {}
     spawned = 0
     while spawned < count or running:
         while len(running) < parallel and spawned < count:
-            proc = subprocess.Popen(["true"])
+            proc = subprocess.Popen(argv)
             running[proc.pid] = proc
             spawned += 1
         pid, status = os.wait()
@@ -184,7 +201,9 @@ def measure() -> dict[str, float]:
     """ONE run of every engine figure."""
     logging.getLogger("pingo").setLevel(logging.WARNING)
     figures = asyncio.run(_measure())
-    figures["spawn_floor_s"] = spawn_floor_s()
+    prefix = spawn_prefix()
+    figures["spawn_floor_s"] = spawn_floor_s(prefix=prefix)
+    figures["spawn_floor_prefixed"] = 1.0 if prefix else 0.0
     return figures
 
 
