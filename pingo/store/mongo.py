@@ -39,6 +39,7 @@ import functools
 import inspect
 import json
 import logging
+import uuid
 from collections.abc import (
     Callable,
     Collection,
@@ -875,38 +876,10 @@ class MongoStore:
     async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
         claimed: list[ActionRecord] = []
         while len(claimed) < limit:
-            # A fresh `now` per claim: a batch may take a while on a remote server, and
-            # a lease must never start before the claim that grants it.
-            now, now_us = self._now()
-            lease_us = _us(now + timedelta(seconds=lease_s))
-            # One top-level $or of plain conjunctions, without nulls: nx-27017 joins
-            # an $or to sibling conditions without parentheses (so `a AND b OR c`)
-            # and never matches null inside $or.
-            doc = await self._actions.find_one_and_update(
-                {
-                    "$or": [
-                        {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
-                        {
-                            "state": ActionState.PROCESSING.value,
-                            "lease_expires_at_us": {"$lte": now_us},
-                        },
-                    ]
-                },
-                {
-                    "$set": {
-                        "state": ActionState.PROCESSING.value,
-                        "owner": node_id,
-                        "lease_expires_at_us": lease_us,
-                        "updated_at_us": now_us,
-                    },
-                    "$inc": {"version": 1},
-                },
-                sort=_OLDEST_ACTION,
-                return_document=_AFTER,
-            )
-            if doc is None:
+            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s)
+            if batch is None:
                 break
-            claimed.append(_action(doc))
+            claimed.extend(batch)
         if claimed:
             logger.debug(
                 "node %s claimed %d actions",
@@ -915,6 +888,45 @@ class MongoStore:
                 extra={"event": "actions_claimed", "node_id": node_id, "count": len(claimed)},
             )
         return claimed
+
+    async def _claim_batch(
+        self, node_id: str, limit: int, lease_s: float
+    ) -> list[ActionRecord] | None:
+        """Up to `limit` claimable actions, in two round trips; None when none is claimable.
+
+        Reads the oldest candidates, then claims them all with ONE update_many whose filter
+        names each candidate with the version it was read at: each document is still its
+        own compare-and-set, so one that changed meanwhile (another node took it) is
+        skipped. When every candidate was won (the common case), the records are the read
+        documents with the claim applied; otherwise one more read fetches the ones this
+        claim won, recognised by its token.
+        """
+        now, now_us = self._now()
+        lease_us = _us(now + timedelta(seconds=lease_s))
+        found = self._actions.find(_claimable(now_us), sort=_OLDEST_ACTION).limit(limit)
+        candidates = await found.to_list(None)
+        if not candidates:
+            return None
+        claim = {
+            "state": ActionState.PROCESSING.value,
+            "owner": node_id,
+            "lease_expires_at_us": lease_us,
+            "updated_at_us": now_us,
+            "claim_token": uuid.uuid4().hex,
+        }
+        # Unchanged since the read (same version) means still claimable: READY past its
+        # backoff or PROCESSING past its lease stay so as time passes.
+        unchanged = [{"_id": doc["_id"], "version": doc["version"]} for doc in candidates]
+        result = await self._actions.update_many(
+            {"$or": unchanged}, {"$set": claim, "$inc": {"version": 1}}
+        )
+        if result.modified_count == len(candidates):
+            return [_action({**doc, **claim, "version": doc["version"] + 1}) for doc in candidates]
+        order = {doc["_id"]: i for i, doc in enumerate(candidates)}
+        won = self._actions.find({"_id": {"$in": list(order)}, "claim_token": claim["claim_token"]})
+        return [
+            _action(doc) for doc in sorted(await won.to_list(None), key=lambda d: order[d["_id"]])
+        ]
 
     @_translated
     async def renew_leases(
@@ -1292,6 +1304,21 @@ async def _aggregate(collection: AsyncCollection[Doc], pipeline: list[Doc]) -> l
         cursor = await cursor
     results: list[Doc] = await cursor.to_list(None)
     return results
+
+
+def _claimable(now_us: int) -> Doc:
+    """READY past its backoff, or PROCESSING past its lease.
+
+    One top-level $or of plain conjunctions, without nulls: nx-27017 joins an $or to
+    sibling conditions without parentheses (so `a AND b OR c`) and never matches null
+    inside $or.
+    """
+    return {
+        "$or": [
+            {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
+            {"state": ActionState.PROCESSING.value, "lease_expires_at_us": {"$lte": now_us}},
+        ]
+    }
 
 
 def _chunks(items: list[T], size: int = _IN_CHUNK) -> Iterator[list[T]]:
