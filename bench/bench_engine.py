@@ -42,7 +42,7 @@ from typing import Any
 from bench import _workloads
 from pingo.actions.executors import base, noop
 from pingo.config import Settings
-from pingo.node import Node
+from pingo.node import Node, freeze_startup_heap
 from pingo.store import open_store
 
 RUNS = 3
@@ -81,6 +81,7 @@ async def _makespan(
         async with open_store(settings.store_url) as store:
             node = Node(settings, store, executors=executors)
             await node.start()
+            freeze_startup_heap()  # as `pingo server` does (pingo.node.running_node)
             try:
                 started = time.perf_counter()
                 workflow = await node.workflows.submit(document, owner="bench")

@@ -88,6 +88,8 @@ _NO_DATASET_CHANGES = DatasetChanges()
 _NO_WORKFLOW_CHANGES = WorkflowChanges()
 
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+#: The page cache when none is asked for (`Settings.sqlite_cache_mb`'s default).
+DEFAULT_CACHE_MB = 8
 
 #: Schema migrations: step i brings `PRAGMA user_version` from i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -800,8 +802,11 @@ class SQLiteStore:
         clock: Clock = utcnow,
         synchronous: str = "NORMAL",
         busy_timeout_s: float = 10.0,
+        cache_mb: int | None = None,
     ) -> None:
         sync = synchronous.upper()
+        if cache_mb is not None and cache_mb < 1:
+            raise errors.ConfigurationError(f"sqlite cache must be at least 1 MiB, not {cache_mb}")
         if sync not in _SYNCHRONOUS:
             raise errors.ConfigurationError(
                 f"sqlite synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
@@ -810,6 +815,7 @@ class SQLiteStore:
         self.path = str(path)
         self.synchronous = sync
         self.busy_timeout_s = busy_timeout_s
+        self.cache_mb = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
         self._worker: _Worker | None = None
         #: Calls made during the current event-loop iteration, not yet handed over.
         self._pending: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
@@ -824,10 +830,15 @@ class SQLiteStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, clock: Clock = utcnow, synchronous: str = "NORMAL"
+        cls,
+        url: str,
+        *,
+        clock: Clock = utcnow,
+        synchronous: str = "NORMAL",
+        cache_mb: int | None = None,
     ) -> SQLiteStore:
         """A store on the file `sqlite:///path` names (not opened yet)."""
-        return cls(path_from_url(url), clock=clock, synchronous=synchronous)
+        return cls(path_from_url(url), clock=clock, synchronous=synchronous, cache_mb=cache_mb)
 
     # ------------------------------------------------------------ life cycle
 
@@ -883,7 +894,9 @@ class SQLiteStore:
                 raise errors.StoreUnavailable(f"{self.path}: cannot use WAL (got {mode})")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute("PRAGMA cache_size = -32768")  # 32 MiB
+            # Negative: in KiB rather than pages. Bounded, so memory stays flat however
+            # many finished workflows the file holds.
+            conn.execute(f"PRAGMA cache_size = -{self.cache_mb * 1024}")
             self._migrate(conn)
         except BaseException:
             conn.close()

@@ -104,6 +104,23 @@ async def test_opening_sets_wal_synchronous_and_schema(
     assert _pragma(path, "user_version") == len(MIGRATIONS)
 
 
+async def test_the_page_cache_is_bounded_by_the_setting(tmp_path: Path) -> None:
+    from pingo.config import Settings
+
+    settings = Settings.from_env({"PINGO_HOME": str(tmp_path), "PINGO_SQLITE_CACHE_MB": "3"})
+    assert settings.sqlite_cache_mb == 3
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    async with open_store(url, sqlite_cache_mb=settings.sqlite_cache_mb) as store:
+        assert isinstance(store, SQLiteStore)
+        size = await store._run(lambda: store._db.execute("PRAGMA cache_size").fetchone()[0])
+        assert size == -3 * 1024  # negative: KiB
+    async with open_store(url) as store:
+        size = await store._run(lambda: store._db.execute("PRAGMA cache_size").fetchone()[0])
+        assert size == -sqlite.DEFAULT_CACHE_MB * 1024
+    with pytest.raises(errors.ConfigurationError):
+        SQLiteStore("x.db", cache_mb=0)
+
+
 async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'p.db'}"
     async with open_store(url) as store:
