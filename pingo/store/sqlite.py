@@ -1610,8 +1610,27 @@ class SQLiteStore:
             return None
         claim = claim_key(workflow_id, action_id)
         for dataset_id in dict.fromkeys(finished.inputs.values()):
-            self._remove_dataset_claim(conn, dataset_id, claim, now)
+            self._drop_claim(conn, dataset_id, claim, now)
         return finished, self._release_parent(conn, workflow_id, action_id, finished.children, now)
+
+    @staticmethod
+    def _drop_claim(conn: sqlite3.Connection, dataset_id: str, claim: str, now: int) -> None:
+        """`_remove_dataset_claim` for a caller that needs no record back (finish_action).
+
+        Reads and writes the claims alone: it runs for every input of every finished
+        action, on the worker thread whose Python time the event loop waits for.
+        """
+        row = conn.execute("SELECT claims FROM datasets WHERE id = ?", (dataset_id,)).fetchone()
+        if row is None:
+            return
+        claims: list[str] = json.loads(row[0])
+        if claim not in claims:
+            return
+        claims.remove(claim)
+        conn.execute(
+            "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 WHERE id = ?",
+            (_dumps(claims), now, dataset_id),
+        )
 
     # ------------------------------------------------------------------- datasets
 
@@ -1735,16 +1754,10 @@ class SQLiteStore:
     def _remove_dataset_claim(
         self, conn: sqlite3.Connection, dataset_id: str, claim: str, now: int
     ) -> DatasetRecord | None:
-        row = conn.execute(
-            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        claims: list[str] = json.loads(row[12])
-        if claim not in claims:
-            return self._dataset(row)
-        claims.remove(claim)
-        return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
+        self._drop_claim(conn, dataset_id, claim, now)
+        return self._one(
+            self._dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+        )
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())
