@@ -299,8 +299,9 @@ _Spec = tuple[
     datetime,
     int,
 ]
-#: JSON text (characters) of the workflow documents kept decoded per process.
+#: JSON text (characters) of the running workflows' documents kept decoded per process.
 _DOCUMENT_CACHE_CHARS = 8_000_000
+_TERMINAL_WORKFLOW_STATES = frozenset(s.value for s in states.WORKFLOW_TERMINAL)
 
 #: A dataset's decoded definition and parents: fixed by its id (a provenance hash).
 _DatasetFixed = tuple[Mapping[str, Any], tuple[str, ...]]
@@ -996,14 +997,27 @@ class SQLiteStore:
 
     def _workflow(self, row: Sequence[Any]) -> WorkflowRecord:
         """The record of a row of `_WORKFLOW_COLUMNS`."""
-        cached = self._documents.get(row[0])
-        if cached is not None:
+        if row[3] in _TERMINAL_WORKFLOW_STATES:
+            # Over: nothing polls it any more, so the process keeps nothing of it (memory
+            # stays flat however many workflows have finished).
+            cached = self._forget_document(row[0])
+            return _workflow(row, cached if cached is not None else json.loads(row[4]))
+        cached_entry = self._documents.get(row[0])
+        if cached_entry is not None:
             self._documents.move_to_end(row[0])
-            return _workflow(row, cached[0])
+            return _workflow(row, cached_entry[0])
         text: str = row[4]
         document: Mapping[str, Any] = json.loads(text)
         self._cache_document(row[0], document, len(text))
         return _workflow(row, document)
+
+    def _forget_document(self, workflow_id: str) -> Mapping[str, Any] | None:
+        """Drop a workflow's decoded document from the cache; the document, if it was there."""
+        entry = self._documents.pop(workflow_id, None)
+        if entry is None:
+            return None
+        self._documents_size -= entry[1]
+        return entry[0]
 
     def _cache_document(self, workflow_id: str, document: Mapping[str, Any], size: int) -> None:
         if size > _DOCUMENT_CACHE_CHARS or workflow_id in self._documents:

@@ -355,3 +355,22 @@ async def test_release_parent_beyond_sqlites_bound_parameter_limit(tmp_path: Pat
         assert await store.count_actions("wf-1") == {ActionState.READY: width + 1}
         found = await store.get_datasets([f"ds-{i}" for i in range(width)])
         assert found == {}
+
+
+async def test_a_finished_workflows_document_is_not_kept_decoded(tmp_path: Path) -> None:
+    # Memory flat in finished work: the decoded-document cache serves polling of running
+    # workflows only; a workflow that ended leaves it, and reading it again does not refill it.
+    async with SQLiteStore(tmp_path / "d.db") as store:
+        await store.create_workflow(_plan("wf-run", 1))
+        await store.create_workflow(_plan("wf-done", 1))
+        assert {"wf-run", "wf-done"} <= set(store._documents)
+        ended = await store.transition_workflow(
+            "wf-done", {WorkflowState.RUNNING}, WorkflowState.SUCCEEDED
+        )
+        assert ended is not None and ended.document == {"name": "unit"}
+        assert "wf-done" not in store._documents
+        again = await store.get_workflow("wf-done")
+        assert again is not None and again.document == {"name": "unit"}
+        assert "wf-done" not in store._documents
+        assert "wf-run" in store._documents
+        assert store._documents_size == sum(size for _, size in store._documents.values())
