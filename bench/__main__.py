@@ -91,12 +91,27 @@ def main(argv: list[str] | None = None) -> int:
 
     flat = bench.results(outcomes, started_at)
     path = bench.write_results(flat, args.output)
+    image = _plot(flat, args.output)
     console.print(bench.render(outcomes, flat))
     console.print(bench.render_timing(outcomes))
     dirty = " (dirty tree)" if flat["git_dirty"] else ""
-    console.print(f"commit {flat['git_commit'][:12]}{dirty}; wrote {path}", highlight=False)
+    wrote = f"{path} and {image}" if image is not None else str(path)
+    console.print(f"commit {flat['git_commit'][:12]}{dirty}; wrote {wrote}", highlight=False)
     # A benchmark error is a result, reported above; the exit status says so too.
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _plot(flat: dict[str, object], output: Path) -> Path | None:
+    """The chart beside the JSON (`latest.png`), when the `plot` extra is installed."""
+    try:
+        from bench import plot
+    except ImportError:
+        return None
+    try:
+        return plot.plot(flat, output.with_suffix(".png"))
+    except ImportError:
+        print("no plot: matplotlib is missing (install the `plot` extra)", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from bench import _workloads
 from pingo.actions.executors import noop
 from pingo.api.app import create_app
 from pingo.config import Settings
-from pingo.node import Node
+from pingo.node import Node, freeze_startup_heap
 from pingo.store import open_store
 
 RUNS = 3
@@ -186,6 +186,7 @@ class _Server:
         self.stack.push_async_callback(runner.cleanup)
         port = _workloads.free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
+        freeze_startup_heap()  # as `pingo server` does once started (pingo.node.running_node)
         return f"http://127.0.0.1:{port}"
 
     async def __aexit__(self, *exc: object) -> None:

@@ -19,7 +19,12 @@ sandbox_spawn_overhead_ms   median time of one `true` run in the local executor'
                             sandbox (the same bwrap command line) minus the median of
                             plain `true`, spawned one at a time, alternating, in one run
 spawn_floor_s               1,000 `true` processes spawned 2 at a time by a plain
-                            Python loop (a new one as soon as one of the two exits)
+                            Python loop (a new one as soon as one of the two exits),
+                            each through `$PINGO_BENCH_SPAWN_PREFIX` when set (the
+                            argv the local executor wraps every action in, e.g. its
+                            sandbox), so the floor costs what Pingo's spawns must
+spawn_floor_prefixed        1 when that prefix was set, else 0 (so a reader knows
+                            which floor the figures were held against)
 
 Every part runs its own node on a fresh SQLite file, so no dataset is reused.
 """
@@ -29,18 +34,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import _workloads
 from pingo.actions.executors import base, noop, sandbox
 from pingo.config import Settings
-from pingo.node import Node
+from pingo.node import Node, freeze_startup_heap
 from pingo.store import open_store
 
 RUNS = 3
@@ -53,6 +59,9 @@ SPAWN_COUNT = 1000
 SPAWN_PARALLEL = 2
 #: Spawns of each kind (plain, sandboxed) behind sandbox_spawn_overhead_ms.
 SANDBOX_SPAWNS = 200
+#: What every spawned `true` of the floor runs under: the same wrapper (a sandbox) the
+#: local executor puts around each action, or nothing. Shell words.
+SPAWN_PREFIX_ENV = "PINGO_BENCH_SPAWN_PREFIX"
 
 
 def _settings(tmp: Path, **overrides: Any) -> Settings:
@@ -78,6 +87,7 @@ async def _makespan(
         async with open_store(settings.store_url) as store:
             node = Node(settings, store, executors=executors)
             await node.start()
+            freeze_startup_heap()  # as `pingo server` does (pingo.node.running_node)
             try:
                 started = time.perf_counter()
                 workflow = await node.workflows.submit(document, owner="bench")
@@ -143,14 +153,22 @@ async def _dispatch_ms() -> list[float]:
     return samples
 
 
-def spawn_floor_s(count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL) -> float:
-    """`count` `true` processes, `parallel` at a time, from a plain loop."""
+def spawn_prefix() -> list[str]:
+    """The argv every floor spawn is wrapped in (`$PINGO_BENCH_SPAWN_PREFIX`), or none."""
+    return shlex.split(os.environ.get(SPAWN_PREFIX_ENV, ""))
+
+
+def spawn_floor_s(
+    count: int = SPAWN_COUNT, parallel: int = SPAWN_PARALLEL, prefix: Sequence[str] = ()
+) -> float:
+    """`count` `true` processes (each under `prefix`), `parallel` at a time, from a loop."""
+    argv = [*prefix, "true"]
     started = time.perf_counter()
     running: dict[int, subprocess.Popen[bytes]] = {}
     spawned = 0
     while spawned < count or running:
         while len(running) < parallel and spawned < count:
-            proc = subprocess.Popen(["true"])
+            proc = subprocess.Popen(argv)
             running[proc.pid] = proc
             spawned += 1
         pid, status = os.wait()
@@ -211,7 +229,9 @@ def measure() -> dict[str, float]:
     """ONE run of every engine figure."""
     logging.getLogger("pingo").setLevel(logging.WARNING)
     figures = asyncio.run(_measure())
-    figures["spawn_floor_s"] = spawn_floor_s()
+    prefix = spawn_prefix()
+    figures["spawn_floor_s"] = spawn_floor_s(prefix=prefix)
+    figures["spawn_floor_prefixed"] = 1.0 if prefix else 0.0
     figures["sandbox_spawn_overhead_ms"] = sandbox_spawn_overhead_ms()
     return figures
 

@@ -119,6 +119,9 @@ class Settings:
     max_actions: int = 100_000
     #: SQLite `synchronous` pragma: NORMAL survives process crashes (kill -9), FULL power loss.
     sqlite_synchronous: str = "NORMAL"
+    #: SQLite's page cache per connection, in MiB: bounds the server's memory however
+    #: large the store grows (the hot rows of running work fit in a few MiB).
+    sqlite_cache_mb: int = 8
     #: MongoDB write concern `w` (an int or "majority").
     mongo_write_concern: str = "majority"
     hadoop_bin: str = "hadoop"
@@ -185,7 +188,7 @@ class Settings:
 
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
-         "max_actions"}  # fmt: skip
+         "max_actions", "sqlite_cache_mb"}  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -330,14 +331,28 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     async with open_store(
         settings.store_url,
         sqlite_synchronous=settings.sqlite_synchronous,
+        sqlite_cache_mb=settings.sqlite_cache_mb,
         mongo_write_concern=settings.mongo_write_concern,
     ) as store:
         node = Node(settings, store)
         await node.start()
+        freeze_startup_heap()
         try:
             yield node
         finally:
             await node.stop()
+
+
+def freeze_startup_heap() -> None:
+    """Move everything alive after start-up out of the garbage collector's reach.
+
+    Modules, settings, compiled schemas and caches live as long as the process; left in
+    the collected generations, every full collection walks them again, and those walks
+    were the submission p99 (gen-2 passes of 100-300 ms). Collect first, so garbage of
+    the start-up is freed rather than kept forever.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 async def run_node(settings: Settings) -> None:

@@ -18,13 +18,16 @@ def open_store(
     *,
     clock: Clock = utcnow,
     sqlite_synchronous: str = "NORMAL",
+    sqlite_cache_mb: int | None = None,
     mongo_write_concern: str = "majority",
 ) -> Store:
     """A store for `url` (`sqlite:///…`, `mongodb://…`, `memory://`); enter it with `async with`."""
     if url.startswith("sqlite://"):
         from pingo.store import sqlite
 
-        return sqlite.SQLiteStore.from_url(url, clock=clock, synchronous=sqlite_synchronous)
+        return sqlite.SQLiteStore.from_url(
+            url, clock=clock, synchronous=sqlite_synchronous, cache_mb=sqlite_cache_mb
+        )
     if url.startswith(("mongodb://", "mongodb+srv://")):
         from pingo.store import mongo
 

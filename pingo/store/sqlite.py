@@ -88,6 +88,8 @@ _NO_DATASET_CHANGES = DatasetChanges()
 _NO_WORKFLOW_CHANGES = WorkflowChanges()
 
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+#: The page cache when none is asked for (`Settings.sqlite_cache_mb`'s default).
+DEFAULT_CACHE_MB = 8
 
 #: Schema migrations: step i brings `PRAGMA user_version` from i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -297,8 +299,9 @@ _Spec = tuple[
     datetime,
     int,
 ]
-#: JSON text (characters) of the workflow documents kept decoded per process.
+#: JSON text (characters) of the running workflows' documents kept decoded per process.
 _DOCUMENT_CACHE_CHARS = 8_000_000
+_TERMINAL_WORKFLOW_STATES = frozenset(s.value for s in states.WORKFLOW_TERMINAL)
 
 #: A dataset's decoded definition and parents: fixed by its id (a provenance hash).
 _DatasetFixed = tuple[Mapping[str, Any], tuple[str, ...]]
@@ -800,8 +803,11 @@ class SQLiteStore:
         clock: Clock = utcnow,
         synchronous: str = "NORMAL",
         busy_timeout_s: float = 10.0,
+        cache_mb: int | None = None,
     ) -> None:
         sync = synchronous.upper()
+        if cache_mb is not None and cache_mb < 1:
+            raise errors.ConfigurationError(f"sqlite cache must be at least 1 MiB, not {cache_mb}")
         if sync not in _SYNCHRONOUS:
             raise errors.ConfigurationError(
                 f"sqlite synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
@@ -810,6 +816,7 @@ class SQLiteStore:
         self.path = str(path)
         self.synchronous = sync
         self.busy_timeout_s = busy_timeout_s
+        self.cache_mb = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
         self._worker: _Worker | None = None
         #: Calls made during the current event-loop iteration, not yet handed over.
         self._pending: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
@@ -824,10 +831,15 @@ class SQLiteStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, clock: Clock = utcnow, synchronous: str = "NORMAL"
+        cls,
+        url: str,
+        *,
+        clock: Clock = utcnow,
+        synchronous: str = "NORMAL",
+        cache_mb: int | None = None,
     ) -> SQLiteStore:
         """A store on the file `sqlite:///path` names (not opened yet)."""
-        return cls(path_from_url(url), clock=clock, synchronous=synchronous)
+        return cls(path_from_url(url), clock=clock, synchronous=synchronous, cache_mb=cache_mb)
 
     # ------------------------------------------------------------ life cycle
 
@@ -883,7 +895,9 @@ class SQLiteStore:
                 raise errors.StoreUnavailable(f"{self.path}: cannot use WAL (got {mode})")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute("PRAGMA cache_size = -32768")  # 32 MiB
+            # Negative: in KiB rather than pages. Bounded, so memory stays flat however
+            # many finished workflows the file holds.
+            conn.execute(f"PRAGMA cache_size = -{self.cache_mb * 1024}")
             self._migrate(conn)
         except BaseException:
             conn.close()
@@ -983,15 +997,28 @@ class SQLiteStore:
 
     def _workflow(self, row: Sequence[Any]) -> WorkflowRecord:
         """The record of a row of `_WORKFLOW_COLUMNS`."""
-        cached = self._documents.get(row[0])
-        if cached is not None:
+        if row[3] in _TERMINAL_WORKFLOW_STATES:
+            # Over: nothing polls it any more, so the process keeps nothing of it (memory
+            # stays flat however many workflows have finished).
+            cached = self._forget_document(row[0])
+            return _workflow(row, cached if cached is not None else json.loads(row[4]))
+        cached_entry = self._documents.get(row[0])
+        if cached_entry is not None:
             self._documents.move_to_end(row[0])
-            return _workflow(row, cached[0])
+            return _workflow(row, cached_entry[0])
         text: str = row[4]
         # Strict, like every JSON the server reads: a NaN must not come back out.
         document: Mapping[str, Any] = untrusted.loads(text)
         self._cache_document(row[0], document, len(text))
         return _workflow(row, document)
+
+    def _forget_document(self, workflow_id: str) -> Mapping[str, Any] | None:
+        """Drop a workflow's decoded document from the cache; the document, if it was there."""
+        entry = self._documents.pop(workflow_id, None)
+        if entry is None:
+            return None
+        self._documents_size -= entry[1]
+        return entry[0]
 
     def _cache_document(self, workflow_id: str, document: Mapping[str, Any], size: int) -> None:
         if size > _DOCUMENT_CACHE_CHARS or workflow_id in self._documents:
@@ -1598,8 +1625,27 @@ class SQLiteStore:
             return None
         claim = claim_key(workflow_id, action_id)
         for dataset_id in dict.fromkeys(finished.inputs.values()):
-            self._remove_dataset_claim(conn, dataset_id, claim, now)
+            self._drop_claim(conn, dataset_id, claim, now)
         return finished, self._release_parent(conn, workflow_id, action_id, finished.children, now)
+
+    @staticmethod
+    def _drop_claim(conn: sqlite3.Connection, dataset_id: str, claim: str, now: int) -> None:
+        """`_remove_dataset_claim` for a caller that needs no record back (finish_action).
+
+        Reads and writes the claims alone: it runs for every input of every finished
+        action, on the worker thread whose Python time the event loop waits for.
+        """
+        row = conn.execute("SELECT claims FROM datasets WHERE id = ?", (dataset_id,)).fetchone()
+        if row is None:
+            return
+        claims: list[str] = json.loads(row[0])
+        if claim not in claims:
+            return
+        claims.remove(claim)
+        conn.execute(
+            "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 WHERE id = ?",
+            (_dumps(claims), now, dataset_id),
+        )
 
     # ------------------------------------------------------------------- datasets
 
@@ -1723,16 +1769,10 @@ class SQLiteStore:
     def _remove_dataset_claim(
         self, conn: sqlite3.Connection, dataset_id: str, claim: str, now: int
     ) -> DatasetRecord | None:
-        row = conn.execute(
-            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        claims: list[str] = json.loads(row[12])
-        if claim not in claims:
-            return self._dataset(row)
-        claims.remove(claim)
-        return self._update_dataset(conn, dataset_id, now, "claims = ?", [_dumps(claims)])
+        self._drop_claim(conn, dataset_id, claim, now)
+        return self._one(
+            self._dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
+        )
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())

@@ -61,6 +61,29 @@ async def test_eight_tasks_claim_each_action_exactly_once(
     assert await store.count_actions(plan.workflow.id) == {A.PROCESSING: count}
 
 
+async def test_racing_batch_claims_return_exactly_what_the_store_holds(
+    store: Store, make: Factory
+) -> None:
+    # A batch claim may build its records without reading them back: each must be the
+    # stored action as claimed (owner, lease, version), whether it won all or part.
+    plan = make.ready_plan(40)
+    await store.create_workflow(plan)
+
+    async def claimer(node_id: str) -> list[Any]:
+        got: list[Any] = []
+        while batch := await store.claim_actions(node_id, 6, lease_s=600):
+            got.extend(batch)
+            await asyncio.sleep(0)
+        return got
+
+    results = await asyncio.gather(*(claimer(f"node-{i}") for i in range(4)))
+    claimed = [record for records in results for record in records]
+    assert sorted(r.action_id for r in claimed) == list(range(40))
+    for record in claimed:
+        stored = await store.get_action(plan.workflow.id, record.action_id)
+        assert stored == record
+
+
 async def test_concurrent_transitions_of_one_action_have_one_winner(
     store: Store, make: Factory
 ) -> None:

@@ -211,18 +211,55 @@ def test_isolated_run_survives_a_crash_and_a_hang(
 
 def test_targets_mark_met_missed_and_unknown() -> None:
     flat = {
-        "noop_actions_per_s": 3500.0,
+        "noop_actions_per_s": 8000.0,
+        "sqlite_cas_per_s": 15000.0,
         "dispatch_p99_ms": 25.0,
         "true_makespan_s": 2.0,
         "spawn_floor_s": 1.8,
-        "luigi_true_makespan_s": 15.0,
+        "luigi_speedup": 5.0,
     }
     assert bench.TARGETS["noop_actions_per_s"].check(flat) is True
     assert bench.TARGETS["dispatch_p99_ms"].check(flat) is False
     assert bench.TARGETS["true_makespan_s"].check(flat) is True
-    assert bench.TARGETS["luigi_true_makespan_s"].check(flat) is False
+    assert bench.TARGETS["luigi_speedup"].check(flat) is False
     assert bench.TARGETS["validate_100k_s"].check(flat) is None
     assert bench.TARGETS["rss_mb_idle_20k"].check(flat) is None
+
+
+def test_no_target_is_on_the_peers_own_figures() -> None:
+    # Our targets are about us: Luigi's figures are context, only our ratio to it is a goal.
+    peer = [name for name in bench.TARGETS if name.startswith("luigi_") and name != "luigi_speedup"]
+    assert peer == []
+
+
+def test_derived_figures_use_the_faster_luigi_and_the_same_runs_pingo() -> None:
+    flat = {
+        "luigi_local_true_makespan_s": 9.0,
+        "luigi_luigid_true_makespan_s": 12.0,
+        "true_makespan_s": 0.5,
+        "spawn_floor_s": 0.4,
+    }
+    derived = bench.derive(flat)
+    assert derived["luigi_true_makespan_s"] == 9.0
+    assert derived["luigi_speedup"] == 18.0
+    assert derived["true_makespan_over_floor"] == 1.25
+    assert "noop_actions_per_cas" not in derived  # its inputs were not measured
+
+
+def test_derived_figures_are_absent_without_their_inputs() -> None:
+    assert bench.derive({"true_makespan_s": 0.5}) == {}
+    assert bench.derive({"luigi_luigid_true_makespan_s": 12.0}) == {"luigi_true_makespan_s": 12.0}
+
+
+def test_plot_draws_the_measured_panels_and_skips_an_empty_run(tmp_path: Path) -> None:
+    from bench import plot
+
+    assert plot.plot({"g_per_s": 1.0}, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+    flat = {"true_makespan_s": 0.5, "spawn_floor_s": 0.4, "luigi_local_true_makespan_s": 9.0}
+    path = plot.plot(flat, tmp_path / "latest.png")
+    assert path == tmp_path / "latest.png"
+    assert path.read_bytes().startswith(b"\x89PNG")
 
 
 def test_main_writes_flat_json_with_machine_and_commit(

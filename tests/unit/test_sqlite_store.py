@@ -104,6 +104,23 @@ async def test_opening_sets_wal_synchronous_and_schema(
     assert _pragma(path, "user_version") == len(MIGRATIONS)
 
 
+async def test_the_page_cache_is_bounded_by_the_setting(tmp_path: Path) -> None:
+    from pingo.config import Settings
+
+    settings = Settings.from_env({"PINGO_HOME": str(tmp_path), "PINGO_SQLITE_CACHE_MB": "3"})
+    assert settings.sqlite_cache_mb == 3
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    async with open_store(url, sqlite_cache_mb=settings.sqlite_cache_mb) as store:
+        assert isinstance(store, SQLiteStore)
+        size = await store._run(lambda: store._db.execute("PRAGMA cache_size").fetchone()[0])
+        assert size == -3 * 1024  # negative: KiB
+    async with open_store(url) as store:
+        size = await store._run(lambda: store._db.execute("PRAGMA cache_size").fetchone()[0])
+        assert size == -sqlite.DEFAULT_CACHE_MB * 1024
+    with pytest.raises(errors.ConfigurationError):
+        SQLiteStore("x.db", cache_mb=0)
+
+
 async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'p.db'}"
     async with open_store(url) as store:
@@ -338,3 +355,22 @@ async def test_release_parent_beyond_sqlites_bound_parameter_limit(tmp_path: Pat
         assert await store.count_actions("wf-1") == {ActionState.READY: width + 1}
         found = await store.get_datasets([f"ds-{i}" for i in range(width)])
         assert found == {}
+
+
+async def test_a_finished_workflows_document_is_not_kept_decoded(tmp_path: Path) -> None:
+    # Memory flat in finished work: the decoded-document cache serves polling of running
+    # workflows only; a workflow that ended leaves it, and reading it again does not refill it.
+    async with SQLiteStore(tmp_path / "d.db") as store:
+        await store.create_workflow(_plan("wf-run", 1))
+        await store.create_workflow(_plan("wf-done", 1))
+        assert {"wf-run", "wf-done"} <= set(store._documents)
+        ended = await store.transition_workflow(
+            "wf-done", {WorkflowState.RUNNING}, WorkflowState.SUCCEEDED
+        )
+        assert ended is not None and ended.document == {"name": "unit"}
+        assert "wf-done" not in store._documents
+        again = await store.get_workflow("wf-done")
+        assert again is not None and again.document == {"name": "unit"}
+        assert "wf-done" not in store._documents
+        assert "wf-run" in store._documents
+        assert store._documents_size == sum(size for _, size in store._documents.values())
