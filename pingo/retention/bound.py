@@ -8,7 +8,7 @@ through an interval needs its bytes at every submission boundary the interval
 spans, and not keeping it costs at least one recompute of its action. The
 budget holds at every boundary. docs/retention.md proves that any policy of
 the model pays at least the unlimited-storage compute plus the optimum of
-this problem; the LP relaxation (HiGHS, through scipy) is below that optimum,
+this problem; the LP relaxation (HiGHS, through scipy.optimize.milp) is below that optimum,
 and the integer program (`exact=True`) is the optimum itself, for small cases.
 """
 
@@ -57,9 +57,7 @@ class Bound:
     solve_s: float
 
 
-def instance(
-    models: Sequence[SubmissionModel], catalog: Catalog, budget_bytes: int
-) -> Instance:
+def instance(models: Sequence[SubmissionModel], catalog: Catalog, budget_bytes: int) -> Instance:
     """The intervals of the sequence planned with unlimited storage, and the budgets."""
     on_disk: set[str] = set()
     last: dict[str, int] = {}
@@ -73,9 +71,7 @@ def instance(
         for ds in reads:
             if ds in catalog.leaf:
                 continue
-            intervals.append(
-                Interval(ds, last[ds], t, catalog.size[ds], catalog.runtime[ds])
-            )
+            intervals.append(Interval(ds, last[ds], t, catalog.size[ds], catalog.runtime[ds]))
             last[ds] = t
         for n in computed:
             ds = model.datasets[n]
@@ -121,17 +117,13 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
     cost = np.asarray([iv.cost_s for iv in live])
     if not needed.any():
         value = 0.0
-    elif exact:
+    else:
+        # One HiGHS call for both: integrality 0 is the LP relaxation, 1 the integer program.
         result = optimize.milp(
             cost,
             constraints=optimize.LinearConstraint(matrix[needed], -np.inf, upper[needed]),
-            integrality=np.ones(len(live)),
+            integrality=np.full(len(live), int(exact), dtype=np.int64),
             bounds=optimize.Bounds(0, 1),
-        )
-        value = _value(result)
-    else:
-        result = optimize.linprog(
-            cost, A_ub=matrix[needed], b_ub=upper[needed], bounds=(0, 1), method="highs"
         )
         value = _value(result)
     return Bound(

@@ -8,6 +8,7 @@ Zero-byte datasets are never evicted: keeping them is free.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -231,9 +232,7 @@ class UseHistory:
         """Submissions between consecutive uses of each dataset, over all datasets."""
         rank = {instant: n for n, instant in enumerate(self.instants)}
         return [
-            rank[b] - rank[a]
-            for uses in self.uses.values()
-            for a, b in zip(uses, uses[1:], strict=False)
+            rank[b] - rank[a] for uses in self.uses.values() for a, b in itertools.pairwise(uses)
         ]
 
 
@@ -260,10 +259,7 @@ def _evict_least_used(
         key=lambda uc: (uc[0], uc[1].last_touched_at, uc[1].dataset_id),
     )
     return take_until_freed(
-        (
-            (c, f"{label}: used by {uses} of the last {window} submissions")
-            for uses, c in counted
-        ),
+        ((c, f"{label}: used by {uses} of the last {window} submissions") for uses, c in counted),
         bytes_to_free,
     )
 
@@ -284,16 +280,14 @@ class MostUsed:
         self.history.observe(candidates)
         if bytes_to_free <= 0:
             return []
-        return _evict_least_used(
-            self.history, candidates, bytes_to_free, self.window, self.name
-        )
+        return _evict_least_used(self.history, candidates, bytes_to_free, self.window, self.name)
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         return True
 
 
 class Adaptive:
-    """The original design's adaptive policy: most-used with W = mean + 3σ of reuse distances.
+    """The original design's adaptive policy: most-used with W = mean + 3 sigma of reuse distances.
 
     Until a reuse is observed the window is `initial_window`.
     """
@@ -318,9 +312,7 @@ class Adaptive:
         self.history.observe(candidates)
         if bytes_to_free <= 0:
             return []
-        return _evict_least_used(
-            self.history, candidates, bytes_to_free, self.window(), self.name
-        )
+        return _evict_least_used(self.history, candidates, bytes_to_free, self.window(), self.name)
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         return True

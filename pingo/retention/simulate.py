@@ -359,9 +359,7 @@ class Result:
             unlimited_compute_s=float(row["unlimitedComputeSeconds"]),
             oracle_compute_s=float(row["oracleComputeSeconds"]),
             # Saved before the bound existed: unlimited storage is a (weaker) bound.
-            bound_compute_s=float(
-                row.get("boundComputeSeconds", row["unlimitedComputeSeconds"])
-            ),
+            bound_compute_s=float(row.get("boundComputeSeconds", row["unlimitedComputeSeconds"])),
             evictions=int(row["evictions"]),
             oracle_evictions=int(row["oracleEvictions"]),
             peak_bytes=int(row["peakBytes"]),

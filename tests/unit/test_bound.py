@@ -15,12 +15,14 @@ from pingo.retention import bound, oracle
 from pingo.retention.oracle import Catalog, SubmissionModel
 
 
-def random_sequence(seed: int, datasets: int, submissions: int) -> tuple[
-    list[SubmissionModel], Catalog
-]:
+def random_sequence(
+    seed: int, datasets: int, submissions: int
+) -> tuple[list[SubmissionModel], Catalog]:
     """Submissions drawn from one random DAG: each an ancestor-closed random subset."""
     rng = random.Random(seed)
-    parents = [tuple(sorted(rng.sample(range(d), min(d, rng.randint(0, 2))))) for d in range(datasets)]
+    parents = [
+        tuple(sorted(rng.sample(range(d), min(d, rng.randint(0, 2))))) for d in range(datasets)
+    ]
     catalog = Catalog()
     for d in range(datasets):
         catalog.size[f"d{d}"] = rng.choice([0, 1, 2, 3, 5, 8])
@@ -143,7 +145,9 @@ def test_a_budget_that_fits_everything_is_the_unlimited_compute() -> None:
     models, catalog = random_sequence(7, 8, 8)
     everything = sum(catalog.size.values())
     result = bound.lower_bound(models, catalog, everything)
-    assert result.compute_s == pytest.approx(oracle.working_set(models, catalog).unlimited_compute_s)
+    assert result.compute_s == pytest.approx(
+        oracle.working_set(models, catalog).unlimited_compute_s
+    )
 
 
 def test_a_starved_budget_charges_every_read() -> None:

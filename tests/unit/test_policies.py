@@ -193,7 +193,12 @@ def test_adaptive_sets_its_window_from_the_reuse_distances() -> None:
         policy.select_evictions(
             [
                 cand("a", created_at=at(0), use_count=t, last_used_at=at(t)),
-                cand("b", created_at=at(0), use_count=int(t == 3), last_used_at=at(3) if t == 3 else None),
+                cand(
+                    "b",
+                    created_at=at(0),
+                    use_count=int(t == 3),
+                    last_used_at=at(3) if t == 3 else None,
+                ),
             ],
             0,
             at(9),
