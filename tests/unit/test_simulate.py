@@ -259,3 +259,23 @@ def test_the_table_in_the_docs_is_the_saved_run() -> None:
         assert sequence_summary["unlimitedComputeSeconds"] == pytest.approx(
             sequence_summary["modelUnlimitedComputeSeconds"]
         )
+
+
+async def test_every_engine_replay_stays_above_the_lower_bound(small_traces: list[Path]) -> None:
+    result = await simulate.study(
+        small_traces,
+        submissions=25,
+        seeds=[5],
+        policies=["lru", "gdsf", "most-used:window=5", "adaptive"],
+        capacities=[0.05, 0.2],
+    )
+    assert len(result.results) == 8
+    for row in result.results:
+        assert row.unlimited_compute_s <= row.bound_compute_s + 1e-6
+        assert row.bound_compute_s <= row.oracle_compute_s + 1e-6
+        assert row.bound_compute_s <= row.compute_s + 1e-6, row.policy
+    # At 5% the budget binds: the bound is above unlimited storage, not a restatement of it.
+    tight = [r for r in result.results if r.capacity_fraction == 0.05]
+    assert all(r.bound_compute_s > r.unlimited_compute_s for r in tight)
+    table = simulate.markdown(result.results)
+    assert "x bound" in table
