@@ -360,6 +360,43 @@ def datasets_ls(
         typer.echo(f"{d['id']}  {d['state']:<16} {size:>12}  {producer}{pinned}")
 
 
+@app.command()
+def storage(
+    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+) -> None:
+    """Show the storage capacity, the bytes per dataset state and recent retention decisions."""
+    with _api_errors():
+        summary = _client().storage()
+    if as_json:
+        _print_json(summary)
+        return
+    for line in storage_lines(summary):
+        typer.echo(line)
+
+
+def storage_lines(summary: Mapping[str, Any]) -> list[str]:
+    """`GET /storage` as plain lines (plain text: reasons are echoed, never rendered as markup)."""
+    capacity = summary.get("capacityBytes")
+    used = int(summary.get("usedBytes") or 0)
+    share = f" ({used / capacity:.1%})" if capacity else ""
+    lines = [
+        f"capacity  {'unlimited' if capacity is None else f'{capacity:,} B'}",
+        f"used      {used:,} B{share}",
+        f"policy    {summary.get('policy')}",
+        "bytes by state:",
+    ]
+    by_state: Mapping[str, int] = summary.get("bytesByState") or {}
+    lines.extend(f"  {state:<18} {n:>16,} B" for state, n in by_state.items())
+    decisions = summary.get("decisions") or []
+    lines.append(f"recent decisions ({len(decisions)}):")
+    lines.extend(
+        f"  {d.get('at')}  {d.get('datasetId')}  {d.get('sizeBytes') or 0:,} B  "
+        f"{d.get('policy')}: {d.get('reason')}"
+        for d in decisions
+    )
+    return lines
+
+
 @datasets_app.command("show")
 def datasets_show(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> None:
     """Show a dataset as JSON."""
