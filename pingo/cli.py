@@ -591,7 +591,13 @@ def simulate(
     seed: list[int] | None = _SIM_SEEDS,
     policy: list[str] | None = _SIM_POLICIES,
     capacity: list[float] | None = _SIM_CAPACITIES,
-    as_json: bool = typer.Option(False, "--json", help='Print {"results": [...]} as JSON.'),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    output_format: str = typer.Option(
+        "table",
+        "--format",
+        help="table (two tables), json (every result), csv or markdown (one row per "
+        "policy and capacity, mean over seeds).",
+    ),
     plot: Path | None = _SIM_PLOT,
     jobs: int = typer.Option(1, "--jobs", min=1, help="Replays run in this many processes."),
     high_water: float = typer.Option(0.90, "--high-water", help="Retention's high water mark."),
@@ -612,6 +618,13 @@ def simulate(
 
     configure_logging("WARNING")
     err = Console(stderr=True)
+    if as_json:
+        output_format = "json"
+    if output_format not in ("table", "json", "csv", "markdown"):
+        typer.echo(
+            f"error: --format must be table, json, csv or markdown, not {output_format!r}", err=True
+        )
+        raise typer.Exit(2)
     try:
         study = asyncio.run(
             simulation.study(
@@ -629,15 +642,27 @@ def simulate(
     except pingo_errors.PingoError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    if all(s.working_set.reusable_bytes == 0 for s in study.seeds):
+        err.print(
+            "warning: no submission reuses another's dataset in this sequence, so every policy "
+            "costs the same; give several traces or more submissions (resubmissions are reused)",
+            style="yellow",
+            highlight=False,
+        )
     if plot is not None:
         simulation.plot(study.results, plot)
         err.print(f"wrote {plot}")
-    if as_json:
+    if output_format == "json":
         typer.echo(json_module.dumps(study.to_json(), indent=2))
-        return
-    out = Console()
-    for renderable in simulation.render(study):
-        out.print(renderable)
+    elif output_format == "csv":
+        typer.echo(simulation.csv_text(study.results), nl=False)
+    elif output_format == "markdown":
+        typer.echo(simulation.markdown(study.results))
+    else:
+        # Piped, rich would fit the tables to 80 columns and cut cells with "…".
+        out = Console() if sys.stdout.isatty() else Console(width=400)
+        for renderable in simulation.render(study):
+            out.print(renderable)
 
 
 def main() -> None:

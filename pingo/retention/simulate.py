@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import csv
+import dataclasses
 import functools
 import heapq
+import io
 import itertools
 import logging
 import multiprocessing
@@ -782,6 +785,17 @@ def render(result: Study) -> list[Any]:
             _gb(row.peak_bytes),
         )
     return [sequences, table]
+
+
+def csv_text(results: Sequence[Result]) -> str:
+    """The summary rows (`Row`'s fields, seconds and bytes) as CSV."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    names = [f.name for f in dataclasses.fields(Row)]
+    writer.writerow(names)
+    for row in summarize(results):
+        writer.writerow(["" if (v := getattr(row, n)) is None else v for n in names])
+    return buffer.getvalue()
 
 
 def markdown(results: Sequence[Result]) -> str:
