@@ -10,22 +10,14 @@ Loading the traces and generating the sequence are not timed.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 
-from bench import _workloads
-from pingo.retention import bound, oracle, sequence, simulate, traces
+# The sequence bench_simulate replays (200 submissions, seed 1), cached there.
+from bench.bench_simulate import _sequence
+from pingo.retention import bound, oracle, simulate
 
-SUBMISSIONS = 200
-SEED = 1
 HIGH_WATER = 0.90
-
-
-@functools.cache
-def _sequence() -> tuple[sequence.Submission, ...]:
-    paths = sorted(_workloads.shared_file(p) for p in _workloads.TRACES_DIR.glob("*.json"))
-    return tuple(sequence.generate(traces.load_families(paths), SUBMISSIONS, SEED))
 
 
 def measure() -> dict[str, float]:

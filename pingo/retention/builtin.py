@@ -246,33 +246,16 @@ def _window_option(window: int | str) -> int:
     return value
 
 
-def _evict_least_used(
-    history: UseHistory,
-    candidates: Sequence[Candidate],
-    bytes_to_free: int,
-    window: int,
-    label: str,
-) -> list[Eviction]:
-    # Unused in the window first (count 0), then ascending counts, oldest use first.
-    counted = sorted(
-        ((history.uses_within(c.dataset_id, window), c) for c in candidates),
-        key=lambda uc: (uc[0], uc[1].last_touched_at, uc[1].dataset_id),
-    )
-    return take_until_freed(
-        ((c, f"{label}: used by {uses} of the last {window} submissions") for uses, c in counted),
-        bytes_to_free,
-    )
+class _WindowedUse:
+    """Evict what the last `current_window()` submissions used least (unused first)."""
 
+    name = ""
 
-class MostUsed:
-    """The original design's "most commonly used": evict what the last W submissions used least."""
-
-    name = "most-used"
-    DEFAULT_WINDOW = 50
-
-    def __init__(self, window: int | str = DEFAULT_WINDOW) -> None:
-        self.window = _window_option(window)
+    def __init__(self) -> None:
         self.history = UseHistory()
+
+    def current_window(self) -> int:
+        raise NotImplementedError
 
     def select_evictions(
         self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
@@ -280,13 +263,39 @@ class MostUsed:
         self.history.observe(candidates)
         if bytes_to_free <= 0:
             return []
-        return _evict_least_used(self.history, candidates, bytes_to_free, self.window, self.name)
+        window = self.current_window()
+        # Unused in the window first (count 0), then ascending counts, oldest use first.
+        counted = sorted(
+            ((self.history.uses_within(c.dataset_id, window), c) for c in candidates),
+            key=lambda uc: (uc[0], uc[1].last_touched_at, uc[1].dataset_id),
+        )
+        return take_until_freed(
+            (
+                (c, f"{self.name}: used by {uses} of the last {window} submissions")
+                for uses, c in counted
+            ),
+            bytes_to_free,
+        )
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         return True
 
 
-class Adaptive:
+class MostUsed(_WindowedUse):
+    """The original design's "most commonly used": evict what the last W submissions used least."""
+
+    name = "most-used"
+    DEFAULT_WINDOW = 50
+
+    def __init__(self, window: int | str = DEFAULT_WINDOW) -> None:
+        super().__init__()
+        self.window = _window_option(window)
+
+    def current_window(self) -> int:
+        return self.window
+
+
+class Adaptive(_WindowedUse):
     """The original design's adaptive policy: most-used with W = mean + 3 sigma of reuse distances.
 
     Until a reuse is observed the window is `initial_window`.
@@ -295,8 +304,8 @@ class Adaptive:
     name = "adaptive"
 
     def __init__(self, initial_window: int | str = MostUsed.DEFAULT_WINDOW) -> None:
+        super().__init__()
         self.initial_window = _window_option(initial_window)
-        self.history = UseHistory()
 
     def window(self) -> int:
         distances = self.history.reuse_distances()
@@ -306,16 +315,8 @@ class Adaptive:
         sigma = statistics.pstdev(distances)
         return max(1, math.ceil(mean + 3 * sigma))
 
-    def select_evictions(
-        self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
-    ) -> list[Eviction]:
-        self.history.observe(candidates)
-        if bytes_to_free <= 0:
-            return []
-        return _evict_least_used(self.history, candidates, bytes_to_free, self.window(), self.name)
-
-    def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
-        return True
+    def current_window(self) -> int:
+        return self.window()
 
 
 #: Name → factory, also registered as entry points in pyproject.toml.
