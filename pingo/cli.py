@@ -364,6 +364,43 @@ def datasets_ls(
         typer.echo(f"{d['id']}  {d['state']:<16} {size:>12}  {producer}{pinned}")
 
 
+@app.command()
+def storage(
+    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+) -> None:
+    """Show the storage capacity, the bytes per dataset state and recent retention decisions."""
+    with _api_errors():
+        summary = _client().storage()
+    if as_json:
+        _print_json(summary)
+        return
+    for line in storage_lines(summary):
+        typer.echo(line)
+
+
+def storage_lines(summary: Mapping[str, Any]) -> list[str]:
+    """`GET /storage` as plain lines (plain text: reasons are echoed, never rendered as markup)."""
+    capacity = summary.get("capacityBytes")
+    used = int(summary.get("usedBytes") or 0)
+    share = f" ({used / capacity:.1%})" if capacity else ""
+    lines = [
+        f"capacity  {'unlimited' if capacity is None else f'{capacity:,} B'}",
+        f"used      {used:,} B{share}",
+        f"policy    {summary.get('policy')}",
+        "bytes by state:",
+    ]
+    by_state: Mapping[str, int] = summary.get("bytesByState") or {}
+    lines.extend(f"  {state:<18} {n:>16,} B" for state, n in by_state.items())
+    decisions = summary.get("decisions") or []
+    lines.append(f"recent decisions ({len(decisions)}):")
+    lines.extend(
+        f"  {d.get('at')}  {d.get('datasetId')}  {d.get('sizeBytes') or 0:,} B  "
+        f"{d.get('policy')}: {d.get('reason')}"
+        for d in decisions
+    )
+    return lines
+
+
 @datasets_app.command("show")
 def datasets_show(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> None:
     """Show a dataset as JSON."""
@@ -558,7 +595,13 @@ def simulate(
     seed: list[int] | None = _SIM_SEEDS,
     policy: list[str] | None = _SIM_POLICIES,
     capacity: list[float] | None = _SIM_CAPACITIES,
-    as_json: bool = typer.Option(False, "--json", help='Print {"results": [...]} as JSON.'),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    output_format: str = typer.Option(
+        "table",
+        "--format",
+        help="table (two tables), json (every result), csv or markdown (one row per "
+        "policy and capacity, mean over seeds).",
+    ),
     plot: Path | None = _SIM_PLOT,
     jobs: int = typer.Option(1, "--jobs", min=1, help="Replays run in this many processes."),
     high_water: float = typer.Option(0.90, "--high-water", help="Retention's high water mark."),
@@ -579,6 +622,13 @@ def simulate(
 
     configure_logging("WARNING")
     err = Console(stderr=True)
+    if as_json:
+        output_format = "json"
+    if output_format not in ("table", "json", "csv", "markdown"):
+        typer.echo(
+            f"error: --format must be table, json, csv or markdown, not {output_format!r}", err=True
+        )
+        raise typer.Exit(2)
     try:
         study = asyncio.run(
             simulation.study(
@@ -596,15 +646,27 @@ def simulate(
     except pingo_errors.PingoError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    if all(s.working_set.reusable_bytes == 0 for s in study.seeds):
+        err.print(
+            "warning: no submission reuses another's dataset in this sequence, so every policy "
+            "costs the same; give several traces or more submissions (resubmissions are reused)",
+            style="yellow",
+            highlight=False,
+        )
     if plot is not None:
         simulation.plot(study.results, plot)
         err.print(f"wrote {plot}")
-    if as_json:
+    if output_format == "json":
         typer.echo(json_module.dumps(study.to_json(), indent=2))
-        return
-    out = Console()
-    for renderable in simulation.render(study):
-        out.print(renderable)
+    elif output_format == "csv":
+        typer.echo(simulation.csv_text(study.results), nl=False)
+    elif output_format == "markdown":
+        typer.echo(simulation.markdown(study.results))
+    else:
+        # Piped, rich would fit the tables to 80 columns and cut cells with "…".
+        out = Console() if sys.stdout.isatty() else Console(width=400)
+        for renderable in simulation.render(study):
+            out.print(renderable)
 
 
 def main() -> None:

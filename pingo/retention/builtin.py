@@ -1,4 +1,4 @@
-"""The built-in retention policies: keep-all, lru, lfu, cost-benefit and gdsf.
+"""The built-in retention policies: keep-all, lru, lfu, cost-benefit, gdsf, most-used, adaptive.
 
 Each ranks the candidates from "evict first" to "evict last" and takes them in
 that order until enough bytes are freed. Ties are broken by dataset id so that
@@ -8,9 +8,13 @@ Zero-byte datasets are never evicted: keeping them is free.
 
 from __future__ import annotations
 
+import itertools
+import math
+import statistics
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from pingo import errors
 from pingo.retention.policy import Candidate, Eviction, NewDatasetInfo, PolicyFactory
 
 
@@ -188,6 +192,133 @@ class GDSF:
         return True
 
 
+class UseHistory:
+    """Which "submissions" used each dataset, observed from the candidates' use records.
+
+    A policy sees datasets only when asked to evict, so it learns uses from
+    what changed since: a new creation or a new `last_used_at`. Planning a
+    submission stamps its reuses and creations with one clock reading, so each
+    distinct instant observed stands for one submission. Uses between two
+    passes that left no trace (a dataset reused twice) are counted once.
+    """
+
+    def __init__(self) -> None:
+        self.instants: list[datetime] = []
+        self._seen_instants: set[datetime] = set()
+        self.uses: dict[str, list[datetime]] = {}
+
+    def observe(self, candidates: Sequence[Candidate]) -> None:
+        fresh: set[datetime] = set()
+        for c in candidates:
+            uses = self.uses.setdefault(c.dataset_id, [c.created_at])
+            if c.last_used_at is not None and c.last_used_at > uses[-1]:
+                uses.append(c.last_used_at)
+            fresh.update(u for u in uses if u not in self._seen_instants)
+        self._seen_instants |= fresh
+        self.instants.extend(sorted(fresh))
+        self.instants.sort()
+        present = {c.dataset_id for c in candidates}
+        for dataset_id in [d for d in self.uses if d not in present]:
+            del self.uses[dataset_id]
+
+    def uses_within(self, dataset_id: str, window: int) -> int:
+        """Uses of the dataset among the last `window` submissions observed."""
+        if not self.instants:
+            return 0
+        start = self.instants[max(len(self.instants) - window, 0)]
+        return sum(1 for u in self.uses.get(dataset_id, ()) if u >= start)
+
+    def reuse_distances(self) -> list[int]:
+        """Submissions between consecutive uses of each dataset, over all datasets."""
+        rank = {instant: n for n, instant in enumerate(self.instants)}
+        return [
+            rank[b] - rank[a] for uses in self.uses.values() for a, b in itertools.pairwise(uses)
+        ]
+
+
+def _window_option(window: int | str) -> int:
+    try:
+        value = int(window)
+    except ValueError:
+        raise errors.ConfigurationError(f"window must be an integer, not {window!r}") from None
+    if value < 1:
+        raise errors.ConfigurationError(f"window must be at least 1, not {value}")
+    return value
+
+
+class _WindowedUse:
+    """Evict what the last `current_window()` submissions used least (unused first)."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.history = UseHistory()
+
+    def current_window(self) -> int:
+        raise NotImplementedError
+
+    def select_evictions(
+        self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+    ) -> list[Eviction]:
+        self.history.observe(candidates)
+        if bytes_to_free <= 0:
+            return []
+        window = self.current_window()
+        # Unused in the window first (count 0), then ascending counts, oldest use first.
+        counted = sorted(
+            ((self.history.uses_within(c.dataset_id, window), c) for c in candidates),
+            key=lambda uc: (uc[0], uc[1].last_touched_at, uc[1].dataset_id),
+        )
+        return take_until_freed(
+            (
+                (c, f"{self.name}: used by {uses} of the last {window} submissions")
+                for uses, c in counted
+            ),
+            bytes_to_free,
+        )
+
+    def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
+        return True
+
+
+class MostUsed(_WindowedUse):
+    """The original design's "most commonly used": evict what the last W submissions used least."""
+
+    name = "most-used"
+    DEFAULT_WINDOW = 50
+
+    def __init__(self, window: int | str = DEFAULT_WINDOW) -> None:
+        super().__init__()
+        self.window = _window_option(window)
+
+    def current_window(self) -> int:
+        return self.window
+
+
+class Adaptive(_WindowedUse):
+    """The original design's adaptive policy: most-used with W = mean + 3 sigma of reuse distances.
+
+    Until a reuse is observed the window is `initial_window`.
+    """
+
+    name = "adaptive"
+
+    def __init__(self, initial_window: int | str = MostUsed.DEFAULT_WINDOW) -> None:
+        super().__init__()
+        self.initial_window = _window_option(initial_window)
+
+    def window(self) -> int:
+        distances = self.history.reuse_distances()
+        if not distances:
+            return self.initial_window
+        mean = statistics.fmean(distances)
+        sigma = statistics.pstdev(distances)
+        return max(1, math.ceil(mean + 3 * sigma))
+
+    def current_window(self) -> int:
+        return self.window()
+
+
 #: Name → factory, also registered as entry points in pyproject.toml.
 BUILTINS: dict[str, PolicyFactory] = {
     KeepAll.name: KeepAll,
@@ -195,4 +326,6 @@ BUILTINS: dict[str, PolicyFactory] = {
     LFU.name: LFU,
     CostBenefit.name: CostBenefit,
     GDSF.name: GDSF,
+    MostUsed.name: MostUsed,
+    Adaptive.name: Adaptive,
 }

@@ -38,6 +38,7 @@ __all__ = [
     "build_candidates",
     "keep_hook",
     "load_policy",
+    "parse_policy_spec",
     "recent_decisions",
 ]
 
@@ -110,7 +111,7 @@ class RetentionPolicy(Protocol):
         ...
 
 
-PolicyFactory = Callable[[], RetentionPolicy]
+PolicyFactory = Callable[..., RetentionPolicy]
 
 
 def _builtin_factories() -> dict[str, PolicyFactory]:
@@ -152,12 +153,29 @@ def available_policies() -> list[str]:
     return sorted(load_policy_factories())
 
 
-def load_policy(name: str) -> RetentionPolicy:
-    """A fresh instance of the policy registered as `name`.
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`name` or `name:key=value,key=value` → the name and its options (strings)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise errors.ConfigurationError(
+                f"retention policy option {item!r} of {spec!r} is not key=value"
+            )
+        options[key.strip()] = value.strip()
+    return name.strip(), options
 
-    Raises `ConfigurationError` when no policy of that name loads, or when the
-    factory does not build a `RetentionPolicy`.
+
+def load_policy(spec: str) -> RetentionPolicy:
+    """A fresh instance of the policy `spec` names, with its options.
+
+    `spec` is a registered name, optionally followed by options passed to the
+    factory as string keyword arguments: `most-used:window=50`. Raises
+    `ConfigurationError` when no policy of that name loads, when it rejects
+    its options, or when the factory does not build a `RetentionPolicy`.
     """
+    name, options = parse_policy_spec(spec)
     factories = load_policy_factories()
     factory = factories.get(name)
     if factory is None:
@@ -165,7 +183,9 @@ def load_policy(name: str) -> RetentionPolicy:
             f"unknown retention policy {name!r}; available: {', '.join(sorted(factories))}"
         )
     try:
-        policy = factory()
+        policy = factory(**options)
+    except errors.ConfigurationError:
+        raise
     except Exception as exc:
         raise errors.ConfigurationError(f"retention policy {name!r} failed to start") from exc
     if not isinstance(policy, RetentionPolicy):

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import csv
+import dataclasses
 import functools
 import heapq
+import io
 import itertools
 import logging
 import multiprocessing
@@ -43,7 +46,7 @@ from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.storage import DatasetStorage
-from pingo.retention import oracle, sequence, traces
+from pingo.retention import bound, oracle, sequence, traces
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import keep_hook, load_policy
 from pingo.store import open_store
@@ -57,7 +60,7 @@ A = states.ActionState
 #: Where the virtual clock starts.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 #: The default policies compared (keep-all ignores the budget: it is the unlimited reference).
-DEFAULT_POLICIES = ("lru", "lfu", "cost-benefit", "gdsf")
+DEFAULT_POLICIES = ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive")
 DEFAULT_CAPACITIES = (0.05, 0.10, 0.20, 0.50)
 _NODE = "simulator"
 _OWNER = "simulation"
@@ -314,6 +317,8 @@ class Result:
     no_reuse_compute_s: float
     unlimited_compute_s: float
     oracle_compute_s: float
+    #: The LP lower bound on any policy's compute (`pingo.retention.bound`).
+    bound_compute_s: float
     evictions: int
     oracle_evictions: int
     peak_bytes: int
@@ -331,6 +336,7 @@ class Result:
             "noReuseComputeSeconds": round(self.no_reuse_compute_s, 3),
             "unlimitedComputeSeconds": round(self.unlimited_compute_s, 3),
             "oracleComputeSeconds": round(self.oracle_compute_s, 3),
+            "boundComputeSeconds": round(self.bound_compute_s, 3),
             "evictions": self.evictions,
             "peakBytes": self.peak_bytes,
             "seed": self.seed,
@@ -355,6 +361,8 @@ class Result:
             no_reuse_compute_s=float(row["noReuseComputeSeconds"]),
             unlimited_compute_s=float(row["unlimitedComputeSeconds"]),
             oracle_compute_s=float(row["oracleComputeSeconds"]),
+            # Saved before the bound existed: unlimited storage is a (weaker) bound.
+            bound_compute_s=float(row.get("boundComputeSeconds", row["unlimitedComputeSeconds"])),
             evictions=int(row["evictions"]),
             oracle_evictions=int(row["oracleEvictions"]),
             peak_bytes=int(row["peakBytes"]),
@@ -486,6 +494,7 @@ async def study(
     cells: list[_Cell] = []
     per_seed: dict[int, tuple[oracle.WorkingSet, dict[str, int]]] = {}
     references: dict[tuple[int, float], tuple[int, oracle.OracleResult]] = {}
+    floors: dict[tuple[int, float], bound.Bound] = {}
     for seed in seeds:
         subs = _sequence(paths, submissions, seed)
         models, catalog = oracle.build_models(subs)
@@ -499,9 +508,12 @@ async def study(
             capacity = max(1, int(fraction * ws.bytes))
             reference = oracle.run_oracle(models, catalog, int(high_water * capacity))
             references[(seed, fraction)] = (capacity, reference)
+            floor = bound.lower_bound(models, catalog, int(high_water * capacity))
+            floors[(seed, fraction)] = floor
             say(
                 f"seed {seed}: oracle at {fraction:.0%}: {reference.compute_s:,.0f} s "
-                f"({reference.evictions} evictions)"
+                f"({reference.evictions} evictions); lower bound {floor.compute_s:,.0f} s "
+                f"({floor.solve_s:.1f} s to solve)"
             )
             cells.extend(
                 _Cell(paths, submissions, seed, name, capacity, high_water, low_water)
@@ -549,6 +561,7 @@ async def study(
                 no_reuse_compute_s=ws.no_reuse_compute_s,
                 unlimited_compute_s=unlimited[cell.seed].compute_s,
                 oracle_compute_s=reference.compute_s,
+                bound_compute_s=floors[(cell.seed, fraction)].compute_s,
                 evictions=run.evictions,
                 oracle_evictions=reference.evictions,
                 peak_bytes=run.peak_bytes,
@@ -580,6 +593,9 @@ class Row:
     #: compute / the oracle's compute (mean of per-seed ratios).
     vs_oracle: float
     vs_oracle_stdev: float
+    #: compute / the lower bound (mean of per-seed ratios): 1.0 is provably optimal.
+    vs_bound: float
+    vs_bound_stdev: float
     #: Share of LRU's gap to unlimited storage that this policy closes (mean).
     gap_closed: float | None
     gap_closed_stdev: float | None
@@ -606,6 +622,7 @@ def summarize(results: Sequence[Result]) -> list[Row]:
     for (policy, fraction), group in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         computes = [r.compute_s for r in group]
         vs_oracle = [r.compute_s / max(r.oracle_compute_s, 1e-9) for r in group]
+        vs_bound = [r.compute_s / max(r.bound_compute_s, 1e-9) for r in group]
         vs_lru: list[float] = []
         closed: list[float] = []
         for r in group:
@@ -627,6 +644,8 @@ def summarize(results: Sequence[Result]) -> list[Row]:
                 vs_lru=statistics.fmean(vs_lru) if vs_lru else None,
                 vs_oracle=statistics.fmean(vs_oracle),
                 vs_oracle_stdev=_stdev(vs_oracle),
+                vs_bound=statistics.fmean(vs_bound),
+                vs_bound_stdev=_stdev(vs_bound),
                 gap_closed=statistics.fmean(closed) if closed else None,
                 gap_closed_stdev=_stdev(closed) if closed else None,
                 oracle_compute_s=statistics.fmean(r.oracle_compute_s for r in group),
@@ -679,6 +698,14 @@ def plot(results: Sequence[Result], path: str | Path, *, title: str | None = Non
         marker="x",
         label="oracle (offline)",
     )
+    bound_values = [[ratio(r, r.bound_compute_s) for r in g] for g in refs]
+    ax.plot(
+        xs,
+        [statistics.fmean(v) for v in bound_values],
+        color="black",
+        lw=2,
+        label="lower bound (LP)",
+    )
     ax.axhline(1.0, color="green", ls=":", label="unlimited storage")
     no_reuse = statistics.fmean(ratio(r, r.no_reuse_compute_s) for g in refs for r in g)
     ax.set_xscale("log")
@@ -723,7 +750,17 @@ def render(result: Study) -> list[Any]:
         title="Compute executed" + (" (mean over seeds; ± is the spread)" if many else ""),
         caption="gap: share of LRU's excess over unlimited storage removed",
     )
-    for column in ("cap", "policy", "compute h", "xLRU", "gap", "xoracle", "evicted", "peak GB"):
+    for column in (
+        "cap",
+        "policy",
+        "compute h",
+        "xbound",
+        "xLRU",
+        "gap",
+        "xoracle",
+        "evicted",
+        "peak GB",
+    ):
         table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
     previous: float | None = None
     for row in summarize(result.results):
@@ -740,6 +777,7 @@ def render(result: Study) -> list[Any]:
             f"{row.capacity_fraction:.0%}",
             row.policy,
             f"{row.compute_s / 3600:,.1f}{spread}",
+            f"{row.vs_bound:.3f}" + (f"±{row.vs_bound_stdev:.3f}" if many else ""),
             "-" if row.vs_lru is None else f"{row.vs_lru:.3f}",
             closed,
             f"{row.vs_oracle:.3f}" + (f"±{row.vs_oracle_stdev:.3f}" if many else ""),
@@ -749,12 +787,23 @@ def render(result: Study) -> list[Any]:
     return [sequences, table]
 
 
+def csv_text(results: Sequence[Result]) -> str:
+    """The summary rows (`Row`'s fields, seconds and bytes) as CSV."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    names = [f.name for f in dataclasses.fields(Row)]
+    writer.writerow(names)
+    for row in summarize(results):
+        writer.writerow(["" if (v := getattr(row, n)) is None else v for n in names])
+    return buffer.getvalue()
+
+
 def markdown(results: Sequence[Result]) -> str:
     """The summary as a Markdown table (for docs and notes)."""
     lines = [
-        "| capacity | policy | compute h (mean) | min-max h | x LRU | LRU gap closed "
+        "| capacity | policy | compute h (mean) | min-max h | x bound | x LRU | LRU gap closed "
         "| x oracle | evictions | peak GB |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in summarize(results):
         closed = (
@@ -765,6 +814,7 @@ def markdown(results: Sequence[Result]) -> str:
         lines.append(
             f"| {row.capacity_fraction:.0%} | {row.policy} | {row.compute_s / 3600:,.1f} "
             f"| {row.compute_min_s / 3600:,.1f}-{row.compute_max_s / 3600:,.1f} "
+            f"| {row.vs_bound:.3f} ± {row.vs_bound_stdev:.3f} "
             f"| {'-' if row.vs_lru is None else f'{row.vs_lru:.3f}'} | {closed} "
             f"| {row.vs_oracle:.3f} ± {row.vs_oracle_stdev:.3f} | {row.evictions:,.0f} "
             f"| {_gb(row.peak_bytes)} |"

@@ -177,6 +177,22 @@ def test_datasets_and_lineage_commands(server: Server) -> None:
     assert "CONFLICT" in refused.stderr
 
 
+def test_storage_command_shows_usage_by_state(server: Server) -> None:
+    server.run("submit", "examples/wordcount.json", "--wait")
+    answer = json.loads(server.run("storage", "--json").stdout)
+    assert answer["usedBytes"] > 0
+    assert "DELETED" not in answer["bytesByState"] or answer["bytesByState"]["DELETED"] == 0
+    shown = server.run("storage")
+    assert shown.returncode == 0
+    assert "capacity  unlimited" in shown.stdout
+    assert f"used      {answer['usedBytes']:,} B" in shown.stdout
+    assert "LEAF" in shown.stdout
+    assert f"policy    {answer['policy']}" in shown.stdout
+    unauthenticated = server.run("storage", token="not-a-token")
+    assert unauthenticated.returncode == 1
+    assert "UNAUTHORIZED" in unauthenticated.stderr
+
+
 def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
     env.update({"PINGO_URL": f"http://127.0.0.1:{_free_port()}", "PINGO_TOKEN": "x",

@@ -147,13 +147,81 @@ def test_gdsf_ranks_by_frequency_times_cost_over_size_and_inflates() -> None:
 
 def test_every_builtin_frees_enough_and_returns_each_dataset_once() -> None:
     candidates = [cand(f"d{i}", size_bytes=10 * (i + 1), created_at=at(i)) for i in range(10)]
-    for name in ("lru", "lfu", "cost-benefit", "gdsf"):
+    for name in ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive"):
         evictions = policy_api.load_policy(name).select_evictions(candidates, 200, at(50))
         ids = chosen(evictions)
         assert len(ids) == len(set(ids)), name
         freed = sum(10 * (int(i[1:]) + 1) for i in ids)
         assert freed >= 200, name
         assert freed - 10 * (int(ids[-1][1:]) + 1) < 200, f"{name} evicted more than needed"
+
+
+def test_most_used_evicts_what_the_window_did_not_use_then_the_least_used() -> None:
+    policy = policy_api.load_policy("most-used:window=3")
+    # Six submissions at t=0..5; "old" was used at 0 and 1 only, "hot" at 3, 4 and 5,
+    # "warm" at 5, "cold" created at 2 and never used since.
+    history = [
+        [cand("old", created_at=at(0)), cand("hot", created_at=at(3))],
+        [
+            cand("old", created_at=at(0), use_count=1, last_used_at=at(1)),
+            cand("hot", created_at=at(3), use_count=1, last_used_at=at(4)),
+            cand("cold", created_at=at(2)),
+        ],
+    ]
+    for candidates in history:
+        assert policy.select_evictions(candidates, 0, at(10)) == []
+    final = [
+        cand("old", created_at=at(0), use_count=1, last_used_at=at(1)),
+        cand("hot", created_at=at(3), use_count=2, last_used_at=at(5)),
+        cand("cold", created_at=at(2)),
+        cand("warm", created_at=at(5)),
+    ]
+    evictions = policy.select_evictions(final, 400, at(10))
+    # Window = instants 3, 4, 5: old and cold unused (oldest first), warm once, hot thrice.
+    assert chosen(evictions) == ["old", "cold", "warm", "hot"]
+    assert evictions[0].reason == "most-used: used by 0 of the last 3 submissions"
+    assert evictions[3].reason == "most-used: used by 3 of the last 3 submissions"
+
+
+def test_adaptive_sets_its_window_from_the_reuse_distances() -> None:
+    policy = policy_api.load_policy("adaptive:initial_window=7")
+    assert isinstance(policy, builtin.Adaptive)
+    assert policy.window() == 7
+    # "a" reused every submission (distance 1), "b" once after 3 submissions.
+    policy.select_evictions([cand("a", created_at=at(0)), cand("b", created_at=at(0))], 0, at(9))
+    for t in (1, 2, 3):
+        policy.select_evictions(
+            [
+                cand("a", created_at=at(0), use_count=t, last_used_at=at(t)),
+                cand(
+                    "b",
+                    created_at=at(0),
+                    use_count=int(t == 3),
+                    last_used_at=at(3) if t == 3 else None,
+                ),
+            ],
+            0,
+            at(9),
+        )
+    # Distances 1, 1, 1 (a) and 3 (b): mean 1.5, sigma 0.866, window ceil(4.1) = 5.
+    assert sorted(policy.history.reuse_distances()) == [1, 1, 1, 3]
+    assert policy.window() == 5
+
+
+def test_policy_options_are_parsed_and_checked() -> None:
+    assert policy_api.parse_policy_spec("most-used: window = 9 ,") == (
+        "most-used",
+        {"window": "9"},
+    )
+    assert policy_api.load_policy("most-used:window=9").window == 9  # type: ignore[attr-defined]
+    for bad, message in (
+        ("most-used:window", "not key=value"),
+        ("most-used:window=0", "at least 1"),
+        ("most-used:window=many", "must be an integer"),
+        ("most-used:size=3", "failed to start"),
+    ):
+        with pytest.raises(errors.ConfigurationError, match=message):
+            policy_api.load_policy(bad)
 
 
 # ---------------------------------------------------------------------- loading

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -259,3 +261,59 @@ def test_the_table_in_the_docs_is_the_saved_run() -> None:
         assert sequence_summary["unlimitedComputeSeconds"] == pytest.approx(
             sequence_summary["modelUnlimitedComputeSeconds"]
         )
+
+
+async def test_every_engine_replay_stays_above_the_lower_bound(small_traces: list[Path]) -> None:
+    result = await simulate.study(
+        small_traces,
+        submissions=25,
+        seeds=[5],
+        policies=["lru", "gdsf", "most-used:window=5", "adaptive"],
+        capacities=[0.05, 0.2],
+    )
+    assert len(result.results) == 8
+    for row in result.results:
+        assert row.unlimited_compute_s <= row.bound_compute_s + 1e-6
+        assert row.bound_compute_s <= row.oracle_compute_s + 1e-6
+        assert row.bound_compute_s <= row.compute_s + 1e-6, row.policy
+    # At 5% the budget binds: the bound is above unlimited storage, not a restatement of it.
+    tight = [r for r in result.results if r.capacity_fraction == 0.05]
+    assert all(r.bound_compute_s > r.unlimited_compute_s for r in tight)
+    table = simulate.markdown(result.results)
+    assert "x bound" in table
+
+
+def _pingo(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, its stdout a pipe (as in `pingo simulate | less`)."""
+    script = Path(sys.executable).parent / "pingo"
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_simulate_formats_are_complete_when_piped(small_traces: list[Path]) -> None:
+    args = ["simulate", "--submissions", "10", "--seed", "3", "--capacity", "0.2"]
+    for trace in small_traces[:2]:
+        args += ["--trace", str(trace)]
+    args += ["--policy", "lru", "--policy", "most-used:window=4"]
+    table = _pingo(*args)
+    assert table.returncode == 0, table.stderr
+    assert "…" not in table.stdout
+    assert "xbound" in table.stdout and "most-used:window=4" in table.stdout
+    rows = list(csv.DictReader(io.StringIO(_pingo(*args, "--format", "csv").stdout)))
+    assert [r["policy"] for r in rows] == ["lru", "most-used:window=4"]
+    assert all(float(r["vs_bound"]) >= 1.0 - 1e-9 for r in rows)
+    markdown = _pingo(*args, "--format", "markdown").stdout
+    assert markdown.startswith("| capacity | policy |") and markdown.count("\n| 20% |") == 2
+    wrong = _pingo(*args, "--format", "xml")
+    assert wrong.returncode == 2 and "--format must be" in wrong.stderr
+
+
+def test_cli_simulate_warns_when_nothing_is_reused(small_traces: list[Path]) -> None:
+    # One submission: nothing can be reused, whatever the policy.
+    result = _pingo(
+        "simulate", "--trace", str(small_traces[0]), "--submissions", "1", "--capacity", "0.5",
+        "--policy", "lru", "--format", "csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warning: no submission reuses" in result.stderr
