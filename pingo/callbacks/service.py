@@ -353,7 +353,9 @@ class CallbackService:
                 action.dataset_id, action.workflow_id, action.action_id, action.attempts
             )
             path = dataset.path
-            size = await self.storage.promote(staging, path)
+            # A forced recompute must replace the stored copy; otherwise an
+            # existing copy was stored by a twin of the same provenance and is kept.
+            size = await self.storage.promote(staging, path, replace=action.reason == "forced")
         else:
             # The user's own path: the work wrote there directly; measure it.
             path = str(action.definition.get("outputPath") or dataset.path)

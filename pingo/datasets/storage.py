@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,16 +70,34 @@ class DatasetStorage:
             self._staging_ready = True
         return f"{self.root}/{STAGING_DIR}/{dataset_id}.{workflow_id}.{action_id}.{attempt}"
 
-    async def promote(self, staging: str, final: str) -> int:
+    async def promote(self, staging: str, final: str, *, replace: bool = False) -> int:
         """Move `staging` onto `final` and return the size of `final` in bytes.
 
         When `final` already exists, the same provenance was stored by someone
-        else: the staging copy is removed and `final` kept. An attempt that wrote
+        else: the staging copy is removed and `final` kept, unless `replace` (a
+        forced recompute: the new output must win). An attempt that wrote
         nothing stores an empty dataset (a directory).
         """
+        # The plain promotion is the hot path; only an existing copy needs the swap.
+        if replace and await self.exists(final):
+            if self._local:
+                await asyncio.to_thread(_replace_local, staging, final)
+            else:
+                await asyncio.to_thread(self._replace_remote, staging, final)
+            return await self.size(final)
         if self._local:
             return await self._promote_local(staging, final)
         return await asyncio.to_thread(self._promote_remote, staging, final)
+
+    def _replace_remote(self, staging: str, final: str) -> None:
+        fs = self._fs
+        src, dst = fs._strip_protocol(staging), fs._strip_protocol(final)
+        if not fs.exists(src):
+            fs.makedirs(src, exist_ok=True)
+        # Object stores have no atomic rename: the old copy goes first.
+        if fs.exists(dst):
+            fs.rm(dst, recursive=True)
+        fs.mv(src, dst, recursive=True)
 
     async def _promote_local(self, staging: str, final: str) -> int:
         # The common cases cost a few syscalls and no thread: this runs once per action.
@@ -204,6 +223,34 @@ def _tree_size(path: str) -> int:
             with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+def _replace_local(staging: str, final: str) -> None:
+    """Put `staging` at `final`, whatever `final` held (a forced recompute).
+
+    A file replacing a file is one atomic `os.replace`. Otherwise the old copy
+    is renamed to a sibling first, the new one renamed in, and the sibling
+    removed: both renames are atomic, so a reader opening `final` sees the old
+    or the new tree, never a mix, and files it already has open keep the old
+    content (their inodes live until closed).
+    """
+    if not _lexists(staging):
+        os.makedirs(staging, exist_ok=True)
+    if not _is_real_dir(staging) and _lexists(final) and not _is_real_dir(final):
+        _with_parent(os.replace, staging, final)
+        return
+    aside = f"{final}.replaced.{os.getpid()}.{time.monotonic_ns()}"
+    moved = False
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(final, aside)
+        moved = True
+    _with_parent(os.rename, staging, final)
+    if moved:
+        if _is_real_dir(aside):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
 
 
 def _lexists(path: str) -> bool:

@@ -105,8 +105,13 @@ class SimulatedStorage(DatasetStorage):
         self.files[path] = size
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
-    async def promote(self, staging: str, final: str) -> int:
+    async def promote(self, staging: str, final: str, *, replace: bool = False) -> int:
         size = self.files.pop(staging, None)
+        if replace and final in self.files:
+            # A forced recompute: the new copy replaces the stored one.
+            self.used_bytes -= self.files.pop(final) + (size or 0)
+            self.write(final, size or 0)
+            return size or 0
         if final in self.files:
             # Same provenance stored by someone else first: keep theirs.
             if size is not None:

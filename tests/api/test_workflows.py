@@ -383,3 +383,37 @@ async def test_cached_documents_still_check_the_owner(users_api: Api) -> None:
         assert theirs.status == 404
         admin = await api.client.get(f"/api/v1/workflows/{done['id']}", headers=api.auth("admin"))
         assert admin.status == 200
+
+
+async def test_forced_rerun_replaces_the_stored_file_and_directory_outputs(api: Api) -> None:
+    document = command_workflow(
+        {
+            1: ["sh", "-c", 'date +%s%N > "$PINGO_OUTPUT"'],
+            2: ["sh", "-c", 'mkdir "$PINGO_OUTPUT" && date +%s%N > "$PINGO_OUTPUT/part"'],
+        },
+        name="forced-replace",
+    )
+    original = await api.wait((await api.submit(document))["id"])
+    assert original["state"] == "SUCCEEDED"
+    paths = {}
+    for action in original["actions"]:
+        response = await api.client.get(
+            f"/api/v1/datasets/{action['datasetId']}", headers=api.auth("admin")
+        )
+        paths[action["actionId"]] = Path((await response.json())["path"])
+    before = (paths[1].read_text(), (paths[2] / "part").read_text())
+
+    response = await api.client.post(
+        f"/api/v1/workflows/{original['id']}/rerun",
+        json={"force": ["step1", "step2"]},
+        headers=api.auth("admin"),
+    )
+    assert response.status == 201
+    done = await api.wait((await response.json())["id"])
+    assert done["state"] == "SUCCEEDED"
+    assert not any(a["reused"] for a in done["actions"])
+    after = (paths[1].read_text(), (paths[2] / "part").read_text())
+    assert after[0] != before[0]
+    assert after[1] != before[1]
+    # The old copies were swapped out, not left beside the dataset.
+    assert sorted(p.name for p in paths[2].parent.iterdir() if ".replaced." in p.name) == []
