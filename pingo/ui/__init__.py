@@ -1,0 +1,162 @@
+"""The server-rendered web UI: cookie sessions over the API's users, Jinja2 pages.
+
+Pages read through the same store, ownership rules and document builders as the
+API (`pingo.api.documents`), so what a user may see is decided in one place.
+Sessions live in process memory: a session cookie holds a random id that maps
+to the hash of the user's token, so revoking the token ends the session too.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from pingo.api import auth, documents, state
+from pingo.store.protocol import UserRecord
+
+logger = logging.getLogger(__name__)
+
+COOKIE = "pingo_session"
+SESSION_TTL_S = 8 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    token_hash: str
+    csrf: str
+    expires_at: float
+
+
+@dataclass(slots=True)
+class Sessions:
+    """Live sessions by id; expired ones are dropped when looked up."""
+
+    by_id: dict[str, Session] = field(default_factory=dict)
+
+    def open(self, token_hash: str) -> tuple[str, Session]:
+        session_id = secrets.token_urlsafe(32)
+        session = Session(token_hash, secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
+        self.by_id[session_id] = session
+        return session_id, session
+
+    def get(self, session_id: str | None) -> Session | None:
+        session = self.by_id.get(session_id or "")
+        if session is not None and session.expires_at < time.time():
+            del self.by_id[session_id or ""]
+            return None
+        return session
+
+
+SESSIONS_KEY = web.AppKey("pingo.ui.sessions", Sessions)
+routes = web.RouteTableDef()
+
+
+async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
+    """The signed-in user, or a redirect to the login page."""
+    session = request.app[SESSIONS_KEY].get(request.cookies.get(COOKIE))
+    if session is not None:
+        user = await state.node(request).store.get_user_by_token_hash(session.token_hash)
+        if user is not None:
+            return user, session
+    raise web.HTTPSeeOther("/login")
+
+
+async def _check_csrf(request: web.Request, session: Session) -> None:
+    form = await request.post()
+    sent = form.get("csrf")
+    if not isinstance(sent, str) or not secrets.compare_digest(sent, session.csrf):
+        raise web.HTTPForbidden(text="missing or wrong CSRF token")
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.Response:
+    await _session_user(request)
+    raise web.HTTPSeeOther("/workflows")
+
+
+@routes.get("/login")
+@aiohttp_jinja2.template("login.html")
+async def login_page(request: web.Request) -> dict[str, object]:
+    return {"error": None}
+
+
+@routes.post("/login")
+async def login(request: web.Request) -> web.Response:
+    form = await request.post()
+    token = form.get("token")
+    user = None
+    if isinstance(token, str) and token:
+        user = await state.node(request).store.get_user_by_token_hash(auth.hash_token(token))
+    if user is None:
+        return aiohttp_jinja2.render_template(
+            "login.html", request, {"error": "That token is not valid."}, status=401
+        )
+    session_id, _ = request.app[SESSIONS_KEY].open(user.token_hash)
+    response = web.HTTPSeeOther("/workflows")
+    response.set_cookie(
+        COOKIE,
+        session_id,
+        httponly=True,
+        samesite="Strict",
+        secure=request.secure,
+        max_age=int(SESSION_TTL_S),
+        path="/",
+    )
+    logger.info("UI sign-in by %s", user.name, extra={"event": "ui_login"})
+    raise response
+
+
+@routes.post("/logout")
+async def logout(request: web.Request) -> web.Response:
+    _, session = await _session_user(request)
+    await _check_csrf(request, session)
+    request.app[SESSIONS_KEY].by_id.pop(request.cookies.get(COOKIE, ""), None)
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(COOKIE, path="/")
+    raise response
+
+
+@routes.get("/workflows")
+@aiohttp_jinja2.template("workflows.html")
+async def workflows_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    owner = None if user.is_admin else user.name
+    found = await state.node(request).store.list_workflows(owner=owner, limit=200)
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "workflows": [documents.workflow_summary(w) for w in found.items],
+    }
+
+
+@routes.get("/workflows/{workflow_id}")
+@aiohttp_jinja2.template("workflow.html")
+async def workflow_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    store = state.node(request).store
+    record = await store.get_workflow(request.match_info["workflow_id"])
+    if record is None or not auth.may_see(user, record.owner):
+        raise web.HTTPNotFound(text="no such workflow")
+    actions = await store.list_actions(record.id)
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "workflow": documents.workflow_document(record, actions),
+    }
+
+
+def setup(app: web.Application) -> None:
+    """Register the UI's routes and template loader on the API's app."""
+    aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("pingo.ui", "templates"),
+        autoescape=jinja2.select_autoescape(default=True),
+    )
+    app[SESSIONS_KEY] = Sessions()
+    app.add_routes(routes)

@@ -1,0 +1,99 @@
+"""The web UI over real HTTP: sign-in, session cookie, CSRF, ownership and escaping."""
+
+from __future__ import annotations
+
+import re
+
+from tests.api.conftest import Api, chain
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+async def sign_in(api: Api, user: str) -> str:
+    """Sign `user` in through the form; return the CSRF token of their session."""
+    response = await api.client.post(
+        "/login", data={"token": api.tokens[user]}, allow_redirects=False
+    )
+    assert response.status == 303
+    assert response.headers["Location"] == "/workflows"
+    page = await (await api.client.get("/workflows")).text()
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_root_without_session_goes_to_login(api: Api) -> None:
+    response = await api.client.get("/", allow_redirects=False)
+    assert response.status == 303
+    assert response.headers["Location"] == "/login"
+    pages = await api.client.get("/workflows", allow_redirects=False)
+    assert pages.headers["Location"] == "/login"
+
+
+async def test_a_wrong_token_does_not_sign_in(api: Api) -> None:
+    response = await api.client.post("/login", data={"token": "guess"}, allow_redirects=False)
+    assert response.status == 401
+    assert "pingo_session" not in response.cookies
+    assert "not valid" in await response.text()
+
+
+async def test_the_session_cookie_is_http_only_and_strict(api: Api) -> None:
+    response = await api.client.post(
+        "/login", data={"token": api.tokens["admin"]}, allow_redirects=False
+    )
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert "Secure" not in cookie  # plain HTTP here; over TLS the cookie is Secure
+
+
+async def test_a_forged_session_cookie_is_refused(api: Api) -> None:
+    api.client.session.cookie_jar.update_cookies({"pingo_session": "forged"})
+    response = await api.client.get("/workflows", allow_redirects=False)
+    assert response.headers["Location"] == "/login"
+
+
+async def test_logout_needs_the_csrf_token(users_api: Api) -> None:
+    csrf = await sign_in(users_api, "alice")
+    refused = await users_api.client.post("/logout", data={}, allow_redirects=False)
+    assert refused.status == 403
+    wrong = await users_api.client.post("/logout", data={"csrf": "x"}, allow_redirects=False)
+    assert wrong.status == 403
+    done = await users_api.client.post("/logout", data={"csrf": csrf}, allow_redirects=False)
+    assert done.status == 303
+    after = await users_api.client.get("/workflows", allow_redirects=False)
+    assert after.headers["Location"] == "/login"
+
+
+async def test_another_users_workflow_is_not_found(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-own", 2, name="alices-secret"), user="alice")
+    await sign_in(users_api, "bob")
+    listing = await (await users_api.client.get("/workflows")).text()
+    assert "alices-secret" not in listing
+    assert submitted["id"] not in listing
+    response = await users_api.client.get(f"/workflows/{submitted['id']}")
+    assert response.status == 404
+    assert "alices-secret" not in await response.text()
+
+
+async def test_owner_sees_the_workflow_and_its_actions(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-see", 2, name="mine"), user="alice")
+    await users_api.wait(submitted["id"])
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}")).text()
+    assert "mine" in page
+    assert "SUCCEEDED" in page
+    assert "step2" in page
+
+
+async def test_html_in_names_is_escaped(users_api: Api) -> None:
+    document = chain("ui-esc", 1, name="wf")
+    document["actions"][0]["name"] = SCRIPT
+    document["name"] = "x" + SCRIPT.replace("/", "")
+    submitted = await users_api.submit(document, user="alice")
+    await sign_in(users_api, "alice")
+    listing = await (await users_api.client.get("/workflows")).text()
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}")).text()
+    for html in (listing, page):
+        assert "<script>" not in html
+        assert "&lt;script&gt;" in html
