@@ -17,13 +17,18 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from pingo.api import auth, documents, state
+from pingo.actions.executors import base as executors_base
+from pingo.api import auth, bodies, documents, state
+from pingo.api.routes import datasets as dataset_routes
+from pingo.api.routes import workflows as workflow_routes
 from pingo.store.protocol import UserRecord
 
 logger = logging.getLogger(__name__)
 
 COOKIE = "pingo_session"
 SESSION_TTL_S = 8 * 3600.0
+#: Only the tail of a long log is shown in the page.
+LOG_TAIL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,8 @@ async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
     if session is not None:
         user = await state.node(request).store.get_user_by_token_hash(session.token_hash)
         if user is not None:
+            # The API's own visibility helpers read the user from here.
+            request[auth.USER_KEY] = user
             return user, session
     raise web.HTTPSeeOther("/login")
 
@@ -140,14 +147,76 @@ async def workflows_page(request: web.Request) -> dict[str, object]:
 async def workflow_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     store = state.node(request).store
-    record = await store.get_workflow(request.match_info["workflow_id"])
-    if record is None or not auth.may_see(user, record.owner):
-        raise web.HTTPNotFound(text="no such workflow")
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     actions = await store.list_actions(record.id)
     return {
         "user": user,
         "csrf": session.csrf,
         "workflow": documents.workflow_document(record, actions),
+    }
+
+
+@routes.post("/workflows/{workflow_id}/kill")
+async def kill_workflow(request: web.Request) -> web.Response:
+    _, session = await _session_user(request)
+    await _check_csrf(request, session)
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
+    await state.node(request).workflows.kill(record.id)
+    raise web.HTTPSeeOther(f"/workflows/{record.id}")
+
+
+def _log_tail(request: web.Request, workflow_id: str, action_id: int, attempt: int) -> str | None:
+    path = executors_base.log_path(state.settings(request).home, workflow_id, action_id, attempt)
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+        return f.read().decode("utf-8", errors="replace")
+
+
+@routes.get("/workflows/{workflow_id}/actions/{action_id}")
+@aiohttp_jinja2.template("action.html")
+async def action_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
+    action_id = bodies.path_int(request, "action_id")
+    action = await state.node(request).store.get_action(record.id, action_id)
+    if action is None:
+        raise web.HTTPNotFound(text="no such action")
+    log = _log_tail(request, record.id, action_id, action.attempts) if action.attempts else None
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "workflow": documents.workflow_summary(record),
+        "action": documents.action_detail(action),
+        "log": log,
+    }
+
+
+@routes.get("/datasets")
+@aiohttp_jinja2.template("datasets.html")
+async def datasets_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    found = await state.node(request).store.list_datasets(limit=200)
+    visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "datasets": [documents.dataset_document(d) for d in visible],
+    }
+
+
+@routes.get("/datasets/{dataset_id}")
+@aiohttp_jinja2.template("dataset.html")
+async def dataset_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    record = await dataset_routes.visible_dataset(request)
+    lineage = await state.node(request).datasets.lineage(record.id)
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "dataset": documents.dataset_document(record),
+        "lineage": lineage,
     }
 
 

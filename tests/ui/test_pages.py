@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.api.conftest import Api, chain
+from tests.api.conftest import Api, chain, command_workflow, sleeper
 
 SCRIPT = "<script>alert(1)</script>"
 
@@ -97,3 +97,48 @@ async def test_html_in_names_is_escaped(users_api: Api) -> None:
     for html in (listing, page):
         assert "<script>" not in html
         assert "&lt;script&gt;" in html
+
+
+async def test_action_page_shows_the_log_escaped(users_api: Api) -> None:
+    document = command_workflow(
+        {1: ["sh", "-c", f"echo '{SCRIPT}'; echo done > \"$PINGO_OUTPUT\""]}, name="logger"
+    )
+    submitted = await users_api.submit(document, user="alice")
+    await users_api.wait(submitted["id"])
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}/actions/1")).text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>" not in page
+    await sign_in(users_api, "bob")
+    other = await users_api.client.get(f"/workflows/{submitted['id']}/actions/1")
+    assert other.status == 404
+
+
+async def test_kill_needs_csrf_and_ownership(users_api: Api) -> None:
+    submitted = await users_api.submit(sleeper("ui-kill"), user="alice")
+    url = f"/workflows/{submitted['id']}/kill"
+    bob_csrf = await sign_in(users_api, "bob")
+    as_bob = await users_api.client.post(url, data={"csrf": bob_csrf}, allow_redirects=False)
+    assert as_bob.status == 404
+    csrf = await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}")).text()
+    assert "Kill" in page
+    forged = await users_api.client.post(url, data={}, allow_redirects=False)
+    assert forged.status == 403
+    assert (await users_api.workflow(submitted["id"]))["state"] == "RUNNING"
+    done = await users_api.client.post(url, data={"csrf": csrf}, allow_redirects=False)
+    assert done.status == 303
+    assert (await users_api.wait(submitted["id"]))["state"] == "KILLED"
+
+
+async def test_dataset_pages_show_lineage(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-lineage", 2), user="alice")
+    finished = await users_api.wait(submitted["id"])
+    end = finished["endDatasetId"]
+    parent = finished["actions"][0]["datasetId"]
+    await sign_in(users_api, "alice")
+    listing = await (await users_api.client.get("/datasets")).text()
+    assert end[:16] in listing
+    page = await (await users_api.client.get(f"/datasets/{end}")).text()
+    assert end in page
+    assert f"/datasets/{parent}" in page
