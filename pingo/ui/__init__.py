@@ -8,10 +8,12 @@ to the hash of the user's token, so revoking the token ends the session too.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp_jinja2
 import jinja2
@@ -58,6 +60,8 @@ class Sessions:
         return session
 
 
+STATIC_PREFIX = "/ui/static"
+STATIC = Path(__file__).parent / "static"
 SESSIONS_KEY = web.AppKey("pingo.ui.sessions", Sessions)
 routes = web.RouteTableDef()
 
@@ -145,15 +149,8 @@ async def workflows_page(request: web.Request) -> dict[str, object]:
 @routes.get("/workflows/{workflow_id}")
 @aiohttp_jinja2.template("workflow.html")
 async def workflow_page(request: web.Request) -> dict[str, object]:
-    user, session = await _session_user(request)
-    store = state.node(request).store
-    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
-    actions = await store.list_actions(record.id)
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "workflow": documents.workflow_document(record, actions),
-    }
+    context, _ = await _workflow_fragment(request)
+    return context
 
 
 @routes.post("/workflows/{workflow_id}/kill")
@@ -220,6 +217,64 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     }
 
 
+@routes.get("/storage")
+@aiohttp_jinja2.template("storage.html")
+async def storage_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "storage": await dataset_routes.storage_document(request),
+    }
+
+
+@routes.get("/users")
+@aiohttp_jinja2.template("users.html")
+async def users_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    # Like the API, only an admin lists users; anyone else sees themselves.
+    users = await state.node(request).store.list_users() if user.is_admin else [user]
+    return {
+        "user": user,
+        "csrf": session.csrf,
+        "users": [documents.user_document(u) for u in users],
+    }
+
+
+async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], str]:
+    """The live part of a workflow page and its ETag (state, counts, actions' states)."""
+    user, session = await _session_user(request)
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
+    actions = await state.node(request).store.list_actions(record.id)
+    document = documents.workflow_document(record, actions)
+    digest = hashlib.sha256(bodies.encode_json(document)).hexdigest()[:32]
+    return {"user": user, "csrf": session.csrf, "workflow": document}, f'"{digest}"'
+
+
+@routes.get("/workflows/{workflow_id}/live")
+async def workflow_live(request: web.Request) -> web.Response:
+    """The workflow's live fragment, polled by the page; 304 when nothing changed.
+
+    A conditional poll costs one store read and no rendering or transfer while a
+    workflow sits still, and holds no connection open between polls, so many
+    open tabs stay cheap; SSE would hold a connection per tab.
+    """
+    context, etag = await _workflow_fragment(request)
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers={"ETag": etag})
+    response = aiohttp_jinja2.render_template("workflow_live.html", request, context)
+    response.headers["ETag"] = etag
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+def is_ui_route(route: web.AbstractRoute) -> bool:
+    """Whether a route of the app is the UI's (pages, not API: OpenAPI leaves them out)."""
+    if isinstance(route.resource, web.StaticResource):
+        return route.resource.canonical.startswith(STATIC_PREFIX)
+    return getattr(route.handler, "__module__", "") == __name__
+
+
 def setup(app: web.Application) -> None:
     """Register the UI's routes and template loader on the API's app."""
     aiohttp_jinja2.setup(
@@ -229,3 +284,4 @@ def setup(app: web.Application) -> None:
     )
     app[SESSIONS_KEY] = Sessions()
     app.add_routes(routes)
+    app.router.add_static(STATIC_PREFIX, STATIC)

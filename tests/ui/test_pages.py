@@ -142,3 +142,31 @@ async def test_dataset_pages_show_lineage(users_api: Api) -> None:
     page = await (await users_api.client.get(f"/datasets/{end}")).text()
     assert end in page
     assert f"/datasets/{parent}" in page
+
+
+async def test_live_fragment_answers_304_while_unchanged(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-live", 1), user="alice")
+    await users_api.wait(submitted["id"])
+    await sign_in(users_api, "alice")
+    url = f"/workflows/{submitted['id']}/live"
+    first = await users_api.client.get(url)
+    assert first.status == 200
+    assert "SUCCEEDED" in await first.text()
+    again = await users_api.client.get(url, headers={"If-None-Match": first.headers["ETag"]})
+    assert again.status == 304
+    await sign_in(users_api, "bob")
+    assert (await users_api.client.get(url)).status == 404
+    script = await users_api.client.get("/ui/static/live.js")
+    assert script.status == 200
+
+
+async def test_storage_and_users_pages(users_api: Api) -> None:
+    await sign_in(users_api, "alice")
+    storage = await (await users_api.client.get("/storage")).text()
+    assert 'id="used"' in storage
+    users = await (await users_api.client.get("/users")).text()
+    assert "alice" in users
+    assert "bob" not in users
+    await sign_in(users_api, "admin")
+    everyone = await (await users_api.client.get("/users")).text()
+    assert "alice" in everyone and "bob" in everyone
