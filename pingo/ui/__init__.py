@@ -24,6 +24,7 @@ from pingo.api import auth, bodies, documents, state
 from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import workflows as workflow_routes
 from pingo.store.protocol import UserRecord
+from pingo.ui import dag
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +249,8 @@ async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], s
     actions = await state.node(request).store.list_actions(record.id)
     document = documents.workflow_document(record, actions)
     digest = hashlib.sha256(bodies.encode_json(document)).hexdigest()[:32]
-    return {"user": user, "csrf": session.csrf, "workflow": document}, f'"{digest}"'
+    context = {"user": user, "csrf": session.csrf, "workflow": document, "dag": dag.layout(actions)}
+    return context, f'"{digest}"'
 
 
 @routes.get("/workflows/{workflow_id}/live")

@@ -170,3 +170,20 @@ async def test_storage_and_users_pages(users_api: Api) -> None:
     await sign_in(users_api, "admin")
     everyone = await (await users_api.client.get("/users")).text()
     assert "alice" in everyone and "bob" in everyone
+
+
+async def test_the_dag_is_an_svg_with_escaped_names(users_api: Api) -> None:
+    document = command_workflow(
+        {i: ["sh", "-c", f'echo dag-{i} > "$PINGO_OUTPUT"'] for i in range(1, 5)},
+        {2: [1], 3: [1], 4: [2, 3]},
+        name="diamond",
+    )
+    document["actions"][1]["name"] = SCRIPT
+    submitted = await users_api.submit(document, user="alice")
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}")).text()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert svg.count("<circle") == 4
+    assert svg.count("<line") == 4
+    assert "<script>" not in svg
+    assert "&lt;script&gt;" in svg
