@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 
+from pingo import ui
 from tests.api.conftest import Api, chain, command_workflow, sleeper
 
 SCRIPT = "<script>alert(1)</script>"
@@ -187,3 +190,21 @@ async def test_the_dag_is_an_svg_with_escaped_names(users_api: Api) -> None:
     assert svg.count("<line") == 4
     assert "<script>" not in svg
     assert "&lt;script&gt;" in svg
+
+
+async def test_an_expired_session_signs_out(users_api: Api) -> None:
+    await sign_in(users_api, "alice")
+    sessions = users_api.app[ui.SESSIONS_KEY].by_id
+    for session_id, session in list(sessions.items()):
+        sessions[session_id] = dataclasses.replace(session, expires_at=time.time() - 1)
+    response = await users_api.client.get("/workflows", allow_redirects=False)
+    assert response.headers["Location"] == "/login"
+    assert not sessions
+
+
+async def test_a_revoked_token_ends_the_session(users_api: Api) -> None:
+    await sign_in(users_api, "alice")
+    revoked = await users_api.client.delete("/api/v1/users/alice", headers=users_api.auth("admin"))
+    assert revoked.status == 204
+    response = await users_api.client.get("/workflows", allow_redirects=False)
+    assert response.headers["Location"] == "/login"
