@@ -86,6 +86,11 @@ async def _check_csrf(request: web.Request, session: Session) -> None:
         raise web.HTTPForbidden(text="missing or wrong CSRF token")
 
 
+def _context(user: UserRecord, session: Session, **values: object) -> dict[str, object]:
+    """A page's template context: what every page shows (user, CSRF token) and its own values."""
+    return {"user": user, "csrf": session.csrf, **values}
+
+
 @routes.get("/")
 async def index(request: web.Request) -> web.Response:
     await _session_user(request)
@@ -140,11 +145,7 @@ async def workflows_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     owner = None if user.is_admin else user.name
     found = await state.node(request).store.list_workflows(owner=owner, limit=200)
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "workflows": [documents.workflow_summary(w) for w in found.items],
-    }
+    return _context(user, session, workflows=[documents.workflow_summary(w) for w in found.items])
 
 
 @routes.get("/workflows/{workflow_id}")
@@ -182,13 +183,13 @@ async def action_page(request: web.Request) -> dict[str, object]:
     if action is None:
         raise web.HTTPNotFound(text="no such action")
     log = _log_tail(request, record.id, action_id, action.attempts) if action.attempts else None
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "workflow": documents.workflow_summary(record),
-        "action": documents.action_detail(action),
-        "log": log,
-    }
+    return _context(
+        user,
+        session,
+        workflow=documents.workflow_summary(record),
+        action=documents.action_detail(action),
+        log=log,
+    )
 
 
 @routes.get("/datasets")
@@ -197,11 +198,7 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     found = await state.node(request).store.list_datasets(limit=200)
     visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "datasets": [documents.dataset_document(d) for d in visible],
-    }
+    return _context(user, session, datasets=[documents.dataset_document(d) for d in visible])
 
 
 @routes.get("/datasets/{dataset_id}")
@@ -210,23 +207,14 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
     lineage = await state.node(request).datasets.lineage(record.id)
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "dataset": documents.dataset_document(record),
-        "lineage": lineage,
-    }
+    return _context(user, session, dataset=documents.dataset_document(record), lineage=lineage)
 
 
 @routes.get("/storage")
 @aiohttp_jinja2.template("storage.html")
 async def storage_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "storage": await dataset_routes.storage_document(request),
-    }
+    return _context(user, session, storage=await dataset_routes.storage_document(request))
 
 
 @routes.get("/users")
@@ -235,11 +223,7 @@ async def users_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     # Like the API, only an admin lists users; anyone else sees themselves.
     users = await state.node(request).store.list_users() if user.is_admin else [user]
-    return {
-        "user": user,
-        "csrf": session.csrf,
-        "users": [documents.user_document(u) for u in users],
-    }
+    return _context(user, session, users=[documents.user_document(u) for u in users])
 
 
 async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], str]:
@@ -249,7 +233,7 @@ async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], s
     actions = await state.node(request).store.list_actions(record.id)
     document = documents.workflow_document(record, actions)
     digest = hashlib.sha256(bodies.encode_json(document)).hexdigest()[:32]
-    context = {"user": user, "csrf": session.csrf, "workflow": document, "dag": dag.layout(actions)}
+    context = _context(user, session, workflow=document, dag=dag.layout(actions))
     return context, f'"{digest}"'
 
 
