@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, ui
 from pingo.api import auth, problems, state
 from pingo.api.routes import setup_routes
 from pingo.config import Settings
@@ -91,6 +91,7 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
 
     app.cleanup_ctx.append(engine)
     setup_routes(app)
+    ui.setup(app)
     return app
 
 

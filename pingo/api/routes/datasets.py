@@ -109,19 +109,21 @@ async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
     return await recent_decisions(state.node(request).store, limit=20)
 
 
+async def storage_document(request: web.Request) -> dict[str, Any]:
+    """Capacity, usage by dataset state, the retention policy and its recent decisions."""
+    settings = state.settings(request)
+    summary = await state.node(request).datasets.storage_summary()
+    return {
+        "capacityBytes": settings.storage_capacity_bytes,
+        "usedBytes": summary["usedBytes"],
+        "bytesByState": summary["bytesByState"],
+        "policy": settings.retention_policy,
+        "decisions": await retention_decisions(request),
+    }
+
+
 @routes.get(PREFIX + "/storage", name="get_storage")
 async def get_storage(request: web.Request) -> web.Response:
     """Capacity, usage by dataset state, the retention policy and its recent decisions."""
     auth.current_user(request)
-    node = state.node(request)
-    settings = state.settings(request)
-    summary = await node.datasets.storage_summary()
-    return bodies.json_response(
-        {
-            "capacityBytes": settings.storage_capacity_bytes,
-            "usedBytes": summary["usedBytes"],
-            "bytesByState": summary["bytesByState"],
-            "policy": settings.retention_policy,
-            "decisions": await retention_decisions(request),
-        }
-    )
+    return bodies.json_response(await storage_document(request))

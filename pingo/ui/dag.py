@@ -1,0 +1,93 @@
+"""A workflow's DAG laid out on the server: layers, then barycenter crossing reduction.
+
+Layers are networkx's topological generations; a few down and up sweeps then
+order each layer by the mean position of its neighbours in the layer before,
+the usual Sugiyama heuristic. The template draws the result as SVG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from pingo.store.protocol import ActionRecord
+
+SWEEPS = 4
+X_STEP = 120
+Y_STEP = 70
+MARGIN = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    action_id: int
+    name: str
+    state: str
+    x: int
+    y: int
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    x1: int
+    y1: int
+    x2: int
+    y2: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+    width: int
+    height: int
+
+
+def _graph(actions: Iterable[ActionRecord]) -> nx.DiGraph[int]:
+    graph: nx.DiGraph[int] = nx.DiGraph()
+    for action in actions:
+        graph.add_node(action.action_id)
+        graph.add_edges_from((parent, action.action_id) for parent in action.inputs)
+    return graph
+
+
+def _reorder(layer: list[int], position: dict[int, int], neighbours: dict[int, list[int]]) -> None:
+    def barycenter(node: int) -> float:
+        around = [position[n] for n in neighbours[node] if n in position]
+        return sum(around) / len(around) if around else float(position[node])
+
+    layer.sort(key=barycenter)
+    position.update((node, index) for index, node in enumerate(layer))
+
+
+def _order(graph: nx.DiGraph[int]) -> list[list[int]]:
+    layers = [sorted(generation) for generation in nx.topological_generations(graph)]
+    position = {node: i for layer in layers for i, node in enumerate(layer)}
+    parents = {node: list(graph.predecessors(node)) for node in graph}
+    children = {node: list(graph.successors(node)) for node in graph}
+    for _ in range(SWEEPS):
+        for layer in layers[1:]:
+            _reorder(layer, position, parents)
+        for layer in reversed(layers[:-1]):
+            _reorder(layer, position, children)
+    return layers
+
+
+def layout(actions: list[ActionRecord]) -> Layout:
+    """Coordinates of every action (one row per layer) and of every parent → child edge."""
+    by_id = {a.action_id: a for a in actions}
+    graph = _graph(actions)
+    layers = _order(graph)
+    widest = max((len(layer) for layer in layers), default=0)
+    at: dict[int, tuple[int, int]] = {}
+    for row, layer in enumerate(layers):
+        offset = (widest - len(layer)) * X_STEP // 2
+        for column, node in enumerate(layer):
+            at[node] = (MARGIN + offset + column * X_STEP, MARGIN + row * Y_STEP)
+    nodes = tuple(Node(n, by_id[n].name, by_id[n].state.value, *at[n]) for n in at if n in by_id)
+    edges = tuple(Edge(*at[u], *at[v]) for u, v in graph.edges if u in at and v in at)
+    return Layout(
+        nodes, edges, 2 * MARGIN + max(widest - 1, 0) * X_STEP, 2 * MARGIN + len(layers) * Y_STEP
+    )
