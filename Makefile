@@ -32,6 +32,7 @@ run: bootstrap
 lint: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 types: bootstrap
 	$(BIN)/mypy
