@@ -77,9 +77,11 @@ def chaos_workflow(scale: Scale, seed: int) -> ChaosWorkflow:
         layer = (aid - 1) // scale.width
         above = range((layer - 1) * scale.width + 1, layer * scale.width + 1)
         parents[aid] = sorted(rng.sample(above, rng.randint(1, 2))) if layer else []
-    # Doomed actions have children, so that `continue` has descendants to hold back.
-    with_children = sorted({p for aid in ids for p in parents[aid]} - set(ids[: scale.width]))
-    doomed = set(rng.sample(with_children, max(1, scale.actions // 100)))
+    # Doomed actions have children, so that `continue` has descendants to hold back,
+    # and sit in the last quarter of the layers, so that most of the work still runs.
+    late = set(ids[-max(scale.actions // 4, scale.width) :])
+    with_children = sorted({p for aid in ids for p in parents[aid]} & late)
+    doomed = set(rng.sample(with_children, max(1, scale.actions // 500)))
     actions = []
     for aid in ids:
         if aid in doomed:
@@ -247,7 +249,8 @@ async def run_chaos(tmp_path: Path, store_url: str, scale: Scale, seed: int) -> 
     )
     failed = {aid for aid, a in actions.items() if a.state is A.FAILED}
     finished = {aid for aid, a in actions.items() if a.state is A.FINISHED}
-    assert failed == set(chaos.doomed), (failed, chaos.doomed)
+    # A doomed action below another one never runs: it is held back, not failed.
+    assert failed == chaos.doomed - chaos.blocked, (failed, chaos.doomed - chaos.blocked)
     assert finished == set(actions) - chaos.doomed - chaos.blocked
 
     started, completed = attempt_lines(home)
