@@ -155,9 +155,7 @@ def test_a_removed_dataset_is_recomputed(server: Server, alice: Client, bob: Cli
     _poison_and_recompute(server, alice, bob, 'echo MARK-gone > "$PINGO_OUTPUT"', poison)
 
 
-def test_a_symlink_planted_in_an_output_is_hashed_as_a_link(
-    server: Server, alice: Client
-) -> None:
+def test_a_symlink_planted_in_an_output_is_hashed_as_a_link(server: Server, alice: Client) -> None:
     home = server.home
     marker = uuid.uuid4().hex
     plant = (
