@@ -7,6 +7,7 @@ a workflow of hers answers exactly like one that does not exist.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from pingo.api import state
+from pingo.api.app import create_app
 from pingo.retention.policy import EVICT_EVENT
 from tests.api.conftest import AiohttpClient, Api, bearer, command_workflow, make_settings
 from tests.ui.test_pages import SCRIPT, sign_in
@@ -70,8 +72,6 @@ async def test_a_foreign_dataset_shows_name_and_type_never_its_producer(
     status, body = await _get(api, f"/api/v1/datasets/{dataset_id}", "bob")
     assert status == 200
     assert _leaks(body, *secrets) == []
-    import json
-
     document = json.loads(body)
     assert document["producedBy"] == {"name": "extract", "type": "command-line"}
     assert "claims" not in document and document["claimCount"] == 0
@@ -253,8 +253,6 @@ async def test_the_dataset_pages_escape_names_and_hide_the_producer(users_api: A
 async def test_in_per_user_scopes_another_users_dataset_does_not_exist(
     aiohttp_client: AiohttpClient, tmp_path: Path
 ) -> None:
-    from pingo.api.app import create_app
-
     app = create_app(make_settings(tmp_path, sharing_scope="user"))
     client = await aiohttp_client(app)
     api = Api(client=client, app=app, tokens={"admin": "admin-token-for-tests"})
