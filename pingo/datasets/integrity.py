@@ -81,13 +81,13 @@ def measure(path: str) -> Measure | None:
     """Size, digest and fingerprint of the output at `path`; None when nothing is there."""
     root = os.fsencode(path)
     try:
-        os.lstat(root)
+        top = os.lstat(root)
     except FileNotFoundError:
         return None
     manifest = hashlib.sha256()
     prints = hashlib.sha256()
     size = 0
-    for rel, st in _walk(root):
+    for rel, st in _walk(root, top):
         prints.update(_stat_line(rel, st))
         mode = st.st_mode
         if stat.S_ISDIR(mode):
@@ -114,11 +114,11 @@ def fingerprint(path: str) -> bytes | None:
     """
     root = os.fsencode(path)
     try:
-        os.lstat(root)
+        top = os.lstat(root)
     except FileNotFoundError:
         return None
     prints = hashlib.sha256()
-    for rel, st in _walk(root):
+    for rel, st in _walk(root, top):
         prints.update(_stat_line(rel, st))
     return prints.digest()
 
@@ -173,9 +173,9 @@ def _stat_line(rel: bytes, st: os.stat_result) -> bytes:
     return _framed(rel) + b"".join(n.to_bytes(16, "big", signed=True) for n in numbers)
 
 
-def _walk(root: bytes) -> Iterator[tuple[bytes, os.stat_result]]:
-    """Every entry under `root` (itself first, as b""), in a stable order; no link followed."""
-    top = os.lstat(root)
+def _walk(root: bytes, top: os.stat_result) -> Iterator[tuple[bytes, os.stat_result]]:
+    """Every entry under `root` (itself first, as b"", `top` its lstat), in a stable order;
+    no link followed."""
     yield b"", top
     if not stat.S_ISDIR(top.st_mode):
         return
@@ -207,11 +207,14 @@ def _hash_file(path: bytes) -> tuple[bytes, int]:
     """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return hashlib.sha256(b"").digest(), 0
         content = hashlib.sha256()
         length = 0
-        buffer = bytearray(_CHUNK)
+        # Sized to the file (plus one byte to see the end in one read): a fresh
+        # 1 MiB buffer per small file would cost more than hashing it.
+        buffer = bytearray(min(_CHUNK, st.st_size + 1))
         view = memoryview(buffer)
         while read := os.readv(fd, [buffer]):
             content.update(view[:read])
