@@ -172,7 +172,7 @@ def _schemas() -> dict[str, Any]:
                 "reason": {
                     "type": "string",
                     "description": "forced, unmanaged, absent, a dataset state, in-flight, "
-                    "claim-failed, reused or not-needed",
+                    "claim-failed, digest-mismatch, reused or not-needed",
                 },
                 "datasetState": {"type": ["string", "null"]},
             }

@@ -431,8 +431,8 @@ class WorkflowManager:
         checked = [r for r in wanted.values() if r.is_managed and r.digest is not None]
         if not checked:
             return reusing
-        verdicts = await asyncio.gather(
-            *(self.storage.verify(r.path, r.digest, full=False) for r in checked)
+        verdicts = await self.storage.check_before_reuse(
+            [(r.path, r.digest) for r in checked if r.digest is not None]
         )
         bad = {r.id for r, v in zip(checked, verdicts, strict=True) if v.bad}
         if not bad:

@@ -108,6 +108,8 @@ def _poison_and_recompute(
     assert cli.returncode == 1, cli.stdout + cli.stderr
     assert "mismatch" in cli.stdout
 
+    plan = bob.submit(_forced_reader(document), dry_run=True)
+    assert plan["actions"][0]["reason"] == "digest-mismatch" and plan["actions"][0]["compute"]
     before = _mismatches(server)
     again = sandboxed._run(bob, _forced_reader(document))
     assert again["state"] == "SUCCEEDED"
