@@ -359,7 +359,7 @@ def datasets_ls(
         return
     for d in page["items"]:
         size = "-" if d["sizeBytes"] is None else str(d["sizeBytes"])
-        producer = f"{d['producedBy']['workflowId']}/{d['producedBy']['actionId']}"
+        producer = _producer(d["producedBy"])
         pinned = " pinned" if d["pinned"] else ""
         typer.echo(f"{d['id']}  {d['state']:<16} {size:>12}  {producer}{pinned}")
 
@@ -408,6 +408,52 @@ def datasets_show(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> N
         _print_json(_client().dataset(dataset_id))
 
 
+def _producer(produced_by: Mapping[str, Any]) -> str:
+    """`workflow/action` when the server shows them (own datasets), else `type:name`."""
+    if produced_by.get("workflowId"):
+        return f"{produced_by['workflowId']}/{produced_by.get('actionId')}"
+    return f"{produced_by.get('type')}:{produced_by.get('name') or '?'}"
+
+
+@datasets_app.command("verify")
+def datasets_verify(
+    dataset_id: str | None = typer.Argument(None, metavar="[DATASET]"),
+    every: bool = typer.Option(False, "--all", help="Verify every dataset on disk."),
+    as_json: bool = typer.Option(False, "--json", help="Print each answer as JSON lines."),
+) -> None:
+    """Hash datasets' files again and compare with the digests recorded when they were stored.
+
+    Exit status 1 when any dataset is mismatched or missing (it will be recomputed
+    at its next reuse, never handed out).
+    """
+    if (dataset_id is None) == (not every):
+        raise typer.BadParameter("give one DATASET or --all, not both")
+    client = _client()
+    bad = 0
+    with _api_errors():
+        if every:
+            ids = [d["id"] for d in client.iter_datasets() if d["state"] in _ON_DISK]
+        else:
+            ids = [str(dataset_id)]
+        for one in ids:
+            answer = client.verify(one)
+            verification = answer.get("verification") or {}
+            status = str(verification.get("status"))
+            bad += status in ("mismatch", "missing")
+            if as_json:
+                typer.echo(json.dumps(answer))
+            else:
+                found = verification.get("actualDigest") or "-"
+                typer.echo(f"{one}  {status:<12}  {answer.get('digest') or '-'}  {found}")
+    if bad:
+        typer.echo(f"{bad} dataset(s) do not match their digest", err=True)
+        raise typer.Exit(1)
+
+
+#: Dataset states whose files are on disk (what `verify --all` checks).
+_ON_DISK = frozenset({"STORED", "LEAF", "STORED_TO_DELETE"})
+
+
 @datasets_app.command("rm")
 def datasets_rm(
     dataset_id: str = typer.Argument(..., metavar="DATASET"),
@@ -450,7 +496,10 @@ def lineage(
         producer = ""
         if node.get("producerWorkflowId"):
             producer = f"  {node['producerWorkflowId']}/{node['producerActionId']}"
-        typer.echo(f"{node['id']}  {node['state'] or 'UNKNOWN'}{producer}")
+        elif node.get("actionType"):
+            producer = f"  {node['actionType']}:{node.get('actionName') or '?'}"
+        digest = f"  {node['digest']}" if node.get("digest") else ""
+        typer.echo(f"{node['id']}  {node['state'] or 'UNKNOWN'}{producer}{digest}")
     for edge in graph["edges"]:
         typer.echo(f"{edge['from'][:12]} -> {edge['to'][:12]}")
 

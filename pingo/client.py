@@ -307,6 +307,23 @@ class Client:
         result: dict[str, Any] = self._json("GET", f"/api/v1/datasets/{_q(dataset_id)}")
         return result
 
+    def verify(self, dataset_id: str) -> dict[str, Any]:
+        """The dataset with its files hashed again (`verification`: match, mismatch, …)."""
+        result: dict[str, Any] = self._json(
+            "GET", f"/api/v1/datasets/{_q(dataset_id)}", query={"verify": "true"}
+        )
+        return result
+
+    def iter_datasets(self, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every dataset the caller may see, following the cursor."""
+        cursor: str | None = None
+        while True:
+            page = self.datasets(cursor=cursor, **filters)
+            yield from page["items"]
+            cursor = page.get("next")
+            if not cursor:
+                return
+
     def lineage(self, dataset_id: str) -> dict[str, Any]:
         """The dataset's ancestor graph."""
         result: dict[str, Any] = self._json("GET", f"/api/v1/datasets/{_q(dataset_id)}/lineage")

@@ -40,3 +40,15 @@ RETENTION_EVICTIONS = Counter(
     "pingo_retention_evictions", "Datasets evicted by the retention policy.", ["policy"],
     registry=REGISTRY,
 )  # fmt: skip
+DIGEST_SECONDS = Histogram(
+    "pingo_dataset_digest_seconds",
+    "Time to hash a dataset's content (at commit, on verification).",
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60),
+    registry=REGISTRY,
+)
+DIGEST_MISMATCHES = Counter(
+    "pingo_dataset_digest_mismatches",
+    "Datasets whose content no longer matched their digest (`where`: plan or verify).",
+    ["where"],
+    registry=REGISTRY,
+)

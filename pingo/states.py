@@ -131,6 +131,11 @@ DATASET_TRANSITIONS: Mapping[tuple[DatasetState, DatasetState], frozenset[Trigge
     # A leaf recomputed while its old copy waits for deletion (a user deleted it,
     # then submitted it again): the workflow's final output must outlive the delete.
     (D.STORED_TO_DELETE, D.LEAF): frozenset({Trigger.CALLBACK}),
+    # A forced recompute (or one of a copy that failed verification) replaced
+    # the files in place: the record takes the new size and digest.
+    (D.STORED, D.STORED): frozenset({Trigger.CALLBACK}),
+    (D.LEAF, D.LEAF): frozenset({Trigger.CALLBACK}),
+    (D.STORED_TO_DELETE, D.STORED_TO_DELETE): frozenset({Trigger.CALLBACK}),
     # Failure or kill of the producing action: partial output removed.
     (D.TO_STORE, D.DELETED): frozenset({Trigger.CALLBACK}),
     (D.TO_LEAF, D.DELETED): frozenset({Trigger.CALLBACK}),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pingo import states
+from pingo.datasets.integrity import Verdict
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
 
 
@@ -81,29 +84,113 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
     }
 
 
-def dataset_document(dataset: DatasetRecord) -> dict[str, Any]:
-    """A dataset, with where it came from (its producer and its parents' ids)."""
-    return {
+class DatasetView(enum.Enum):
+    """How much of a dataset a viewer may see (decided in `pingo.api.routes.datasets`)."""
+
+    #: An admin: everything, readers' claims included.
+    ADMIN = "admin"
+    #: The owner of the workflow that produced it: everything but other workflows' claims.
+    OWNER = "owner"
+    #: Anyone else in its sharing scope: what it is, never whose workflow made it or how.
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """The owner of a dataset's producing workflow and the producing action's name."""
+
+    owner: str | None
+    name: str | None
+
+
+def dataset_document(
+    dataset: DatasetRecord,
+    view: DatasetView = DatasetView.ADMIN,
+    producer: Producer | None = None,
+) -> dict[str, Any]:
+    """A dataset, with where it came from, as much as `view` may see.
+
+    Another user's workflow id, document and `env` values are never shown to
+    OTHER viewers: their `producedBy` holds the action's name and type only,
+    and the claims (which name the reading workflows) are shown as a count.
+    """
+    produced_by: dict[str, Any] = {
+        "name": None if producer is None else producer.name,
+        "type": dataset.action_type,
+    }
+    document: dict[str, Any] = {
         "id": dataset.id,
         "state": dataset.state.value,
         "sizeBytes": dataset.size_bytes,
-        "path": dataset.path,
-        "scope": dataset.scope,
-        "managed": dataset.is_managed,
-        "pinned": dataset.pinned,
-        "claims": list(dataset.claims),
-        "producedBy": {
-            "workflowId": dataset.producer_workflow_id,
-            "actionId": dataset.producer_action_id,
-            "type": dataset.action_type,
-            "definition": dataset.definition,
-        },
-        "parents": list(dataset.parents),
-        "computeSeconds": dataset.compute_s,
-        "useCount": dataset.use_count,
-        "createdAt": timestamp(dataset.created_at),
+        "digest": dataset.digest,
+    }
+    if view is not DatasetView.OTHER or dataset.is_managed:
+        # An unmanaged path is the producer's own path; a managed one only says the id.
+        document["path"] = dataset.path
+    document.update(
+        {
+            "scope": dataset.scope,
+            "managed": dataset.is_managed,
+            "pinned": dataset.pinned,
+            "claimCount": len(dataset.claims),
+        }
+    )
+    if view is DatasetView.ADMIN:
+        document["claims"] = list(dataset.claims)
+    if view is not DatasetView.OTHER:
+        produced_by.update(
+            workflowId=dataset.producer_workflow_id,
+            actionId=dataset.producer_action_id,
+            definition=dataset.definition,
+        )
+    document.update(
+        {
+            "producedBy": produced_by,
+            "parents": list(dataset.parents),
+            "computeSeconds": dataset.compute_s,
+            "useCount": dataset.use_count,
+            "createdAt": timestamp(dataset.created_at),
+            "storedAt": timestamp(dataset.stored_at),
+            "lastUsedAt": timestamp(dataset.last_used_at),
+        }
+    )
+    return document
+
+
+def lineage_node(
+    dataset_id: str,
+    dataset: DatasetRecord | None,
+    view: DatasetView = DatasetView.ADMIN,
+    producer: Producer | None = None,
+) -> dict[str, Any]:
+    """One node of a lineage graph, as much as `view` may see (as `dataset_document`)."""
+    if dataset is None:
+        # An input whose record is gone: still part of the lineage.
+        return {"id": dataset_id, "state": None}
+    node: dict[str, Any] = {
+        "id": dataset.id,
+        "state": dataset.state.value,
+        "actionType": dataset.action_type,
+        "actionName": None if producer is None else producer.name,
+        "sizeBytes": dataset.size_bytes,
+        "digest": dataset.digest,
+        "isManaged": dataset.is_managed,
         "storedAt": timestamp(dataset.stored_at),
-        "lastUsedAt": timestamp(dataset.last_used_at),
+    }
+    if view is not DatasetView.OTHER:
+        node["producerWorkflowId"] = dataset.producer_workflow_id
+        node["producerActionId"] = dataset.producer_action_id
+    return node
+
+
+def verification_document(verdict: Verdict, dataset: DatasetRecord) -> dict[str, Any]:
+    """`?verify=true`: the recorded digest against what the files hash to now."""
+    return {
+        "status": verdict.status.value,
+        "recordedDigest": dataset.digest,
+        "actualDigest": verdict.digest,
+        "recordedSizeBytes": dataset.size_bytes,
+        "actualSizeBytes": verdict.size_bytes,
     }
 
 

@@ -76,6 +76,14 @@ def _object(
     return schema
 
 
+#: Every dataset document has these; `path`, `claims` and `verification` depend on who asks.
+_DATASET_REQUIRED = [
+    *("id", "state", "sizeBytes", "digest", "scope", "managed", "pinned", "claimCount"),
+    *("producedBy", "parents", "computeSeconds", "useCount", "createdAt", "storedAt"),
+    "lastUsedAt",
+]
+
+
 def _schemas() -> dict[str, Any]:
     action_state = {"type": "string", "enum": [s.value for s in states.ActionState]}
     dataset_state = {"type": "string", "enum": [s.value for s in states.DatasetState]}
@@ -164,7 +172,7 @@ def _schemas() -> dict[str, Any]:
                 "reason": {
                     "type": "string",
                     "description": "forced, unmanaged, absent, a dataset state, in-flight, "
-                    "claim-failed, reused or not-needed",
+                    "claim-failed, digest-mismatch, reused or not-needed",
                 },
                 "datasetState": {"type": ["string", "null"]},
             }
@@ -198,18 +206,36 @@ def _schemas() -> dict[str, Any]:
                 "id": _DATASET_ID,
                 "state": dataset_state,
                 "sizeBytes": {"type": ["integer", "null"]},
-                "path": {"type": "string"},
+                "digest": {
+                    "type": ["string", "null"],
+                    "pattern": "^sha256:[0-9a-f]{64}$",
+                    "description": "SHA-256 of the content's manifest, recorded at commit "
+                    "(null: unmanaged, remote, or not stored yet); see docs/security.md",
+                },
+                "path": {
+                    "type": "string",
+                    "description": "absent for another user's unmanaged dataset",
+                },
                 "scope": {"type": "string"},
                 "managed": {"type": "boolean"},
                 "pinned": {"type": "boolean"},
-                "claims": {"type": "array", "items": {"type": "string"}},
+                "claimCount": {"type": "integer", "description": "actions that will read it"},
+                "claims": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "admins only: the reading actions (workflowId/actionId)",
+                },
                 "producedBy": _object(
                     {
+                        "name": {"type": ["string", "null"]},
+                        "type": {"type": "string"},
                         "workflowId": {"type": "string"},
                         "actionId": {"type": "integer"},
-                        "type": {"type": "string"},
                         "definition": {"type": "object"},
-                    }
+                    },
+                    required=["name", "type"],
+                    description="workflowId, actionId and definition only for admins and the "
+                    "owner of the producing workflow",
                 ),
                 "parents": {"type": "array", "items": _DATASET_ID},
                 "computeSeconds": {"type": ["number", "null"]},
@@ -217,7 +243,23 @@ def _schemas() -> dict[str, Any]:
                 "createdAt": _TIME,
                 "storedAt": _TIME_OR_NULL,
                 "lastUsedAt": _TIME_OR_NULL,
-            }
+                "verification": _ref("Verification"),
+            },
+            required=_DATASET_REQUIRED,
+        ),
+        "Verification": _object(
+            {
+                "status": {
+                    "type": "string",
+                    "enum": ["match", "mismatch", "missing", "unverifiable"],
+                },
+                "recordedDigest": {"type": ["string", "null"]},
+                "actualDigest": {"type": ["string", "null"]},
+                "recordedSizeBytes": {"type": ["integer", "null"]},
+                "actualSizeBytes": {"type": ["integer", "null"]},
+            },
+            description="only with ?verify=true: the files hashed again; a mismatched or "
+            "missing dataset is recomputed at its next reuse, never handed out",
         ),
         "DatasetPage": _object(
             {
@@ -568,7 +610,15 @@ def _paths() -> dict[str, Any]:
                 "Get a dataset",
                 "datasets",
                 {"200": _json_body(_ref("Dataset"), "The dataset."), "404": _NOT_FOUND},
-                parameters=[_DATASET_ID_PARAM],
+                parameters=[
+                    _DATASET_ID_PARAM,
+                    _param(
+                        "verify",
+                        "query",
+                        {"type": "boolean"},
+                        "hash the files again and add `verification`",
+                    ),
+                ],
             ),
             "delete": _op(
                 "deleteDataset",

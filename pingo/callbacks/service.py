@@ -51,6 +51,10 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
 }
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
+#: The planner's reason for recomputing a dataset whose stored copy failed its digest check.
+MISMATCH_REASON = "digest-mismatch"
+#: Planning reasons whose computation replaces a stored copy of the dataset.
+REPLACING_REASONS: frozenset[str] = frozenset({"forced", MISMATCH_REASON})
 #: Workflows whose onFailure is remembered.
 _CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.
@@ -345,24 +349,36 @@ class CallbackService:
     # ---------------------------------------------------------------- success
 
     async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
-        """Promote the attempt's output onto the dataset path and mark the dataset stored."""
+        """Promote the attempt's output onto the dataset path and mark the dataset stored.
+
+        A managed local output is measured and hashed (`integrity`) once promoted:
+        the record's size and digest describe exactly the files now at its path.
+        """
         dataset = await self._settled_dataset(action.dataset_id)
         managed = bool(action.definition.get("isManaged", True))
+        # A forced recompute, or one of a copy that failed verification, must
+        # replace the stored copy; otherwise an existing copy was stored by a
+        # twin of the same provenance and is kept.
+        replace = action.reason in REPLACING_REASONS
+        digest: str | None = None
         if managed:
             staging = self.storage.staging_path(
                 action.dataset_id, action.workflow_id, action.action_id, action.attempts
             )
             path = dataset.path
-            # A forced recompute must replace the stored copy; otherwise an
-            # existing copy was stored by a twin of the same provenance and is kept.
-            size = await self.storage.promote(staging, path, replace=action.reason == "forced")
+            size = await self.storage.promote(staging, path, replace=replace)
+            measured = await self.storage.measure(path)
+            if measured is not None:
+                size, digest = measured.size_bytes, measured.digest
         else:
-            # The user's own path: the work wrote there directly; measure it.
+            # The user's own path: the work wrote there directly; measure it. No
+            # digest: the user may change it, and it is never reused (always recomputed).
             path = str(action.definition.get("outputPath") or dataset.path)
             size = await self.storage.size(path)
         now = self.store.clock()
         changes = protocol.DatasetChanges(
             size_bytes=size,
+            digest=digest,
             compute_s=runtime_s,
             stored_at=now,
             path=path,
@@ -380,6 +396,9 @@ class CallbackService:
                 # intermediate may go (it was computed for its consumers, whose
                 # claims hold it); this workflow's final output must stay.
                 target = D.LEAF if await self._is_leaf(action) else None
+            if target is None and replace and dataset.state in states.DATASET_ON_DISK:
+                # The files were just replaced: the record must describe the new ones.
+                target = dataset.state
             if target is None:
                 # STORED / LEAF / an intermediate STORED_TO_DELETE: the same
                 # provenance is on disk already (stored by someone else); keep it.
@@ -389,6 +408,15 @@ class CallbackService:
                 dataset.id, {dataset.state}, target, changes
             )
             if moved is not None:
+                if replace and dataset.digest not in (None, digest):
+                    logger.info(
+                        "dataset %s replaced (%s): digest %s -> %s",
+                        dataset.id,
+                        action.reason,
+                        dataset.digest,
+                        digest,
+                        extra={"event": "dataset_replaced", "dataset_id": dataset.id},
+                    )
                 return
             dataset = await self._settled_dataset(action.dataset_id)
         raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, states
+from pingo import errors, metrics, states
+from pingo.datasets import integrity
 from pingo.store import protocol
 
 if TYPE_CHECKING:
@@ -70,27 +73,44 @@ class DatasetService:
                 return moved
         raise errors.Conflict(f"dataset {dataset_id} keeps changing; retry")
 
-    async def lineage(self, dataset_id: str) -> dict[str, Any]:
-        """The dataset and all its ancestors: `{"datasetId", "nodes", "edges"}` (parent → child)."""
+    async def lineage(self, dataset_id: str) -> Lineage:
+        """The dataset and all its ancestors, with the edges parent → child."""
         root = await self.store.get_dataset(dataset_id)
         if root is None:
             raise errors.NotFound(f"no dataset {dataset_id}")
         nodes: dict[str, protocol.DatasetRecord | None] = {root.id: root}
-        edges: list[dict[str, str]] = []
+        edges: list[tuple[str, str]] = []
         frontier = [root]
         while frontier:
             for child in frontier:
-                edges.extend({"from": p, "to": child.id} for p in child.parents)
+                edges.extend((p, child.id) for p in child.parents)
             wanted = {p for child in frontier for p in child.parents if p not in nodes}
             found = await self.store.get_datasets(wanted) if wanted else {}
             for p in wanted:
                 nodes[p] = found.get(p)
             frontier = list(found.values())
-        return {
-            "datasetId": dataset_id,
-            "nodes": [_node(i, r) for i, r in nodes.items()],
-            "edges": edges,
-        }
+        return Lineage(dataset_id, nodes, tuple(edges))
+
+    async def verify(self, dataset: protocol.DatasetRecord) -> integrity.Verdict:
+        """Hash the dataset's files again and compare with its recorded digest.
+
+        A mismatch is logged and counted; the planner finds it too (its own
+        check sees the changed files) and recomputes the dataset on its next reuse.
+        """
+        if not dataset.is_managed or dataset.state not in states.DATASET_ON_DISK:
+            return integrity.Verdict(integrity.Status.UNVERIFIABLE)
+        verdict = await self.storage.verify(dataset.path, dataset.digest, full=True)
+        if verdict.bad:
+            metrics.DIGEST_MISMATCHES.labels(where="verify").inc()
+            logger.warning(
+                "dataset %s is %s (recorded %s, found %s)",
+                dataset.id,
+                verdict.status.value,
+                dataset.digest,
+                verdict.digest,
+                extra={"event": "dataset_digest_mismatch", "dataset_id": dataset.id},
+            )
+        return verdict
 
     async def storage_summary(self) -> dict[str, Any]:
         """`{"usedBytes", "bytesByState"}` (and `capacityBytes` when a budget is set)."""
@@ -104,17 +124,12 @@ class DatasetService:
         return summary
 
 
-def _node(dataset_id: str, record: protocol.DatasetRecord | None) -> dict[str, Any]:
-    if record is None:
-        # An input whose record is gone: still part of the lineage.
-        return {"id": dataset_id, "state": None}
-    return {
-        "id": record.id,
-        "state": record.state.value,
-        "actionType": record.action_type,
-        "sizeBytes": record.size_bytes,
-        "isManaged": record.is_managed,
-        "producerWorkflowId": record.producer_workflow_id,
-        "producerActionId": record.producer_action_id,
-        "storedAt": None if record.stored_at is None else record.stored_at.isoformat(),
-    }
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """A dataset's ancestor graph."""
+
+    dataset_id: str
+    #: Every dataset of the graph (the root first), None for an input whose record is gone.
+    records: Mapping[str, protocol.DatasetRecord | None]
+    #: (parent id, child id) pairs.
+    edges: tuple[tuple[str, str], ...]

@@ -16,13 +16,14 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
-from pingo import errors
+from pingo import errors, metrics
+from pingo.datasets import integrity
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class DatasetStorage:
             # Keep the URL (hdfs://nn/…, s3://bucket/…): paths go to cluster jobs verbatim.
             self.root = data_root.rstrip("/")
         self._staging_ready = False
+        #: What this node last hashed, so reuse checks need not hash unchanged files again.
+        self.digests = integrity.DigestCache()
 
     @property
     def is_local(self) -> bool:
@@ -156,10 +159,14 @@ class DatasetStorage:
         return int(fs.du(dst, total=True))
 
     async def size(self, path: str) -> int:
-        """Bytes under `path` (a file, or every file of a tree); 0 when absent."""
+        """Bytes under `path` (a file, or every file of a tree); 0 when absent.
+
+        Links are never followed: a link counts the length of its target string
+        (as in `integrity.measure`), whatever it points to.
+        """
         if self._local:
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
                 return 0
             if not stat.S_ISDIR(st.st_mode):
@@ -169,6 +176,53 @@ class DatasetStorage:
                 return flat
             return await asyncio.to_thread(_tree_size, path)
         return await asyncio.to_thread(self._size_remote, path)
+
+    async def measure(self, path: str) -> integrity.Measure | None:
+        """Size and content digest of a local dataset, hashed in a worker thread.
+
+        None on remote roots (hdfs://, s3://): their own checksums are not
+        SHA-256 of the content, and reading a cluster's output back to hash it
+        would cost a second pass over it. Also None when nothing is at `path`.
+        """
+        if not self._local:
+            return None
+        started = time.perf_counter()
+        measured = await asyncio.to_thread(integrity.measure, path)
+        metrics.DIGEST_SECONDS.observe(time.perf_counter() - started)
+        if measured is not None:
+            self.digests.put(path, measured)
+        return measured
+
+    async def verify(
+        self, path: str, expected: str | None, *, full: bool = True
+    ) -> integrity.Verdict:
+        """Check the files at `path` against the digest recorded for them, in a worker thread.
+
+        `full` hashes the content again; otherwise an unchanged stat fingerprint
+        since this node last hashed it vouches for it (`integrity.DigestCache`).
+        """
+        if expected is None or not self._local:
+            return integrity.Verdict(integrity.Status.UNVERIFIABLE)
+        started = time.perf_counter()
+        check = self.digests.verify if full else self.digests.check
+        verdict = await asyncio.to_thread(check, path, expected)
+        if verdict.hashed:
+            metrics.DIGEST_SECONDS.observe(time.perf_counter() - started)
+        return verdict
+
+    async def check_before_reuse(
+        self, datasets: Sequence[tuple[str, str]]
+    ) -> list[integrity.Verdict]:
+        """`verify(path, digest, full=False)` for each (path, digest), in one worker-thread hop.
+
+        Planning checks a whole generation of reused datasets at once: most are
+        unchanged, and their fingerprints cost a few lstat calls each.
+        """
+        if not self._local:
+            return [integrity.Verdict(integrity.Status.UNVERIFIABLE) for _ in datasets]
+        return await asyncio.to_thread(
+            lambda: [self.digests.check(path, digest) for path, digest in datasets]
+        )
 
     def _size_remote(self, path: str) -> int:
         p = self._fs._strip_protocol(path)
@@ -218,8 +272,10 @@ def _flat_dir_size(path: str) -> int | None:
 
 def _tree_size(path: str) -> int:
     total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
+    for dirpath, dirnames, filenames in os.walk(path):
+        # os.walk lists a link to a directory among `dirnames` (and does not enter it).
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in (*filenames, *links):
             with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total

@@ -306,6 +306,7 @@ class MemoryStore:
                     producer_action_id=plan.producer_action_id,
                     is_managed=plan.is_managed,
                     size_bytes=None,
+                    digest=None,
                     stored_at=None,
                 )
             self._put_dataset(old, new)

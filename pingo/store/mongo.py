@@ -282,6 +282,7 @@ def _dataset_doc(plan: DatasetPlan, now_us: int) -> Doc:
         "updated_at_us": now_us,
         "claims": list(dict.fromkeys(plan.claims)),
         "size_bytes": None,
+        "digest": None,
         "compute_s": None,
         "use_count": 0,
         "last_used_at_us": None,
@@ -307,6 +308,7 @@ def _dataset(doc: Doc) -> DatasetRecord:
         updated_at=_at(doc["updated_at_us"]),
         claims=tuple(doc.get("claims", ())),
         size_bytes=doc.get("size_bytes"),
+        digest=doc.get("digest"),
         compute_s=doc.get("compute_s"),
         use_count=doc.get("use_count", 0),
         last_used_at=_opt_at(doc.get("last_used_at_us")),
@@ -661,6 +663,7 @@ class MongoStore:
                         producer_action_id=plan.producer_action_id,
                         is_managed=plan.is_managed,
                         size_bytes=None,
+                        digest=None,
                         stored_at_us=None,
                     )
             elif set(claims).issubset(old.claims):

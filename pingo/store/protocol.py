@@ -131,6 +131,9 @@ class DatasetRecord:
     #: Claim keys (`claim_key`) of actions that will read it; a claimed dataset is never deleted.
     claims: tuple[str, ...] = ()
     size_bytes: int | None = None
+    #: `sha256:<hex>` of its content, recorded at commit (`pingo.datasets.integrity`);
+    #: None for unmanaged and remote datasets and those stored before digests existed.
+    digest: str | None = None
     #: Measured runtime of the action that produced it.
     compute_s: float | None = None
     use_count: int = 0
@@ -182,7 +185,7 @@ class DatasetPlan:
 
     A DELETED dataset moved this way is being computed again by this plan: it
     also takes the plan's `path`, `producer_*` and `is_managed`, and loses its
-    `size_bytes` and `stored_at` (its files are gone). Its history (`compute_s`,
+    `size_bytes`, `digest` and `stored_at` (its files are gone). Its history (`compute_s`,
     `use_count`, `last_used_at`, `pinned`) stays.
     """
 
@@ -234,6 +237,7 @@ class ActionChanges(_Changes):
 @dataclass(frozen=True, slots=True)
 class DatasetChanges(_Changes):
     size_bytes: int | _Keep | None = KEEP
+    digest: str | _Keep | None = KEEP
     compute_s: float | _Keep | None = KEEP
     stored_at: datetime | _Keep | None = KEEP
     path: str | _Keep = KEEP

@@ -238,6 +238,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at INTEGER NOT NULL
         )""",
     ),
+    # Datasets record a content digest at commit (pingo.datasets.integrity).
+    ("ALTER TABLE datasets ADD COLUMN digest TEXT",),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -264,7 +266,7 @@ _ACTION_SELECT = (
 _DATASET_COLUMNS = (
     "id, state, path, scope, action_type, definition, parents, producer_workflow_id, "
     "producer_action_id, is_managed, created_at, updated_at, claims, size_bytes, compute_s, "
-    "use_count, last_used_at, stored_at, pinned, version"
+    "use_count, last_used_at, stored_at, pinned, version, digest"
 )
 _EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload"
 _USER_COLUMNS = "name, token_hash, is_admin, created_at"
@@ -274,7 +276,7 @@ _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
     f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
 )
-_DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+_DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 21)})"
 
 #: Changes fields stored as timestamps (microseconds).
 _TIME_FIELDS = frozenset(
@@ -494,6 +496,7 @@ def _new_dataset_params(plan: DatasetPlan, now: int) -> tuple[Any, ...]:
         None,
         0,
         0,
+        None,
     )
 
 
@@ -519,6 +522,7 @@ def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
         stored_at=_dt(row[17]),
         pinned=bool(row[18]),
         version=row[19],
+        digest=row[20],
     )
 
 
@@ -1198,7 +1202,7 @@ class SQLiteStore:
                     "UPDATE datasets SET state = ?, claims = ?, updated_at = ?, "
                     "version = version + 1, path = ?, producer_workflow_id = ?, "
                     "producer_action_id = ?, is_managed = ?, size_bytes = NULL, "
-                    "stored_at = NULL WHERE id = ?",
+                    "digest = NULL, stored_at = NULL WHERE id = ?",
                     (
                         plan.state.value,
                         _dumps(claims),

@@ -198,7 +198,8 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     found = await state.node(request).store.list_datasets(limit=200)
     visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
-    return _context(user, session, datasets=[documents.dataset_document(d) for d in visible])
+    items = await dataset_routes.dataset_documents(request, visible)
+    return _context(user, session, datasets=items)
 
 
 @routes.get("/datasets/{dataset_id}")
@@ -206,8 +207,9 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
 async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
-    lineage = await state.node(request).datasets.lineage(record.id)
-    return _context(user, session, dataset=documents.dataset_document(record), lineage=lineage)
+    (dataset,) = await dataset_routes.dataset_documents(request, [record])
+    lineage = await dataset_routes.lineage_document(request, record.id)
+    return _context(user, session, dataset=dataset, lineage=lineage)
 
 
 @routes.get("/storage")

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pingo import errors, metrics, states, untrusted
+from pingo.callbacks.service import MISMATCH_REASON
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
 from pingo.workflows import language
@@ -91,7 +92,7 @@ class PlannedAction:
     dataset_id: str
     compute: bool
     #: "forced", "unmanaged", "absent", a dataset state ("DELETED", …), "in-flight",
-    #: "claim-failed", "reused" or "not-needed".
+    #: "claim-failed", "digest-mismatch", "reused" or "not-needed".
     reason: str
     #: The dataset's state when planning looked, None when absent.
     dataset_state: states.DatasetState | None
@@ -434,6 +435,8 @@ class WorkflowManager:
                 planning.decisions[aid] = decision
                 if not decision.compute:
                     reusing.append(aid)
+            if reusing:
+                reusing = await self._check_integrity(planning, reusing, live=live)
             if live and reusing:
                 # One round trip per generation: every claim (and leaf promotion)
                 # of the generation at once. Parents come in later generations,
@@ -443,6 +446,54 @@ class WorkflowManager:
                     if not ok:
                         planning.decisions[aid].compute = True
                         planning.decisions[aid].reason = "claim-failed"
+
+    async def _check_integrity(
+        self, planning: _Planning, reusing: list[int], *, live: bool
+    ) -> list[int]:
+        """Drop from `reusing` the actions whose stored copy no longer matches its digest.
+
+        Such an action computes (reason "digest-mismatch"), as if its dataset
+        were DELETED, and its output replaces the bad copy. The check hashes a
+        dataset only when its files' stat fingerprint changed since this node
+        last hashed them (`integrity.DigestCache`): reuse of unchanged data costs
+        one lstat per file.
+        """
+        wanted = {
+            planning.dataset_ids[aid]: planning.records[planning.dataset_ids[aid]]
+            for aid in reusing
+        }
+        checked = [r for r in wanted.values() if r.is_managed and r.digest is not None]
+        if not checked:
+            return reusing
+        verdicts = await self.storage.check_before_reuse(
+            [(r.path, r.digest) for r in checked if r.digest is not None]
+        )
+        bad = {r.id for r, v in zip(checked, verdicts, strict=True) if v.bad}
+        if not bad:
+            return reusing
+        for record, verdict in zip(checked, verdicts, strict=True):
+            if record.id in bad and live:
+                metrics.DIGEST_MISMATCHES.labels(where="plan").inc()
+                logger.warning(
+                    "dataset %s is %s (recorded %s, found %s): recomputing it",
+                    record.id,
+                    verdict.status.value,
+                    record.digest,
+                    verdict.digest,
+                    extra={
+                        "event": "dataset_digest_mismatch",
+                        "dataset_id": record.id,
+                        "workflow_id": planning.workflow_id,
+                    },
+                )
+        kept: list[int] = []
+        for aid in reusing:
+            if planning.dataset_ids[aid] in bad:
+                planning.decisions[aid].compute = True
+                planning.decisions[aid].reason = MISMATCH_REASON
+            else:
+                kept.append(aid)
+        return kept
 
     async def _hold(self, planning: _Planning, action_id: int) -> bool:
         """Make a reused dataset safe to read: LEAF for a leaf, a claim per computing child."""

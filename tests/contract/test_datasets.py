@@ -62,7 +62,10 @@ async def test_plan_upsert_rules(
 ) -> None:
     dataset_id = await seed_dataset(store, make, existing)
     sized = await store.transition_dataset(
-        dataset_id, {existing}, existing, DatasetChanges(size_bytes=10, stored_at=clock.now)
+        dataset_id,
+        {existing},
+        existing,
+        DatasetChanges(size_bytes=10, digest="sha256:" + "ab" * 32, stored_at=clock.now),
     )
     before = await store.get_dataset(dataset_id)
     assert before is not None and before == sized
@@ -86,12 +89,13 @@ async def test_plan_upsert_rules(
         # Recomputed: this plan's action produces it now.
         assert (after.producer_workflow_id, after.producer_action_id) == (plan.workflow.id, 0)
         assert after.path == "/new/path"
-        # Its files are gone: no size until the new computation stores it.
-        assert (after.size_bytes, after.stored_at) == (None, None)
+        # Its files are gone: no size nor digest until the new computation stores it.
+        assert (after.size_bytes, after.digest, after.stored_at) == (None, None, None)
     else:
         assert after.producer_workflow_id == before.producer_workflow_id
         assert after.path == before.path
         assert (after.size_bytes, after.stored_at) == (10, before.stored_at)
+        assert after.digest == "sha256:" + "ab" * 32
 
 
 async def test_plan_claims_are_a_set(store: Store, make: Factory) -> None:
@@ -152,12 +156,13 @@ async def test_transition_dataset_compare_and_set(
         dataset_id,
         {D.TO_STORE, D.DELETED},
         D.STORED,
-        DatasetChanges(size_bytes=1234, compute_s=5.5, stored_at=now),
+        DatasetChanges(size_bytes=1234, digest="sha256:" + "0f" * 32, compute_s=5.5, stored_at=now),
     )
     assert stored == replace(
         before,
         state=D.STORED,
         size_bytes=1234,
+        digest="sha256:" + "0f" * 32,
         compute_s=5.5,
         stored_at=now,
         updated_at=now,

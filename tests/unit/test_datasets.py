@@ -176,13 +176,11 @@ async def test_mark_for_deletion_refuses_a_dataset_being_computed(
 async def test_lineage(store: protocol.Store, storage: DatasetStorage, settings: Settings) -> None:
     a1, a2, a3 = await computed_chain(store, storage, settings)
     lineage = await DatasetService(store, storage).lineage(a3.dataset_id)
-    assert lineage["datasetId"] == a3.dataset_id
-    assert [n["id"] for n in lineage["nodes"]] == [a3.dataset_id, a2.dataset_id, a1.dataset_id]
-    assert lineage["edges"] == [
-        {"from": a2.dataset_id, "to": a3.dataset_id},
-        {"from": a1.dataset_id, "to": a2.dataset_id},
-    ]
-    assert lineage["nodes"][0]["state"] == "LEAF" and lineage["nodes"][0]["sizeBytes"] == 3
+    assert lineage.dataset_id == a3.dataset_id
+    assert list(lineage.records) == [a3.dataset_id, a2.dataset_id, a1.dataset_id]
+    assert lineage.edges == ((a2.dataset_id, a3.dataset_id), (a1.dataset_id, a2.dataset_id))
+    root = lineage.records[a3.dataset_id]
+    assert root is not None and root.state is D.LEAF and root.size_bytes == 3
     with pytest.raises(errors.NotFound):
         await DatasetService(store, storage).lineage("f" * 64)
 

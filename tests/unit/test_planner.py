@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -477,7 +476,7 @@ class CountingStore:
         return counted
 
 
-async def test_fully_reused_resubmission_of_1000_actions_is_fast(
+async def test_fully_reused_resubmission_of_1000_actions_makes_no_per_action_round_trip(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, shared_dir: Path
 ) -> None:
     if type(store).__name__ == "MongoStore":
@@ -488,19 +487,14 @@ async def test_fully_reused_resubmission_of_1000_actions_is_fast(
     await store_all(store, first.id)
     counting = CountingStore(store)
     manager = planner.WorkflowManager(counting, storage, settings)  # type: ignore[arg-type]
-    timings = []
     for _ in range(3):
         counting.calls.clear()
-        started = time.perf_counter()
         record = await manager.submit(document, owner="ann")
-        timings.append(time.perf_counter() - started)
         assert record.state is W.SUCCEEDED
     # No per-action round trip: one read, one write, one use count per reused dataset.
     reused = {a.dataset_id for a in await store.list_actions(record.id) if a.reason == "reused"}
     assert counting.calls.count("get_datasets") == 1
     assert counting.calls.count("create_workflow") == 1
     assert counting.calls.count("record_dataset_use") == len(reused)
+    # How fast it is is measured in bench (`resubmit_reused_ms`), not asserted here.
     assert len(counting.calls) == 2 + len(reused)
-    # The budget is 100 ms (measured ~60 ms on SQLite, parse included); this bound
-    # only catches gross regressions on a loaded 2-core CI machine.
-    assert min(timings) < 1.0, timings

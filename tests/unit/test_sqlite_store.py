@@ -130,6 +130,28 @@ async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -
     assert _pragma(tmp_path / "p.db", "user_version") == len(MIGRATIONS)
 
 
+async def test_a_store_from_before_digests_migrates_and_keeps_its_datasets(
+    tmp_path: Path,
+) -> None:
+    """A version-1 file (no digest column) opens: its datasets read back with no digest."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute(
+        "INSERT INTO datasets VALUES ('d1', 'STORED', '/p', 'server', 'command-line', '{}', "
+        "'[]', 'wf-1', 1, 1, 0, 0, '[]', 7, NULL, 0, NULL, 0, 0, 0)"
+    )
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(path) as store:
+        record = await store.get_dataset("d1")
+        assert record is not None
+        assert (record.size_bytes, record.digest) == (7, None)
+    assert _pragma(path, "user_version") == len(MIGRATIONS)
+
+
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "p.db"
     async with SQLiteStore(path):

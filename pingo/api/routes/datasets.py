@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +25,70 @@ async def visible_dataset(request: web.Request) -> DatasetRecord:
     if record is None or not auth.may_see_scope(user, record.scope):
         raise errors.NotFound(f"no dataset {dataset_id!r}")
     return record
+
+
+async def producers(
+    request: web.Request, records: Iterable[DatasetRecord | None]
+) -> dict[tuple[str, int], documents.Producer]:
+    """The owner and action name behind each record's producer, one lookup per producer."""
+    store = state.node(request).store
+    keys = sorted(
+        {(r.producer_workflow_id, r.producer_action_id) for r in records if r is not None}
+    )
+
+    async def one(workflow_id: str, action_id: int) -> documents.Producer:
+        workflow, action = await asyncio.gather(
+            store.get_workflow(workflow_id), store.get_action(workflow_id, action_id)
+        )
+        return documents.Producer(
+            owner=None if workflow is None else workflow.owner,
+            name=None if action is None else action.name,
+        )
+
+    found = await asyncio.gather(*(one(w, a) for w, a in keys))
+    return dict(zip(keys, found, strict=True))
+
+
+def view_of(request: web.Request, producer: documents.Producer | None) -> documents.DatasetView:
+    """How much of a dataset the requester may see: admins all, the producer's owner
+    nearly all, anyone else never the producing workflow, its document or env."""
+    user = auth.current_user(request)
+    if user.is_admin:
+        return documents.DatasetView.ADMIN
+    if producer is not None and producer.owner == user.name:
+        return documents.DatasetView.OWNER
+    return documents.DatasetView.OTHER
+
+
+async def dataset_documents(
+    request: web.Request, records: Sequence[DatasetRecord]
+) -> list[dict[str, Any]]:
+    """The documents of `records` as the requester may see them."""
+    found = await producers(request, records)
+    documents_: list[dict[str, Any]] = []
+    for record in records:
+        producer = found[(record.producer_workflow_id, record.producer_action_id)]
+        documents_.append(documents.dataset_document(record, view_of(request, producer), producer))
+    return documents_
+
+
+async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, Any]:
+    """The dataset's ancestor graph as the requester may see each of its nodes."""
+    lineage = await state.node(request).datasets.lineage(dataset_id)
+    found = await producers(request, lineage.records.values())
+    nodes = []
+    for node_id, record in lineage.records.items():
+        producer = (
+            None
+            if record is None
+            else found[(record.producer_workflow_id, record.producer_action_id)]
+        )
+        nodes.append(documents.lineage_node(node_id, record, view_of(request, producer), producer))
+    return {
+        "datasetId": lineage.dataset_id,
+        "nodes": nodes,
+        "edges": [{"from": parent, "to": child} for parent, child in lineage.edges],
+    }
 
 
 async def _may_manage(request: web.Request, dataset: DatasetRecord) -> None:
@@ -51,23 +117,32 @@ async def list_datasets(request: web.Request) -> web.Response:
         raise problems.InvalidParameter(exc.message, exc.issues) from exc
     # Filtering after the store's page may shorten a page in per-user scopes;
     # the cursor stays valid, so clients simply follow `next`.
-    items = [
-        documents.dataset_document(d) for d in found.items if auth.may_see_scope(user, d.scope)
-    ]
+    visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
+    items = await dataset_documents(request, visible)
     return bodies.json_response(documents.page(items, found.next_cursor))
 
 
 @routes.get(PREFIX + "/datasets/{dataset_id}", name="get_dataset")
 async def get_dataset(request: web.Request) -> web.Response:
-    """One dataset: state, size, path, claims, producer and parents."""
-    return bodies.json_response(documents.dataset_document(await visible_dataset(request)))
+    """One dataset: state, size, digest, producer and parents.
+
+    `?verify=true` hashes its files again and adds `verification` (match,
+    mismatch, missing or unverifiable); a mismatch is never reused.
+    """
+    verify = bodies.query_bool(request, "verify")
+    record = await visible_dataset(request)
+    (document,) = await dataset_documents(request, [record])
+    if verify:
+        verdict = await state.node(request).datasets.verify(record)
+        document["verification"] = documents.verification_document(verdict, record)
+    return bodies.json_response(document)
 
 
 @routes.get(PREFIX + "/datasets/{dataset_id}/lineage", name="get_dataset_lineage")
 async def get_dataset_lineage(request: web.Request) -> web.Response:
     """The dataset's ancestors: `{"nodes": [...], "edges": [...]}`."""
     record = await visible_dataset(request)
-    return bodies.json_response(await state.node(request).datasets.lineage(record.id))
+    return bodies.json_response(await lineage_document(request, record.id))
 
 
 @routes.delete(PREFIX + "/datasets/{dataset_id}", name="delete_dataset")
@@ -80,7 +155,7 @@ async def delete_dataset(request: web.Request) -> web.Response:
     await _may_manage(request, record)
     force = bodies.query_bool(request, "force")
     marked = await state.node(request).datasets.mark_for_deletion(record.id, force=force)
-    return bodies.json_response(documents.dataset_document(marked), status=202)
+    return bodies.json_response((await dataset_documents(request, [marked]))[0], status=202)
 
 
 async def _set_pinned(request: web.Request, pinned: bool) -> web.Response:
@@ -89,7 +164,7 @@ async def _set_pinned(request: web.Request, pinned: bool) -> web.Response:
     updated = await state.node(request).store.set_dataset_pinned(record.id, pinned)
     if updated is None:
         raise errors.NotFound(f"no dataset {record.id!r}")
-    return bodies.json_response(documents.dataset_document(updated))
+    return bodies.json_response((await dataset_documents(request, [updated]))[0])
 
 
 @routes.post(PREFIX + "/datasets/{dataset_id}/pin", name="pin_dataset")
@@ -105,8 +180,23 @@ async def unpin_dataset(request: web.Request) -> web.Response:
 
 
 async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
-    """The retention loop's recent decisions (its `retention.evict` events), newest first."""
-    return await recent_decisions(state.node(request).store, limit=20)
+    """The retention loop's recent decisions (its `retention.evict` events), newest first.
+
+    Only those about datasets the requester may see: in per-user sharing scopes
+    another user's dataset ids are not shown.
+    """
+    store = state.node(request).store
+    decisions = await recent_decisions(store, limit=20)
+    user = auth.current_user(request)
+    if user.is_admin:
+        return decisions
+    ids = {d["datasetId"] for d in decisions if isinstance(d.get("datasetId"), str)}
+    found = await store.get_datasets(ids) if ids else {}
+    return [
+        d
+        for d in decisions
+        if d.get("datasetId") in found and auth.may_see_scope(user, found[d["datasetId"]].scope)
+    ]
 
 
 async def storage_document(request: web.Request) -> dict[str, Any]:
