@@ -136,7 +136,7 @@ async def test_a_full_users_backlog_does_not_hide_other_users_work(
 async def test_expired_leases_are_reclaimed_within_a_full_cap(
     store: Store, make: Factory, clock: FakeClock
 ) -> None:
-    plans = {"alice": await _ready(store, make, "alice", 3)}
+    await _ready(store, make, "alice", 3)
     clock.advance(1)
     first = await store.claim_actions("node-a", 10, lease_s=5, max_in_flight=2)
     assert len(first) == 2
