@@ -40,7 +40,6 @@ import inspect
 import json
 import logging
 import uuid
-from collections import Counter
 from collections.abc import (
     Callable,
     Collection,
@@ -918,10 +917,15 @@ class MongoStore:
         caps = {d["_id"]: d["max_in_flight_actions"] for d in await capped.to_list(None)}
         room = _room.InFlightRoom(caps, default)
         if room.capped:
-            active = self._actions.find(
-                {"state": {"$in": _values(states.ACTION_ACTIVE)}}, {"workflow_id": 1, "_id": 0}
+            # Counted in the server: one document per workflow, not per action.
+            counted = await _aggregate(
+                self._actions,
+                [
+                    {"$match": {"state": {"$in": _values(states.ACTION_ACTIVE)}}},
+                    {"$group": {"_id": "$workflow_id", "count": {"$sum": 1}}},
+                ],
             )
-            per_workflow = Counter(d["workflow_id"] for d in await active.to_list(None))
+            per_workflow = {d["_id"]: d["count"] for d in counted}
             owners = await self._owners(per_workflow)
             for workflow_id, count in per_workflow.items():
                 room.in_flight[owners.get(workflow_id, "")] += count

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
+
+import pytest
 
 from pingo.states import ActionState as A
 from pingo.states import WorkflowState as W
 from pingo.store.protocol import NO_LIMITS, Store, UserLimits, WorkflowPlan
-from tests.contract.conftest import Factory, FakeClock
+from tests.contract.conftest import SHARED_BACKENDS, Backend, Factory, FakeClock, make_store
 
 
 async def test_user_limits_round_trip(store: Store, make: Factory) -> None:
@@ -146,3 +149,26 @@ async def test_expired_leases_are_reclaimed_within_a_full_cap(
     assert sorted(a.key for a in again) == sorted(a.key for a in first)
     assert all(a.owner == "node-b" for a in again)
     assert all(a.lease_expires_at == clock.now + timedelta(seconds=30) for a in again)
+
+
+async def test_the_cap_holds_across_nodes_sharing_the_store(
+    store: Store, make: Factory, clock: FakeClock, backend: Backend
+) -> None:
+    if backend.name not in SHARED_BACKENDS:
+        pytest.skip("only a shared store has several nodes")
+    await _ready(store, make, "alice", 40)
+    clock.advance(1)
+    async with make_store(backend, clock) as other:
+        # Two nodes, each with its own handle: the in-flight count lives in the store.
+        assert len(await store.claim_actions("node-a", 3, lease_s=30, max_in_flight=5)) == 3
+        assert len(await other.claim_actions("node-b", 3, lease_s=30, max_in_flight=5)) == 2
+        assert await store.claim_actions("node-a", 3, lease_s=30, max_in_flight=5) == []
+        if backend.name == "sqlite":
+            # Counting and claiming are one transaction: racing nodes cannot overshoot.
+            claims = await asyncio.gather(
+                *(
+                    handle.claim_actions(f"node-{i}", 4, lease_s=30, max_in_flight=9)
+                    for i, handle in enumerate([store, other] * 4)
+                )
+            )
+            assert sum(len(c) for c in claims) == 4
