@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pingo import errors
+from pingo import errors, metrics
 from pingo.config import Settings
 from pingo.store.protocol import Store, UserLimits
 
@@ -78,6 +78,7 @@ async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings
         return
     running = await store.count_running_workflows(owner)
     if running >= cap:
+        metrics.SUBMISSIONS.labels(outcome="too_many_workflows").inc()
         raise errors.TooManyWorkflows(
             f"{owner} has {running} workflows running, the most allowed ({cap}); "
             "retry when one has finished",
@@ -121,6 +122,7 @@ class SubmissionRate:
         if bucket.tokens >= 1:
             bucket.tokens -= 1
             return
+        metrics.SUBMISSIONS.labels(outcome="rate_limited").inc()
         raise errors.TooManyRequests(
             f"{user} may submit {per_minute} workflows a minute (bursts of {size}); slow down",
             (1 - bucket.tokens) / per_s,

@@ -182,6 +182,8 @@ async def test_the_submission_rate_is_429_with_retry_after(users_api: Api) -> No
     # Alice's bucket is hers: bob submits as usual.
     for _ in range(3):
         assert (await _post(api, doc, "bob")).status == 201
+    exposed = await (await api.client.get("/metrics")).text()
+    assert 'pingo_workflow_submissions_total{outcome="rate_limited"}' in exposed
 
 
 @pytest.fixture
@@ -246,3 +248,18 @@ async def test_the_in_flight_cap_throttles_dispatch_and_refuses_nothing(capped_a
 
 def _at(text: str) -> datetime:
     return datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize("name", ["%00", "%FF", "%ED%A0%80", "a%2Fb", "x" * 300, "%F0%9F%98%80"])
+async def test_bad_bytes_in_a_user_name_are_404_not_500(users_api: Api, name: str) -> None:
+    api = users_api
+    for method, body in (("GET", None), ("PATCH", {"limits": {"maxWorkflows": 2}})):
+        response = await api.client.request(
+            method, f"{USERS}/{name}", json=body, headers=api.auth("admin")
+        )
+        assert response.status == 404, (method, name, await response.text())
+        # Another user gets the same 403 whatever the name holds.
+        other = await api.client.request(
+            method, f"{USERS}/{name}", json=body, headers=api.auth("alice")
+        )
+        assert other.status == 403, (method, name)
