@@ -950,19 +950,16 @@ class MongoStore:
         chosen: list[Doc] = []
         owners: dict[str, str] = {}
         while len(chosen) < limit:
-            full = self._workflows.find(
-                {"owner": {"$in": room.full()}, "state": WorkflowState.RUNNING.value}, {"_id": 1}
-            )
-            excluded = [d["_id"] for d in await full.to_list(None)]
-            found = self._actions.find(
-                {
-                    "state": ActionState.READY.value,
-                    "ready_at_us": {"$lte": now_us},
-                    "workflow_id": {"$nin": excluded},
-                    "_id": {"$nin": [d["_id"] for d in chosen]},
-                },
-                sort=_CLAIMABLE_READY,
-            ).limit(limit)
+            query: Doc = {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}}
+            # Only the filters needed: an empty $nin still costs nx-27017 its index.
+            if full := room.full():
+                running = self._workflows.find(
+                    {"owner": {"$in": full}, "state": WorkflowState.RUNNING.value}, {"_id": 1}
+                )
+                query["workflow_id"] = {"$nin": [d["_id"] for d in await running.to_list(None)]}
+            if chosen:
+                query["_id"] = {"$nin": [d["_id"] for d in chosen]}
+            found = self._actions.find(query, sort=_CLAIMABLE_READY).limit(limit)
             docs = await found.to_list(None)
             owners.update(await self._owners({d["workflow_id"] for d in docs} - owners.keys()))
             for doc in docs:
