@@ -8,12 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test lint types pytest bench bootstrap clean help
+.PHONY: run test lint types pytest bench chaos bootstrap clean help
 
 help:
 	@echo "make run    start a Pingo server on the embedded default (SQLite, local executor)"
 	@echo "make test   lint, type-check and run the whole test suite"
 	@echo "make bench  run the benchmarks and write bench/results/latest.json"
+	@echo "make chaos  the full chaos test: 3 nodes, 2,000 actions, kill -9 every 20 s"
 
 .tools/bin/uv:
 	$(PYTHON) -m venv .tools
@@ -32,6 +33,7 @@ run: bootstrap
 lint: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 types: bootstrap
 	$(BIN)/mypy
@@ -43,6 +45,10 @@ test: lint types pytest
 
 bench: bootstrap
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The full chaos run (a reduced one is part of `make test`): docs/states.md.
+chaos: bootstrap
+	PINGO_CHAOS=full $(BIN)/pytest tests/integration/test_chaos.py -k every_20s -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

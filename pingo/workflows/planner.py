@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, metrics, states
+from pingo import errors, metrics, states, untrusted
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
 from pingo.workflows import language
@@ -262,12 +262,31 @@ class WorkflowManager:
         rerun_of: str | None = None,
     ) -> protocol.WorkflowRecord:
         """Plan and persist a workflow; return its record (an existing one for a repeated key)."""
+        record, _ = await self.submit_once(
+            document, owner=owner, idempotency_key=idempotency_key, force=force, rerun_of=rerun_of
+        )
+        return record
+
+    async def submit_once(
+        self,
+        document: bytes | str | Mapping[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str | None = None,
+        force: Collection[int] = (),
+        rerun_of: str | None = None,
+    ) -> tuple[protocol.WorkflowRecord, bool]:
+        """`submit`, and whether the record is a replay of an earlier one with the same key.
+
+        A key the owner already used for a different document raises
+        `IDEMPOTENCY_KEY_REUSED`, on the fast path and on the race path alike
+        (two submissions with one key that both missed the first lookup).
+        """
         started = time.perf_counter()
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
-                metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
-                return existing
+                return self._replay(existing, document), True
         scope = scope_for(self.settings, owner)
         definition, dataset_ids = await self._identify(document, scope)
         forced = _forced(definition, force)
@@ -287,8 +306,7 @@ class WorkflowManager:
                 if existing is None:
                     raise
                 await self._release(planning.claims)
-                metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
-                return existing
+                return self._replay(existing, definition.document), True
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
@@ -319,7 +337,24 @@ class WorkflowManager:
                 "reused": len(reused),
             },
         )
-        return record
+        return record, False
+
+    def _replay(
+        self, existing: protocol.WorkflowRecord, document: bytes | str | Mapping[str, Any]
+    ) -> protocol.WorkflowRecord:
+        """The earlier workflow submitted with the same key, if it was the same document."""
+        sent = document if isinstance(document, Mapping) else untrusted.loads(document)
+        if existing.document != sent:
+            issue = errors.ValidationIssue(
+                "IDEMPOTENCY_KEY_REUSED",
+                f"this key was used for workflow {existing.id} with a different document",
+                "",
+            )
+            failure = errors.ValidationFailed([issue])
+            failure.code = "IDEMPOTENCY_KEY_REUSED"
+            raise failure
+        metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
+        return existing
 
     async def dry_run(
         self,

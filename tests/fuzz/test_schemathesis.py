@@ -132,6 +132,9 @@ def _schemathesis(served: Served, token: str, report: Path) -> subprocess.Comple
             str(report),
             "--no-color",
         ],
+        # schemathesis keeps a crash cache in `.schemathesis/` under its working
+        # directory: run it in the test's own directory, not the checkout.
+        cwd=report.parent,
         capture_output=True,
         text=True,
         timeout=MAX_TIME_S * 3 + 60,

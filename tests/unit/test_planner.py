@@ -393,8 +393,11 @@ async def test_idempotency_key_returns_the_first_workflow(
     store: protocol.Store, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(workflow(CHAIN), owner="ann", idempotency_key="k1")
-    again = await manager.submit(workflow(CHAIN, tag="other"), owner="ann", idempotency_key="k1")
-    assert again.id == first.id
+    again, replayed = await manager.submit_once(workflow(CHAIN), owner="ann", idempotency_key="k1")
+    assert again.id == first.id and replayed
+    with pytest.raises(errors.ValidationFailed) as reused:
+        await manager.submit(workflow(CHAIN, tag="other"), owner="ann", idempotency_key="k1")
+    assert reused.value.code == "IDEMPOTENCY_KEY_REUSED"
     other_owner = await manager.submit(workflow(CHAIN), owner="bob", idempotency_key="k1")
     assert other_owner.id != first.id
     assert len((await store.list_workflows()).items) == 2
@@ -412,6 +415,24 @@ async def test_racing_duplicates_release_their_claims(
     d1 = await dataset(store, (await store.list_actions(seed.id))[0].dataset_id)
     # Only the winner's claims remain.
     assert {c.split("/")[0] for c in d1.claims} == {results[0].id}
+
+
+async def test_racing_submissions_of_different_documents_with_one_key(
+    store: protocol.Store, manager: planner.WorkflowManager
+) -> None:
+    # Both miss the first lookup; the loser of the insert must not get the winner's workflow.
+    results = await asyncio.gather(
+        *(
+            manager.submit_once(workflow(CHAIN, tag=f"t{i}"), owner="ann", idempotency_key="k")
+            for i in range(4)
+        ),
+        return_exceptions=True,
+    )
+    created = [r for r in results if isinstance(r, tuple)]
+    refused = [r for r in results if isinstance(r, errors.ValidationFailed)]
+    assert len(created) == 1 and not created[0][1], results
+    assert len(refused) == 3 and {r.code for r in refused} == {"IDEMPOTENCY_KEY_REUSED"}
+    assert len((await store.list_workflows()).items) == 1
 
 
 async def test_rerun_of_is_recorded(manager: planner.WorkflowManager) -> None:

@@ -172,24 +172,14 @@ async def submit_workflow(request: web.Request) -> web.Response:
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
         return bodies.json_response(plan.to_json())
-    headers = {}
-    if key is not None:
-        existing = await node.store.find_workflow_by_idempotency_key(user.name, key)
-        if existing is not None:
-            if existing.document != document:
-                issue = errors.ValidationIssue(
-                    "IDEMPOTENCY_KEY_REUSED",
-                    f"this key was used for workflow {existing.id} with a different document",
-                    "",
-                )
-                failure = errors.ValidationFailed([issue])
-                failure.code = "IDEMPOTENCY_KEY_REUSED"
-                raise failure
-            # Stripe's convention: a replay gets the same status as the original answer.
-            headers[REPLAYED_HEADER] = "true"
-    if REPLAYED_HEADER not in headers:
+    if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
+        # A replay makes no new workflow: only a new one counts against the cap.
         await check_workflow_cap(request, user.name)
-    record = await node.workflows.submit(document, owner=user.name, idempotency_key=key)
+    record, replayed = await node.workflows.submit_once(
+        document, owner=user.name, idempotency_key=key
+    )
+    # Stripe's convention: a replay gets the same status as the original answer.
+    headers = {REPLAYED_HEADER: "true"} if replayed else {}
     headers["Location"] = workflow_location(record.id)
     return bodies.raw_json_response(
         await _document_body(request, record), status=201, headers=headers
