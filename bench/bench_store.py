@@ -11,9 +11,21 @@ sqlite_claims_per_s       actions claimed/s by claim_actions(limit=10) in one pr
 sqlite_3proc_claims_per_s actions claimed/s by 3 processes sharing one file (spawned, each
                           opening the store by URL, claiming limit=10 until none is left;
                           wall time from the common start to the last process done)
+sqlite_claims_capped_per_s
+                          sqlite_claims_per_s with a per-user in-flight cap in force that
+                          never binds (max_in_flight=10,000, every claimed action stays in
+                          flight): the price of counting each owner's in-flight actions in
+                          every claim, as the default settings do
+sqlite_claim_past_backlog_ms
+                          one claim_actions(limit=10) while one user is at an in-flight cap
+                          of 10 with 20,000 older READY actions waiting and another user has
+                          READY work: median ms of 10 such claims (the claim pages past the
+                          full user's backlog)
 memory_cas_per_s          the in-memory store's CAS rate (the simulator's store), for scale
 wire_cas_per_s            the sqlite_cas_per_s workload against nx-27017 (a MongoDB wire
-                          server on a free loopback port); `wire_claims_per_s` likewise
+                          server on a free loopback port); `wire_claims_per_s`,
+                          `wire_claims_capped_per_s` (1,000 actions) and
+                          `wire_claim_past_backlog_ms` (a 2,000-action backlog) likewise
 
 Every figure is ONE run; the harness repeats `measure()` and reports the median.
 """
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -51,13 +64,13 @@ PROCESSES = 3
 WIRE_CAS_ROUNDS = 2
 
 
-def ready_plan(workflow_id: str, count: int) -> WorkflowPlan:
+def ready_plan(workflow_id: str, count: int, owner: str = "bench") -> WorkflowPlan:
     """A workflow of `count` independent READY actions with realistic definitions."""
     now = datetime.now(UTC)
     workflow = WorkflowRecord(
         id=workflow_id,
         name="bench",
-        owner="bench",
+        owner=owner,
         state=WorkflowState.RUNNING,
         document={"name": "bench"},
         scope="server",
@@ -142,16 +155,41 @@ async def serial_cas_rate(store: Store) -> float:
     return SERIAL_CAS / (time.perf_counter() - start)
 
 
-async def claim_rate(store: Store, count: int) -> float:
+async def claim_rate(
+    store: Store, count: int, max_in_flight: int | None = None, workflow_id: str = "wf-claim"
+) -> float:
     """Actions claimed per second, CLAIM_BATCH at a time."""
-    await store.create_workflow(ready_plan("wf-claim", count))
+    await store.create_workflow(ready_plan(workflow_id, count))
     claimed = 0
     start = time.perf_counter()
-    while batch := await store.claim_actions("bench-node", CLAIM_BATCH, lease_s=600):
+    while batch := await store.claim_actions(
+        "bench-node", CLAIM_BATCH, lease_s=600, max_in_flight=max_in_flight
+    ):
         claimed += len(batch)
     elapsed = time.perf_counter() - start
     assert claimed == count, claimed
     return claimed / elapsed
+
+
+async def claim_past_backlog_ms(store: Store, backlog: int) -> float:
+    """Median ms of a claim while a capped user's `backlog` of older READY actions waits."""
+    cap = CLAIM_BATCH
+    await store.create_workflow(ready_plan("wf-heavy", backlog + cap, owner="heavy"))
+    first = await store.claim_actions("bench-node", cap, lease_s=600, max_in_flight=cap)
+    assert len(first) == cap, len(first)  # heavy is now full, with `backlog` older READY
+    await store.create_workflow(ready_plan("wf-light", 10 * cap, owner="light"))
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        batch = await store.claim_actions("bench-node", cap, lease_s=600, max_in_flight=cap)
+        times.append((time.perf_counter() - start) * 1000)
+        assert len(batch) == cap and all(a.workflow_id == "wf-light" for a in batch)
+        # Light's work finishes at once, so light always has room again.
+        for action in batch:
+            await store.transition_action(
+                *action.key, {ActionState.PROCESSING}, ActionState.FINISHED
+            )
+    return statistics.median(times)
 
 
 async def _claimer(url: str, node_id: str, barrier: Barrier) -> tuple[int, float, float]:
@@ -203,6 +241,12 @@ async def measure_sqlite(root: Path) -> dict[str, float]:
         figures["sqlite_cas_serial_per_s"] = await serial_cas_rate(store)
     async with open_store(f"sqlite:///{root / 'claims.db'}") as store:
         figures["sqlite_claims_per_s"] = await claim_rate(store, CLAIM_ACTIONS)
+    async with open_store(f"sqlite:///{root / 'capped.db'}") as store:
+        figures["sqlite_claims_capped_per_s"] = await claim_rate(
+            store, CLAIM_ACTIONS, max_in_flight=CLAIM_ACTIONS
+        )
+    async with open_store(f"sqlite:///{root / 'backlog.db'}") as store:
+        figures["sqlite_claim_past_backlog_ms"] = await claim_past_backlog_ms(store, 20_000)
     figures["sqlite_3proc_claims_per_s"] = await processes_claim_rate(
         f"sqlite:///{root / 'procs.db'}"
     )
@@ -220,6 +264,12 @@ async def measure_wire(root: Path) -> dict[str, float]:
             figures["wire_cas_per_s"] = await cas_rate(store, WIRE_CAS_ROUNDS)
         async with open_store(f"{server.url}/bench_claims") as store:
             figures["wire_claims_per_s"] = await claim_rate(store, 1_000)
+        async with open_store(f"{server.url}/bench_capped") as store:
+            figures["wire_claims_capped_per_s"] = await claim_rate(
+                store, 1_000, max_in_flight=1_000
+            )
+        async with open_store(f"{server.url}/bench_backlog") as store:
+            figures["wire_claim_past_backlog_ms"] = await claim_past_backlog_ms(store, 2_000)
     return figures
 
 

@@ -540,6 +540,60 @@ def users_revoke(name: str = typer.Argument(...)) -> None:
     typer.echo(f"revoked {name}")
 
 
+#: `pingo users limits` options → the API's limit fields.
+_LIMIT_OPTIONS = {
+    "max_workflows": "maxWorkflows",
+    "max_in_flight_actions": "maxInFlightActions",
+    "submissions_per_minute": "submissionsPerMinute",
+}
+_LIMIT_HELP = "A positive integer, or 'default' for the server's."
+
+
+def _limit_value(option: str, text: str) -> int | None:
+    if text.strip().lower() == "default":
+        return None
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"{text!r} is neither an integer nor 'default'", param_hint=option
+        ) from exc
+
+
+@users_app.command("limits")
+def users_limits(
+    name: str = typer.Argument(...),
+    max_workflows: str | None = typer.Option(
+        None, help=f"Workflows running at once. {_LIMIT_HELP}"
+    ),
+    max_in_flight_actions: str | None = typer.Option(
+        None, help=f"Actions claimed or running at once (more wait READY). {_LIMIT_HELP}"
+    ),
+    submissions_per_minute: str | None = typer.Option(
+        None, help=f"Workflow submissions a minute. {_LIMIT_HELP}"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the user as JSON."),
+) -> None:
+    """Show a user's limits; with options, change them (admin)."""
+    given = {"max_workflows": max_workflows, "max_in_flight_actions": max_in_flight_actions,
+             "submissions_per_minute": submissions_per_minute}  # fmt: skip
+    changes = {
+        _LIMIT_OPTIONS[key]: _limit_value("--" + key.replace("_", "-"), text)
+        for key, text in given.items()
+        if text is not None
+    }
+    with _api_errors():
+        user = _client().set_user_limits(name, changes) if changes else _client().user(name)
+    if as_json:
+        _print_json(user)
+        return
+    for key in _LIMIT_OPTIONS.values():
+        value = user["limits"][key]
+        source = "own" if user["ownLimits"][key] is not None else "server default"
+        shown = "unlimited" if value is None else str(value)
+        typer.echo(f"{key:<22} {shown:<10} ({source})")
+
+
 #: `pingo validate`'s files (a module-level default, as ruff's B008 asks).
 _VALIDATE_FILES = typer.Argument(
     ..., metavar="FILE", help="Workflow documents (JSON); '-' reads stdin."

@@ -367,6 +367,18 @@ class Client:
         """Revoke a user and its token."""
         self.request("DELETE", f"/api/v1/users/{_q(name)}")
 
+    def user(self, name: str) -> dict[str, Any]:
+        """One user and their limits (an admin, or the user themselves)."""
+        result: dict[str, Any] = self._json("GET", f"/api/v1/users/{_q(name)}")
+        return result
+
+    def set_user_limits(self, name: str, limits: dict[str, int | None]) -> dict[str, Any]:
+        """Change a user's limits (admin); a None value resets one to the server's default."""
+        result: dict[str, Any] = self._json(
+            "PATCH", f"/api/v1/users/{_q(name)}", body={"limits": limits}
+        )
+        return result
+
     def me(self) -> dict[str, Any]:
         """The user this client's token belongs to."""
         result: dict[str, Any] = self._json("GET", "/api/v1/me")

@@ -117,6 +117,15 @@ class Settings:
     deletor_interval_s: float = 1.0
     max_body_bytes: int = 16 * 2**20
     max_actions: int = 100_000
+    #: Per-user limits, unless an admin set the user's own (`PATCH /users/{name}`);
+    #: None (env: `unlimited`) lifts the limit. Workflows RUNNING at once (429 beyond):
+    user_max_workflows: int | None = 100
+    #: Actions claimed, submitted or running at once; more wait READY (never refused).
+    user_max_in_flight_actions: int | None = 1000
+    #: Workflow submissions a minute, refilled continuously (429 beyond), per node.
+    user_submissions_per_minute: int | None = 600
+    #: Submissions a user may make at once before the rate applies (the bucket's size).
+    user_submission_burst: int = 60
     #: SQLite `synchronous` pragma: NORMAL survives process crashes (kill -9), FULL power loss.
     sqlite_synchronous: str = "NORMAL"
     #: SQLite's page cache per connection, in MiB: bounds the server's memory however
@@ -161,6 +170,12 @@ class Settings:
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
+        for name in _USER_LIMITS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise errors.ConfigurationError(
+                    f"PINGO_{name.upper()} must be at least 1 (or 'unlimited'), not {value!r}"
+                )
 
     @property
     def base_url(self) -> str:
@@ -188,14 +203,19 @@ class Settings:
 
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
-         "max_actions", "sqlite_cache_mb"}  # fmt: skip
+         "max_actions", "sqlite_cache_mb", "user_submission_burst"}  # fmt: skip
+#: Per-user limits: a positive int, or `unlimited` for None.
+_USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
+                "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
 
 
 def _convert(name: str, raw: str) -> Any:
+    if name in _USER_LIMITS and name not in _INTS and raw.strip().lower() == "unlimited":
+        return None
     try:
-        if name in _INTS:
+        if name in _INTS or name in _USER_LIMITS:
             return int(raw)
         if name in _FLOATS:
             return float(raw)

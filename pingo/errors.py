@@ -6,6 +6,7 @@ Only `pingo.api` maps these to HTTP status codes; driver exceptions never leave
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,27 @@ class SandboxUnavailable(Forbidden):
     """Command-line actions of non-admin users need the sandbox, which cannot run on this server."""
 
     code = "SANDBOX_UNAVAILABLE"
+
+
+class TooManyRequests(PingoError):
+    """Too many submissions; retry after `retry_after_s`."""
+
+    code = "RATE_LIMITED"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after(self) -> str:
+        """The `Retry-After` header: whole seconds, at least 1 (RFC 9110)."""
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+class TooManyWorkflows(TooManyRequests):
+    """The user has as many RUNNING workflows as their limit allows."""
+
+    code = "TOO_MANY_WORKFLOWS"
 
 
 class StoreUnavailable(PingoError):

@@ -61,6 +61,8 @@ class Scraper(loops.Loop):
         self.store = store
         self.node_id = settings.node_id
         self.lease_s = settings.lease_s
+        #: Users at their in-flight cap wait READY: the store skips their actions.
+        self.max_in_flight = settings.user_max_in_flight_actions
         self.batch = max(1, settings.claim_batch)
         self.capacity = max(1, settings.queue_size)
         self.queue = queue
@@ -99,7 +101,9 @@ class Scraper(loops.Loop):
         if ready_at is None:
             ready_at = started
         limit = min(room, self.batch)
-        claimed = await self.store.claim_actions(self.node_id, limit, self.lease_s)
+        claimed = await self.store.claim_actions(
+            self.node_id, limit, self.lease_s, max_in_flight=self.max_in_flight
+        )
         input_paths = self._read_input_paths(claimed)
         for action in claimed:
             self.held.add(action)

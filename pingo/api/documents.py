@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pingo import states
+from pingo import limits, states
+from pingo.config import Settings
 from pingo.datasets.integrity import Verdict
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
 
@@ -194,9 +195,28 @@ def verification_document(verdict: Verdict, dataset: DatasetRecord) -> dict[str,
     }
 
 
-def user_document(user: UserRecord) -> dict[str, Any]:
-    """A user, never with a token hash."""
-    return {"name": user.name, "admin": user.is_admin, "createdAt": timestamp(user.created_at)}
+#: JSON field → `UserLimits` field, for user documents and `PATCH /users/{name}`.
+LIMIT_FIELDS: dict[str, str] = {
+    "maxWorkflows": "max_workflows",
+    "maxInFlightActions": "max_in_flight_actions",
+    "submissionsPerMinute": "submissions_per_minute",
+}
+
+
+def user_document(user: UserRecord, settings: Settings) -> dict[str, Any]:
+    """A user with the limits that apply to them, never with a token hash.
+
+    `limits` are in force (null: unlimited); `ownLimits` are the user's own
+    overrides (null: the server's default applies).
+    """
+    in_force = limits.effective(user.limits, settings)
+    return {
+        "name": user.name,
+        "admin": user.is_admin,
+        "createdAt": timestamp(user.created_at),
+        "limits": {key: getattr(in_force, attr) for key, attr in LIMIT_FIELDS.items()},
+        "ownLimits": {key: getattr(user.limits, attr) for key, attr in LIMIT_FIELDS.items()},
+    }
 
 
 def page(items: list[dict[str, Any]], next_cursor: str | None) -> dict[str, Any]:

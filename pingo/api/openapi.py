@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pingo import __version__, states, untrusted
-from pingo.api import problems
+from pingo import __version__, limits, states, untrusted
+from pingo.api import documents, problems
 from pingo.store import _cursor
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
@@ -300,17 +300,38 @@ def _schemas() -> dict[str, Any]:
                 "state": action_state,
             }
         ),
-        "User": _object(
-            {"name": {"type": "string"}, "admin": {"type": "boolean"}, "createdAt": _TIME}
-        ),
+        "User": _object(_user_properties()),
         "NewUser": _object(
             {
-                "name": {"type": "string"},
-                "admin": {"type": "boolean"},
-                "createdAt": _TIME,
+                **_user_properties(),
                 "token": {"type": "string", "description": "shown once; only its hash is kept"},
             }
         ),
+        "Limits": _object(
+            {key: {"type": ["integer", "null"]} for key in documents.LIMIT_FIELDS},
+            description="Per-user limits (docs/limits.md).",
+        ),
+        "UserUpdate": {
+            "type": "object",
+            "required": ["limits"],
+            "additionalProperties": False,
+            "properties": {
+                "limits": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "description": "Limits to change; null resets one to the server's default, "
+                    "an absent one is kept.",
+                    "properties": {
+                        key: {
+                            "type": ["integer", "null"],
+                            "minimum": 1,
+                            "maximum": limits.MAX_LIMIT,
+                        }
+                        for key in documents.LIMIT_FIELDS
+                    },
+                }
+            },
+        },
         "UserRequest": {
             "type": "object",
             "required": ["name"],
@@ -331,6 +352,23 @@ def _schemas() -> dict[str, Any]:
                 },
             }
         ),
+    }
+
+
+def _user_properties() -> dict[str, Any]:
+    return {
+        "name": {"type": "string"},
+        "admin": {"type": "boolean"},
+        "createdAt": _TIME,
+        "limits": {**_ref("Limits"), "description": "In force (null: unlimited)."},
+        "ownLimits": {**_ref("Limits"), "description": "The user's own (null: server default)."},
+    }
+
+
+def _too_many(codes: str) -> dict[str, Any]:
+    return {
+        **_problem(f"Over a per-user limit ({codes}); retry after Retry-After seconds."),
+        "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}},
     }
 
 
@@ -433,6 +471,7 @@ _CALLBACK_AUTH = [
     _param("attempt", "query", _ATTEMPT, "the attempt reporting", True),
     _param("token", "query", {"type": "string"}, "HMAC of callback id and attempt", True),
 ]
+_USER_NAME = _param("name", "path", {"type": "string"}, "the user's name")
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
 _SANDBOX_UNAVAILABLE = _problem(
     "Command-line actions of a non-admin user while the sandbox cannot run (SANDBOX_UNAVAILABLE)."
@@ -467,6 +506,7 @@ def _paths() -> dict[str, Any]:
                         "Invalid workflow (VALIDATION_FAILED, UNKNOWN_EXECUTOR, "
                         "IDEMPOTENCY_KEY_REUSED); `errors` lists every issue."
                     ),
+                    "429": _too_many("RATE_LIMITED, TOO_MANY_WORKFLOWS"),
                 },
                 description="Plans the workflow: actions whose datasets are stored are reused, "
                 "the rest are computed. A fully reused workflow is SUCCEEDED at once.",
@@ -540,6 +580,7 @@ def _paths() -> dict[str, Any]:
                     "403": _SANDBOX_UNAVAILABLE,
                     "404": _NOT_FOUND,
                     "422": _problem("Unknown action names or ids in `force`."),
+                    "429": _too_many("RATE_LIMITED, or the owner's TOO_MANY_WORKFLOWS"),
                 },
                 description="Submits the same document again as a NEW workflow owned by the "
                 "original owner: provenance makes a fresh plan the natural re-run (stored "
@@ -779,8 +820,35 @@ def _paths() -> dict[str, Any]:
                     "404": _NOT_FOUND,
                     "409": _problem("Revoking yourself (CONFLICT)."),
                 },
-                parameters=[_param("name", "path", {"type": "string"}, "the user's name")],
-            )
+                parameters=[_USER_NAME],
+            ),
+            "get": _op(
+                "getUser",
+                "A user and their limits (admin, or the user themselves)",
+                "users",
+                {
+                    "200": _json_body(_ref("User"), "The user."),
+                    "403": _problem("Another user, and not an admin (FORBIDDEN)."),
+                    "404": _NOT_FOUND,
+                },
+                parameters=[_USER_NAME],
+            ),
+            "patch": _op(
+                "updateUser",
+                "Change a user's limits (admin)",
+                "users",
+                {
+                    "200": _json_body(_ref("User"), "The user, with the new limits."),
+                    "403": _problem("Not an admin, even for oneself (FORBIDDEN)."),
+                    "404": _NOT_FOUND,
+                    "422": _problem(
+                        "A limit that is not an integer from 1 up, or an unknown field "
+                        "(INVALID_LIMIT, SCHEMA_VIOLATION); `errors` has a pointer for each."
+                    ),
+                },
+                parameters=[_USER_NAME],
+                request_body={"required": True, "content": {JSON: {"schema": _ref("UserUpdate")}}},
+            ),
         },
         "/api/v1/me": {
             "get": _op(

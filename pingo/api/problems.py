@@ -81,6 +81,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[errors.PingoError], HTTPStatus], ...] = (
     (errors.Forbidden, HTTPStatus.FORBIDDEN),
     (UnsupportedMediaType, HTTPStatus.UNSUPPORTED_MEDIA_TYPE),
     (PayloadTooLarge, HTTPStatus.REQUEST_ENTITY_TOO_LARGE),
+    (errors.TooManyRequests, HTTPStatus.TOO_MANY_REQUESTS),
     (errors.StoreUnavailable, HTTPStatus.SERVICE_UNAVAILABLE),
 )
 
@@ -96,6 +97,7 @@ _CODE_BY_STATUS: dict[int, str] = {
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: "VALIDATION_FAILED",
+    429: "RATE_LIMITED",
     503: "SERVICE_UNAVAILABLE",
 }
 
@@ -116,6 +118,8 @@ DOCUMENTED_CODES: dict[str, str] = {
     "VALIDATION_FAILED": "The workflow document is invalid; `errors` lists every issue (422).",
     "UNKNOWN_EXECUTOR": "An action type has no executor on this node (422).",
     "IDEMPOTENCY_KEY_REUSED": "The Idempotency-Key was used for a different document (422).",
+    "RATE_LIMITED": "More submissions a minute than the user's limit; see Retry-After (429).",
+    "TOO_MANY_WORKFLOWS": "The user has their limit of RUNNING workflows; see Retry-After (429).",
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",
 }
@@ -171,6 +175,8 @@ def _from_pingo_error(request: web.Request, exc: errors.PingoError) -> web.Respo
     headers: dict[str, str] = {}
     if status == HTTPStatus.UNAUTHORIZED:
         headers["WWW-Authenticate"] = 'Bearer realm="pingo"'
+    if isinstance(exc, errors.TooManyRequests):
+        headers["Retry-After"] = exc.retry_after
     if status >= 500 and status != HTTPStatus.SERVICE_UNAVAILABLE:
         return _internal(request, exc)
     issues = exc.issues if isinstance(exc, errors.ValidationFailed) else ()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, limits
 from pingo.config import Settings
 
 if TYPE_CHECKING:
@@ -27,6 +27,11 @@ class ApiState:
     action_types: frozenset[str] = field(default_factory=frozenset)
     #: Serialized documents of SUCCEEDED workflows (which never change again), by id.
     finished_documents: DocumentCache = field(default_factory=lambda: DocumentCache())
+    #: Each user's submission rate, on this node (see `pingo.limits`).
+    submission_rate: limits.SubmissionRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.submission_rate = limits.SubmissionRate(self.settings.user_submission_burst)
 
 
 @dataclass(frozen=True, slots=True)

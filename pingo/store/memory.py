@@ -23,7 +23,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from pingo import errors, states
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, utcnow
+from pingo.store import _cursor, _room, utcnow
 from pingo.store.protocol import (
     ActionChanges,
     ActionRecord,
@@ -33,6 +33,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     EventRecord,
     Page,
+    UserLimits,
     UserRecord,
     WorkflowChanges,
     WorkflowPlan,
@@ -463,13 +464,18 @@ class MemoryStore:
                 moved.append(record)
         return moved
 
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+    async def claim_actions(
+        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+    ) -> list[ActionRecord]:
         if limit <= 0:
             return []
         now = self.clock()
         ready = self._oldest_actions(
             ActionState.READY, lambda r: r.not_before is None or r.not_before <= now, limit
         )
+        room = self._in_flight_room(max_in_flight)
+        if room.capped:
+            ready = self._within_room(room, now, limit)
         expired = self._oldest_actions(
             ActionState.PROCESSING, lambda r: is_lease_expired(r.lease_expires_at, now), limit
         )
@@ -487,6 +493,31 @@ class MemoryStore:
             )
             claimed.append(self._put_action(old, record))
         return claimed
+
+    def _within_room(
+        self, room: _room.InFlightRoom, now: datetime, limit: int
+    ) -> list[ActionRecord]:
+        """The oldest claimable READY actions whose owners have room, using it up."""
+        records = (self._actions[k] for k in self._action_states.keys(ActionState.READY))
+        ready = sorted(
+            (r for r in records if r.not_before is None or r.not_before <= now), key=_action_age
+        )
+        owners = (self._workflows[r.workflow_id].owner for r in ready)
+        kept = (r for r, owner in zip(ready, owners, strict=True) if room.take(owner))
+        return list(itertools.islice(kept, limit))
+
+    def _in_flight_room(self, default: int | None) -> _room.InFlightRoom:
+        caps = {
+            u.name: u.limits.max_in_flight_actions
+            for u in self._users.values()
+            if u.limits.max_in_flight_actions is not None
+        }
+        room = _room.InFlightRoom(caps, default)
+        if room.capped:
+            for state in states.ACTION_ACTIVE:
+                for key in self._action_states.keys(state):
+                    room.in_flight[self._workflows[key[0]].owner] += 1
+        return room
 
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
@@ -734,3 +765,17 @@ class MemoryStore:
             return False
         del self._token_hashes[user.token_hash]
         return True
+
+    async def set_user_limits(self, name: str, limits: UserLimits) -> UserRecord | None:
+        user = self._users.get(name)
+        if user is None:
+            return None
+        self._users[name] = replace(user, limits=limits)
+        return self._users[name]
+
+    async def count_running_workflows(self, owner: str) -> int:
+        return sum(
+            1
+            for w in self._workflows.values()
+            if w.owner == owner and w.state not in states.WORKFLOW_TERMINAL
+        )

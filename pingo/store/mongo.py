@@ -71,7 +71,7 @@ from pymongo.write_concern import WriteConcern
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, utcnow
+from pingo.store import _cursor, _room, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     ActionChanges,
@@ -82,6 +82,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     EventRecord,
     Page,
+    UserLimits,
     UserRecord,
     WorkflowChanges,
     WorkflowPlan,
@@ -335,6 +336,15 @@ def _user_doc(record: UserRecord) -> Doc:
         "token_hash": record.token_hash,
         "is_admin": record.is_admin,
         "created_at_us": _us(record.created_at),
+        **_limits_doc(record.limits),
+    }
+
+
+def _limits_doc(limits: UserLimits) -> Doc:
+    return {
+        "max_workflows": limits.max_workflows,
+        "max_in_flight_actions": limits.max_in_flight_actions,
+        "submissions_per_minute": limits.submissions_per_minute,
     }
 
 
@@ -344,6 +354,12 @@ def _user(doc: Doc) -> UserRecord:
         token_hash=doc["token_hash"],
         is_admin=doc["is_admin"],
         created_at=_at(doc["created_at_us"]),
+        # Users stored before limits existed have none of these fields.
+        limits=UserLimits(
+            max_workflows=doc.get("max_workflows"),
+            max_in_flight_actions=doc.get("max_in_flight_actions"),
+            submissions_per_minute=doc.get("submissions_per_minute"),
+        ),
     )
 
 
@@ -876,10 +892,15 @@ class MongoStore:
         return moved
 
     @_translated
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+    async def claim_actions(
+        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+    ) -> list[ActionRecord]:
         claimed: list[ActionRecord] = []
+        # MongoDB has no transaction here: nodes that claim at the same instant may
+        # each see the same room and overshoot a user's cap by their batches.
+        room = await self._in_flight_room(max_in_flight)
         while len(claimed) < limit:
-            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s)
+            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s, room)
             if batch is None:
                 break
             claimed.extend(batch)
@@ -892,20 +913,86 @@ class MongoStore:
             )
         return claimed
 
-    async def _claimable(self, now_us: int, limit: int) -> list[Doc]:
+    async def _in_flight_room(self, default: int | None) -> _room.InFlightRoom:
+        capped = self._users.find(
+            {"max_in_flight_actions": {"$ne": None}}, {"max_in_flight_actions": 1}
+        )
+        caps = {d["_id"]: d["max_in_flight_actions"] for d in await capped.to_list(None)}
+        room = _room.InFlightRoom(caps, default)
+        if room.capped:
+            # Counted in the server: one document per workflow, not per action.
+            counted = await _aggregate(
+                self._actions,
+                [
+                    {"$match": {"state": {"$in": _values(states.ACTION_ACTIVE)}}},
+                    {"$group": {"_id": "$workflow_id", "count": {"$sum": 1}}},
+                ],
+            )
+            per_workflow = {d["_id"]: d["count"] for d in counted}
+            owners = await self._owners(per_workflow)
+            for workflow_id, count in per_workflow.items():
+                room.in_flight[owners.get(workflow_id, "")] += count
+        return room
+
+    async def _owners(self, workflow_ids: Collection[str]) -> dict[str, str]:
+        """Workflow id → owner, for `workflow_ids`."""
+        owners: dict[str, str] = {}
+        for chunk in _chunks(list(workflow_ids)):
+            found = self._workflows.find({"_id": {"$in": chunk}}, {"owner": 1})
+            owners.update({d["_id"]: d["owner"] for d in await found.to_list(None)})
+        return owners
+
+    async def _ready_within_room(
+        self, room: _room.InFlightRoom, now_us: int, limit: int
+    ) -> list[Doc]:
+        """The oldest claimable READY actions whose owners have room, using it up.
+
+        Each round leaves out the RUNNING workflows of owners already full and the
+        actions already chosen, so it ends after at most one round per owner.
+        """
+        chosen: list[Doc] = []
+        owners: dict[str, str] = {}
+        while len(chosen) < limit:
+            query: Doc = {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}}
+            # Only the filters needed: an empty $nin still costs nx-27017 its index.
+            if full := room.full():
+                running = self._workflows.find(
+                    {"owner": {"$in": full}, "state": WorkflowState.RUNNING.value}, {"_id": 1}
+                )
+                query["workflow_id"] = {"$nin": [d["_id"] for d in await running.to_list(None)]}
+            if chosen:
+                query["_id"] = {"$nin": [d["_id"] for d in chosen]}
+            found = self._actions.find(query, sort=_CLAIMABLE_READY).limit(limit)
+            docs = await found.to_list(None)
+            owners.update(await self._owners({d["workflow_id"] for d in docs} - owners.keys()))
+            for doc in docs:
+                if len(chosen) < limit and room.take(owners.get(doc["workflow_id"], "")):
+                    chosen.append(doc)
+            if len(docs) < limit:
+                break
+        return chosen
+
+    async def _claimable(
+        self, now_us: int, limit: int, room: _room.InFlightRoom | None = None
+    ) -> list[Doc]:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their lease.
 
         Two index-served queries at once (by state), merged oldest first, rather than one
         $or: nx-27017 serves neither branch of an $or from an index and took 25 ms per
         query over 1,000 READY actions.
         """
-        ready, expired = await asyncio.gather(
-            self._actions.find(
+        ready_docs = (
+            self._ready_within_room(room, now_us, limit)
+            if room is not None and room.capped
+            else self._actions.find(
                 {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
                 sort=_CLAIMABLE_READY,
             )
             .limit(limit)
-            .to_list(None),
+            .to_list(None)
+        )
+        ready, expired = await asyncio.gather(
+            ready_docs,
             self._actions.find(
                 {
                     "state": ActionState.PROCESSING.value,
@@ -921,7 +1008,7 @@ class MongoStore:
         return sorted([*ready, *expired], key=_oldest_action)[:limit]
 
     async def _claim_batch(
-        self, node_id: str, limit: int, lease_s: float
+        self, node_id: str, limit: int, lease_s: float, room: _room.InFlightRoom | None = None
     ) -> list[ActionRecord] | None:
         """Up to `limit` claimable actions, in two round trips; None when none is claimable.
 
@@ -934,7 +1021,7 @@ class MongoStore:
         """
         now, now_us = self._now()
         lease_us = _us(now + timedelta(seconds=lease_s))
-        candidates = await self._claimable(now_us, limit)
+        candidates = await self._claimable(now_us, limit, room)
         if not candidates:
             return None
         claim = {
@@ -1321,6 +1408,19 @@ class MongoStore:
     async def delete_user(self, name: str) -> bool:
         result = await self._users.delete_one({"_id": name})
         return result.deleted_count > 0
+
+    @_translated
+    async def set_user_limits(self, name: str, limits: UserLimits) -> UserRecord | None:
+        doc = await self._users.find_one_and_update(
+            {"_id": name}, {"$set": _limits_doc(limits)}, return_document=_AFTER
+        )
+        return None if doc is None else _user(doc)
+
+    @_translated
+    async def count_running_workflows(self, owner: str) -> int:
+        return await self._workflows.count_documents(
+            {"owner": owner, "state": WorkflowState.RUNNING.value}
+        )
 
 
 #: Oldest update first; ties in the memory store's order (workflow id, then action id).

@@ -156,12 +156,29 @@ class EventRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLimits:
+    """A user's own limits; None means "the server's default" (`Settings.user_*`)."""
+
+    #: Workflows RUNNING at once.
+    max_workflows: int | None = None
+    #: Actions claimed, submitted or running at once (dispatch waits beyond it).
+    max_in_flight_actions: int | None = None
+    #: Workflow submissions a minute (a token bucket, kept per node).
+    submissions_per_minute: int | None = None
+
+
+NO_LIMITS = UserLimits()
+
+
+@dataclass(frozen=True, slots=True)
 class UserRecord:
     name: str
     #: sha256 hex of the bearer token; tokens themselves are never stored.
     token_hash: str
     is_admin: bool
     created_at: datetime
+    #: Overrides of the server-wide limits.
+    limits: UserLimits = NO_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,11 +380,16 @@ class Store(Protocol):
         """Move every action of the workflow in `expected` to `new`, each by its own CAS."""
         ...
 
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+    async def claim_actions(
+        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+    ) -> list[ActionRecord]:
         """Claim up to `limit` actions for `node_id`, oldest first, each by CAS.
 
         Claimable: READY whose `not_before` has passed, or PROCESSING whose lease
         expired. Claimed actions are PROCESSING, owned by `node_id`, leased for `lease_s`.
+        A READY action is skipped (it stays READY) while its workflow's owner has as
+        many actions in flight (`ACTION_ACTIVE`, counted in the store) as their
+        `UserLimits.max_in_flight_actions`, else `max_in_flight` (None: no cap).
         """
         ...
 
@@ -515,4 +537,12 @@ class Store(Protocol):
 
     async def delete_user(self, name: str) -> bool:
         """Delete the user; False when there was none."""
+        ...
+
+    async def set_user_limits(self, name: str, limits: UserLimits) -> UserRecord | None:
+        """Replace the user's limit overrides; None when there is no such user."""
+        ...
+
+    async def count_running_workflows(self, owner: str) -> int:
+        """How many of `owner`'s workflows are RUNNING (not yet terminal)."""
         ...

@@ -59,7 +59,7 @@ from typing import Any, Self, TypeVar
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, utcnow
+from pingo.store import _cursor, _room, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     KEEP,
@@ -71,6 +71,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     EventRecord,
     Page,
+    UserLimits,
     UserRecord,
     WorkflowChanges,
     WorkflowPlan,
@@ -240,6 +241,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Datasets record a content digest at commit (pingo.datasets.integrity).
     ("ALTER TABLE datasets ADD COLUMN digest TEXT",),
+    (
+        # Per-user limits (NULL: the server's default) and the index that counts a
+        # user's RUNNING workflows at each submission.
+        "ALTER TABLE users ADD COLUMN max_workflows INTEGER",
+        "ALTER TABLE users ADD COLUMN max_in_flight_actions INTEGER",
+        "ALTER TABLE users ADD COLUMN submissions_per_minute INTEGER",
+        "CREATE INDEX workflows_owner_state ON workflows (owner, state)",
+        # A claim under in-flight caps pages through READY past the actions of users
+        # already full: covering, so skipping one costs an index step, not a row fetch.
+        "CREATE INDEX actions_ready_scan ON actions "
+        "(updated_at, workflow_id, action_id, not_before, state) WHERE state = 'READY'",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -269,7 +282,10 @@ _DATASET_COLUMNS = (
     "use_count, last_used_at, stored_at, pinned, version, digest"
 )
 _EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload"
-_USER_COLUMNS = "name, token_hash, is_admin, created_at"
+_USER_COLUMNS = (
+    "name, token_hash, is_admin, created_at, max_workflows, max_in_flight_actions, "
+    "submissions_per_minute"
+)
 
 _HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
 _SPEC_INSERT = (
@@ -539,8 +555,18 @@ def _event(row: Sequence[Any]) -> EventRecord:
 
 def _user(row: Sequence[Any]) -> UserRecord:
     return UserRecord(
-        name=row[0], token_hash=row[1], is_admin=bool(row[2]), created_at=_dt_req(row[3])
+        name=row[0],
+        token_hash=row[1],
+        is_admin=bool(row[2]),
+        created_at=_dt_req(row[3]),
+        limits=UserLimits(
+            max_workflows=row[4], max_in_flight_actions=row[5], submissions_per_minute=row[6]
+        ),
     )
+
+
+def _limit_values(limits: UserLimits) -> tuple[int | None, int | None, int | None]:
+    return (limits.max_workflows, limits.max_in_flight_actions, limits.submissions_per_minute)
 
 
 def _column_value(name: str, value: Any) -> Any:
@@ -1447,22 +1473,32 @@ class SQLiteStore:
         moved = await self._run_write(self._all_hot, sql, args)
         return sorted(moved, key=lambda a: a.action_id)
 
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+    async def claim_actions(
+        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+    ) -> list[ActionRecord]:
         if limit <= 0:
             return []
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
         # It takes the write lock only when there is something to claim.
-        return await self._submit(None, self._claim_actions, (node_id, limit, _us(now), _us(lease)))
+        return await self._submit(
+            None, self._claim_actions, (node_id, limit, _us(now), _us(lease), max_in_flight)
+        )
 
-    def _claimable(self, conn: sqlite3.Connection, limit: int, now: int) -> list[Any]:
+    def _claimable(
+        self, conn: sqlite3.Connection, limit: int, now: int, max_in_flight: int | None
+    ) -> list[Any]:
         # Two index range scans (one per state) rather than one OR that no index serves.
-        ready = conn.execute(
-            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
-            "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
-            "ORDER BY updated_at LIMIT ?",
-            (now, limit),
-        ).fetchall()
+        room = self._in_flight_room(conn, max_in_flight)
+        if room.capped:
+            ready = self._ready_within_room(conn, room, limit, now)
+        else:
+            ready = conn.execute(
+                "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+                "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
+                "ORDER BY updated_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
         expired = conn.execute(
             "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
             "WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
@@ -1471,18 +1507,85 @@ class SQLiteStore:
         ).fetchall()
         return sorted(ready + expired)[:limit]
 
-    def _claim_actions(self, node_id: str, limit: int, now: int, lease: int) -> list[ActionRecord]:
+    @staticmethod
+    def _in_flight_room(conn: sqlite3.Connection, default: int | None) -> _room.InFlightRoom:
+        caps = conn.execute(
+            "SELECT name, max_in_flight_actions FROM users WHERE max_in_flight_actions IS NOT NULL"
+        ).fetchall()
+        room = _room.InFlightRoom(dict(caps), default)
+        if room.capped:
+            # From the per-workflow counts of RUNNING workflows: O(workflows running),
+            # not O(actions in flight). Actions of a workflow that was just killed or
+            # failed, still stopping, are not counted.
+            active = sorted(s.value for s in states.ACTION_ACTIVE)
+            counts = conn.execute(
+                "SELECT w.owner, SUM(c.count) FROM workflows w "
+                "JOIN action_counts c ON c.workflow_id = w.id "
+                f"WHERE w.state = ? AND c.state IN ({_placeholders(len(active))}) "
+                "GROUP BY w.owner",
+                (WorkflowState.RUNNING.value, *active),
+            ).fetchall()
+            room.in_flight.update({owner: n for owner, n in counts if n})
+        return room
+
+    @staticmethod
+    def _ready_within_room(
+        conn: sqlite3.Connection, room: _room.InFlightRoom, limit: int, now: int
+    ) -> list[Any]:
+        """The oldest claimable READY actions whose owners have room, using it up.
+
+        Pages through READY in age order, leaving out owners already full, so one
+        user's backlog of thousands costs a page or two, not a scan per claim.
+        """
+        chosen: list[Any] = []
+        owners: dict[str, str] = {}
+        after: tuple[int, str, int] = (-1, "", -1)
+        while len(chosen) < limit:
+            full = room.full()
+            rows = conn.execute(
+                "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+                "INDEXED BY actions_ready_scan "
+                "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
+                "AND (updated_at, workflow_id, action_id) > (?, ?, ?) "
+                "AND workflow_id NOT IN (SELECT id FROM workflows WHERE state = 'RUNNING' "
+                f"AND owner IN ({_placeholders(len(full))})) "
+                "ORDER BY updated_at, workflow_id, action_id LIMIT ?",
+                (now, *after, *full, limit),
+            ).fetchall()
+            unknown = sorted({row[1] for row in rows} - owners.keys())
+            for chunk in _chunks(unknown):
+                owners.update(
+                    conn.execute(
+                        "SELECT id, owner FROM workflows "
+                        f"WHERE id IN ({_placeholders(len(chunk))})",
+                        chunk,
+                    ).fetchall()
+                )
+            for row in rows:
+                if len(chosen) < limit and room.take(owners.get(row[1], "")):
+                    chosen.append(row)
+            if len(rows) < limit:
+                break
+            after = (rows[-1][0], rows[-1][1], rows[-1][2])
+        return chosen
+
+    def _claim_actions(
+        self, node_id: str, limit: int, now: int, lease: int, max_in_flight: int | None
+    ) -> list[ActionRecord]:
         conn = self._db
         if conn.in_transaction:
             # Batched with writes: the worker's transaction holds the write lock already.
-            return self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+            chosen = self._claimable(conn, limit, now, max_in_flight)
+            return self._claim_chosen(conn, node_id, chosen, now, lease)
         # A poll that finds nothing (the common case) takes no write lock, so idle
         # scrapers of several processes never queue behind each other.
-        if not self._claimable(conn, limit, now):
+        if not self._claimable(conn, limit, now, max_in_flight):
             return []
         conn.execute("BEGIN IMMEDIATE")
-        # Under the write lock now: what we read is what we update.
-        claimed = self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+        # Under the write lock now: what we read is what we update; in-flight counts
+        # too, so nodes sharing the file cannot overshoot a user's cap together.
+        chosen = self._claimable(conn, limit, now, max_in_flight)
+        claimed = self._claim_chosen(conn, node_id, chosen, now, lease)
         conn.execute("COMMIT")
         return claimed
 
@@ -1885,8 +1988,14 @@ class SQLiteStore:
             await self._run_write(
                 self._one,
                 tuple,
-                f"INSERT INTO users ({_USER_COLUMNS}) VALUES (?, ?, ?, ?)",
-                (user.name, user.token_hash, int(user.is_admin), _us(user.created_at)),
+                f"INSERT INTO users ({_USER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    user.name,
+                    user.token_hash,
+                    int(user.is_admin),
+                    _us(user.created_at),
+                    *_limit_values(user.limits),
+                ),
             )
         except errors.Conflict as exc:
             raise errors.Conflict(f"user {user.name!r} (or its token) already exists") from exc
@@ -1915,3 +2024,22 @@ class SQLiteStore:
             self._one, tuple, "DELETE FROM users WHERE name = ? RETURNING name", (name,)
         )
         return deleted is not None
+
+    async def set_user_limits(self, name: str, limits: UserLimits) -> UserRecord | None:
+        return await self._run_write(
+            self._one,
+            _user,
+            "UPDATE users SET max_workflows = ?, max_in_flight_actions = ?, "
+            f"submissions_per_minute = ? WHERE name = ? RETURNING {_USER_COLUMNS}",
+            (*_limit_values(limits), name),
+        )
+
+    async def count_running_workflows(self, owner: str) -> int:
+        row = await self._run(
+            self._one,
+            tuple,
+            "SELECT COUNT(*) FROM workflows WHERE owner = ? AND state = ?",
+            (owner, WorkflowState.RUNNING.value),
+        )
+        assert row is not None
+        return int(row[0])

@@ -225,7 +225,8 @@ async def users_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     # Like the API, only an admin lists users; anyone else sees themselves.
     users = await state.node(request).store.list_users() if user.is_admin else [user]
-    return _context(user, session, users=[documents.user_document(u) for u in users])
+    settings = state.settings(request)
+    return _context(user, session, users=[documents.user_document(u, settings) for u in users])
 
 
 async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], str]:

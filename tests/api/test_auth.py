@@ -49,6 +49,10 @@ MATRIX: dict[str, Case] = {
     "create_user": Case("POST", "/api/v1/users", 403, 201, body={"name": "dave"}),
     "list_users": Case("GET", "/api/v1/users", 403, 200),
     "delete_user": Case("DELETE", "/api/v1/users/carol", 403, 204),
+    "get_user": Case("GET", "/api/v1/users/carol", 403, 200),
+    "update_user": Case(
+        "PATCH", "/api/v1/users/carol", 403, 200, body={"limits": {"maxWorkflows": 1}}
+    ),
     "get_me": Case("GET", "/api/v1/me", 200, 200),
 }
 
@@ -163,14 +167,19 @@ async def test_owners_see_kill_and_rerun_their_own_workflows(api: Api) -> None:
 async def test_users_create_list_revoke(api: Api) -> None:
     token = await api.add_user("erin")
     me = await api.client.get("/api/v1/me", headers=bearer(token))
+    default_limits = {"maxWorkflows": 100, "maxInFlightActions": 1000, "submissionsPerMinute": 600}
     assert await me.json() == {
         "name": "erin",
         "admin": False,
         "createdAt": (await me.json())["createdAt"],
+        "limits": default_limits,
+        "ownLimits": dict.fromkeys(default_limits),
     }
     users = await (await api.client.get("/api/v1/users", headers=api.auth("admin"))).json()
     assert [u["name"] for u in users["items"]] == ["admin", "erin"]
-    assert all(set(u) == {"name", "admin", "createdAt"} for u in users["items"])
+    assert all(
+        set(u) == {"name", "admin", "createdAt", "limits", "ownLimits"} for u in users["items"]
+    )
 
     taken = await api.client.post("/api/v1/users", json={"name": "erin"}, headers=api.auth("admin"))
     assert taken.status == 409

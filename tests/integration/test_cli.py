@@ -161,6 +161,34 @@ def test_users_add_prints_the_token_last_and_revoke_ends_it(server: Server) -> N
     assert "UNAUTHORIZED" in revoked.stderr
 
 
+def test_users_limits_shows_and_changes_limits(server: Server) -> None:
+    token = server.run("users", "add", "carol").stdout.strip().splitlines()[-1]
+    shown = server.run("users", "limits", "carol", token=token)
+    assert shown.returncode == 0, shown.stderr
+    assert "maxWorkflows           100        (server default)" in shown.stdout
+    # Carol may read hers, but not change them.
+    raised = server.run("users", "limits", "carol", "--max-workflows", "1000", token=token)
+    assert raised.returncode == 1
+    assert "FORBIDDEN" in raised.stderr
+    changed = server.run(
+        "users", "limits", "carol", "--max-workflows", "2", "--submissions-per-minute", "30",
+        "--json",
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    document = json.loads(changed.stdout)
+    assert document["ownLimits"] == {"maxWorkflows": 2, "maxInFlightActions": None,
+                                     "submissionsPerMinute": 30}  # fmt: skip
+    reset = server.run("users", "limits", "carol", "--max-workflows", "default")
+    assert "maxWorkflows           100        (server default)" in reset.stdout
+    assert "submissionsPerMinute   30         (own)" in reset.stdout
+    zero = server.run("users", "limits", "carol", "--max-in-flight-actions", "0")
+    assert zero.returncode == 1
+    assert "VALIDATION_FAILED (422)" in zero.stderr and "/limits/maxInFlightActions" in zero.stderr
+    word = server.run("users", "limits", "carol", "--max-workflows", "lots")
+    assert word.returncode == 2
+    assert "Traceback" not in word.stderr
+
+
 def test_datasets_and_lineage_commands(server: Server) -> None:
     done = server.run("submit", "examples/wordcount.json", "--wait", "--json")
     document = json.loads(done.stdout)

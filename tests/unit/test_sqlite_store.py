@@ -14,7 +14,14 @@ import pytest
 from pingo import errors
 from pingo.states import ActionState, WorkflowState
 from pingo.store import open_store, sqlite
-from pingo.store.protocol import ActionRecord, UserRecord, WorkflowPlan, WorkflowRecord
+from pingo.store.protocol import (
+    NO_LIMITS,
+    ActionRecord,
+    UserLimits,
+    UserRecord,
+    WorkflowPlan,
+    WorkflowRecord,
+)
 from pingo.store.sqlite import MIGRATIONS, SQLiteStore, path_from_url
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -149,6 +156,23 @@ async def test_a_store_from_before_digests_migrates_and_keeps_its_datasets(
         record = await store.get_dataset("d1")
         assert record is not None
         assert (record.size_bytes, record.digest) == (7, None)
+    assert _pragma(path, "user_version") == len(MIGRATIONS)
+
+
+async def test_users_of_the_first_schema_get_limits_on_upgrade(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO users VALUES ('old', ?, 0, 0)", ("ab" * 32,))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(path) as store:
+        old = await store.get_user("old")
+        assert old is not None and old.limits == NO_LIMITS
+        changed = await store.set_user_limits("old", UserLimits(max_workflows=2))
+        assert changed is not None and changed.limits.max_workflows == 2
     assert _pragma(path, "user_version") == len(MIGRATIONS)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from pingo import errors
+from pingo import errors, limits
 from pingo.api import auth, bodies, documents, state
 from pingo.store.protocol import UserRecord
 
@@ -65,7 +65,7 @@ async def create_user(request: web.Request) -> web.Response:
         extra={"event": "user_created", "user": name},
     )
     return bodies.json_response(
-        {**documents.user_document(user), "token": token},
+        {**documents.user_document(user, state.settings(request)), "token": token},
         status=201,
         headers={"Location": f"{PREFIX}/users/{name}"},
     )
@@ -76,7 +76,8 @@ async def list_users(request: web.Request) -> web.Response:
     """Every user, by name (admin only)."""
     auth.require_admin(request)
     users = await state.node(request).store.list_users()
-    return bodies.json_response({"items": [documents.user_document(u) for u in users]})
+    settings = state.settings(request)
+    return bodies.json_response({"items": [documents.user_document(u, settings) for u in users]})
 
 
 @routes.delete(PREFIX + "/users/{name}", name="delete_user")
@@ -89,6 +90,7 @@ async def delete_user(request: web.Request) -> web.Response:
         raise errors.Conflict("you cannot revoke yourself; ask another admin")
     if not await state.node(request).store.delete_user(name):
         raise errors.NotFound(f"no user {name!r}")
+    state.api_state(request).submission_rate.forget(name)
     logger.info(
         "%s revoked user %s", caller.name, name, extra={"event": "user_revoked", "user": name}
     )
@@ -98,4 +100,97 @@ async def delete_user(request: web.Request) -> web.Response:
 @routes.get(PREFIX + "/me", name="get_me")
 async def get_me(request: web.Request) -> web.Response:
     """The user the bearer token belongs to."""
-    return bodies.json_response(documents.user_document(auth.current_user(request)))
+    return bodies.json_response(
+        documents.user_document(auth.current_user(request), state.settings(request))
+    )
+
+
+@routes.get(PREFIX + "/users/{name}", name="get_user")
+async def get_user(request: web.Request) -> web.Response:
+    """One user and their limits (an admin, or the user themselves)."""
+    caller = auth.current_user(request)
+    name = request.match_info["name"]
+    if name != caller.name:
+        auth.require_admin(request)
+    user = await state.node(request).store.get_user(name)
+    if user is None:
+        raise errors.NotFound(f"no user {name!r}")
+    return bodies.json_response(documents.user_document(user, state.settings(request)))
+
+
+@routes.patch(PREFIX + "/users/{name}", name="update_user")
+async def update_user(request: web.Request) -> web.Response:
+    """Change a user's limits (admin only; nobody else, not even for themselves)."""
+    caller = auth.require_admin(request)
+    name = request.match_info["name"]
+    changes = _limits_request(await bodies.read_json(request))
+    store = state.node(request).store
+    user = await store.get_user(name)
+    if user is None:
+        raise errors.NotFound(f"no user {name!r}")
+    updated = await store.set_user_limits(name, limits.merge(user.limits, changes))
+    if updated is None:  # revoked meanwhile
+        raise errors.NotFound(f"no user {name!r}")
+    logger.info(
+        "%s set the limits of %s: %s",
+        caller.name,
+        name,
+        changes,
+        extra={"event": "user_limits_changed", "user": name},
+    )
+    return bodies.json_response(documents.user_document(updated, state.settings(request)))
+
+
+def _limits_request(body: object) -> dict[str, int | None]:
+    """`{"limits": {field: positive int or null, …}}` → `UserLimits` changes (422 otherwise).
+
+    A null resets that limit to the server's default; an absent field is kept.
+    """
+    if not isinstance(body, Mapping):
+        raise _invalid("the body must be an object", "")
+    issues = [
+        errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown field {key!r}", f"/{key}")
+        for key in body
+        if key != "limits"
+    ]
+    wanted = body.get("limits")
+    if not isinstance(wanted, Mapping):
+        issues.append(
+            errors.ValidationIssue("SCHEMA_VIOLATION", "limits must be an object", "/limits")
+        )
+        raise errors.ValidationFailed(issues)
+    changes: dict[str, int | None] = {}
+    for key, value in wanted.items():
+        pointer = "/limits/" + _pointer_token(key)
+        attr = documents.LIMIT_FIELDS.get(key)
+        if attr is None:
+            issues.append(
+                errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown limit {key!r}", pointer)
+            )
+        elif value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 1 <= value <= limits.MAX_LIMIT
+        ):
+            issues.append(
+                errors.ValidationIssue(
+                    "INVALID_LIMIT",
+                    f"{key} must be an integer from 1 to {limits.MAX_LIMIT}, or null for the "
+                    "server's default",
+                    pointer,
+                )
+            )
+        else:
+            changes[attr] = value
+    if issues:
+        raise errors.ValidationFailed(issues)
+    return changes
+
+
+def _pointer_token(key: str) -> str:
+    """`key` escaped as one RFC 6901 reference token."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _invalid(message: str, pointer: str) -> errors.ValidationFailed:
+    return errors.ValidationFailed([errors.ValidationIssue("SCHEMA_VIOLATION", message, pointer)])

@@ -8,11 +8,11 @@ from typing import Any
 
 from aiohttp import web
 
-from pingo import errors, states
+from pingo import errors, limits, states
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
-from pingo.store.protocol import ActionRecord, WorkflowRecord
+from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,25 @@ def _idempotency_key(request: web.Request) -> str | None:
     return key
 
 
+def take_submission(request: web.Request, user: UserRecord) -> None:
+    """Use one of the user's submissions a minute, or refuse (429 RATE_LIMITED).
+
+    Taken before the body is read, so a user over their rate costs no parsing.
+    """
+    shared = state.api_state(request)
+    per_minute = limits.effective(user.limits, shared.settings).submissions_per_minute
+    shared.submission_rate.take(user.name, per_minute)
+
+
+async def check_workflow_cap(request: web.Request, owner: str) -> None:
+    """Refuse (429 TOO_MANY_WORKFLOWS) a new workflow of `owner` beyond their cap."""
+    store = state.node(request).store
+    caller = auth.current_user(request)
+    record = caller if caller.name == owner else await store.get_user(owner)
+    own = record.limits if record is not None else NO_LIMITS
+    await limits.check_workflow_cap(store, owner, own, state.settings(request))
+
+
 @routes.post(PREFIX + "/workflows", name="submit_workflow")
 async def submit_workflow(request: web.Request) -> web.Response:
     """Submit a workflow (201 + Location), or plan it without running (`?dryRun=true`, 200)."""
@@ -147,11 +166,15 @@ async def submit_workflow(request: web.Request) -> web.Response:
     node = state.node(request)
     dry_run = bodies.query_bool(request, "dryRun")
     key = _idempotency_key(request)
+    take_submission(request, user)
     document = await bodies.read_json(request)
     check_executors(request, document)
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
         return bodies.json_response(plan.to_json())
+    if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
+        # A replay makes no new workflow: only a new one counts against the cap.
+        await check_workflow_cap(request, user.name)
     record, replayed = await node.workflows.submit_once(
         document, owner=user.name, idempotency_key=key
     )
@@ -275,10 +298,12 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     chosen actions even when their datasets exist.
     """
     record = await visible_workflow(request, request.match_info["workflow_id"])
+    take_submission(request, auth.current_user(request))
     body = await bodies.read_json(request, optional=True)
     raw_actions = record.document.get("actions", [])
     force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
     check_executors(request, record.document)
+    await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
     rerun = await state.node(request).workflows.submit(

@@ -1,0 +1,133 @@
+"""Per-user limits: what applies to a user, the submission rate, and the workflow cap.
+
+Three limits keep one user from taking the server (docs/limits.md):
+
+- workflows RUNNING at once: counted in the store at each submission, so the cap
+  holds across every node sharing it; beyond it a submission is refused (429);
+- actions in flight (claimed, submitted or running): enforced by the store's
+  claim, so extra work waits READY and nothing is refused (as in a YARN queue);
+- submissions a minute: a token bucket per user, kept in this node's memory,
+  so with N nodes a user may submit up to N times the rate.
+
+Each limit is the user's own (`UserLimits`, set by an admin) or else the
+server's default (`Settings.user_*`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pingo import errors, metrics
+from pingo.config import Settings
+from pingo.store.protocol import Store, UserLimits
+
+#: The largest limit an admin may set (fits every store's integers).
+MAX_LIMIT = 2**31 - 1
+#: Retry-After for a full workflow cap: a hint, since nobody knows when a workflow ends.
+WORKFLOW_CAP_RETRY_S = 5
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimits:
+    """The limits that apply to one user: theirs, else the server's (None: no limit)."""
+
+    max_workflows: int | None
+    max_in_flight_actions: int | None
+    submissions_per_minute: int | None
+
+
+def effective(own: UserLimits, settings: Settings) -> EffectiveLimits:
+    """A user's own limits, each falling back to the server's default."""
+    return EffectiveLimits(
+        max_workflows=_either(own.max_workflows, settings.user_max_workflows),
+        max_in_flight_actions=_either(
+            own.max_in_flight_actions, settings.user_max_in_flight_actions
+        ),
+        submissions_per_minute=_either(
+            own.submissions_per_minute, settings.user_submissions_per_minute
+        ),
+    )
+
+
+def _either(own: int | None, default: int | None) -> int | None:
+    return default if own is None else own
+
+
+def merge(current: UserLimits, changes: dict[str, int | None]) -> UserLimits:
+    """`current` with `changes` applied (a None value resets that limit to the default)."""
+    values = {
+        "max_workflows": current.max_workflows,
+        "max_in_flight_actions": current.max_in_flight_actions,
+        "submissions_per_minute": current.submissions_per_minute,
+    }
+    values.update(changes)
+    return UserLimits(**values)
+
+
+async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings: Settings) -> None:
+    """Refuse (429) a new workflow of `owner` when they have their cap RUNNING already.
+
+    Counted from the store, so every node sharing it sees the same number. Two
+    submissions at the same instant may both pass: the cap can be overshot by
+    the user's concurrent submissions, which the rate limit bounds.
+    """
+    cap = effective(own, settings).max_workflows
+    if cap is None:
+        return
+    running = await store.count_running_workflows(owner)
+    if running >= cap:
+        metrics.SUBMISSIONS.labels(outcome="too_many_workflows").inc()
+        raise errors.TooManyWorkflows(
+            f"{owner} has {running} workflows running, the most allowed ({cap}); "
+            "retry when one has finished",
+            WORKFLOW_CAP_RETRY_S,
+        )
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class SubmissionRate:
+    """A token bucket per user, in this node's memory.
+
+    Each user's bucket holds up to `min(burst, rate)` submissions and refills at
+    `rate / 60` a second; a submission takes one token or is refused with the
+    time until the next one. Buckets exist only for users who submitted (every
+    caller is authenticated first), so memory stays bounded by the user count.
+    """
+
+    def __init__(self, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def take(self, user: str, per_minute: int | None) -> None:
+        """Use one of `user`'s submissions, or raise `errors.TooManyRequests` (429)."""
+        if per_minute is None:
+            return
+        size = min(self.burst, per_minute)
+        per_s = per_minute / 60
+        now = self.clock()
+        bucket = self._buckets.get(user)
+        if bucket is None:
+            bucket = self._buckets[user] = _Bucket(tokens=size, at=now)
+        # A lowered limit takes effect at once: the bucket never holds more than its size.
+        bucket.tokens = min(size, bucket.tokens + (now - bucket.at) * per_s)
+        bucket.at = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return
+        metrics.SUBMISSIONS.labels(outcome="rate_limited").inc()
+        raise errors.TooManyRequests(
+            f"{user} may submit {per_minute} workflows a minute (bursts of {size}); slow down",
+            (1 - bucket.tokens) / per_s,
+        )
+
+    def forget(self, user: str) -> None:
+        """Drop `user`'s bucket (the user was revoked)."""
+        self._buckets.pop(user, None)
