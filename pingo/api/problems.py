@@ -75,6 +75,7 @@ class UnknownExecutor(errors.ValidationFailed):
 _STATUS_BY_ERROR: tuple[tuple[type[errors.PingoError], HTTPStatus], ...] = (
     (BadRequest, HTTPStatus.BAD_REQUEST),
     (errors.ValidationFailed, HTTPStatus.UNPROCESSABLE_ENTITY),
+    (errors.AmbiguousId, HTTPStatus.BAD_REQUEST),
     (errors.NotFound, HTTPStatus.NOT_FOUND),
     (errors.Conflict, HTTPStatus.CONFLICT),
     (errors.Unauthorized, HTTPStatus.UNAUTHORIZED),
@@ -106,6 +107,7 @@ DOCUMENTED_CODES: dict[str, str] = {
     "INVALID_PARAMETER": "A query parameter or cursor is not valid (400).",
     "UNAUTHORIZED": "No bearer token, an unknown one, or a callback without its token (401).",
     "FORBIDDEN": "The token does not allow this request, or a callback token is forged (403).",
+    "AMBIGUOUS_ID": "An id prefix that starts several of the ids you may see (400).",
     "NOT_FOUND": "No such resource, or one that belongs to another user (404).",
     "METHOD_NOT_ALLOWED": "The route exists but not with this method (405).",
     "CONFLICT": "The resource is not in a state that allows this request (409).",

@@ -12,6 +12,7 @@ from pingo import errors, states
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
+from pingo.store import lookup
 from pingo.store.protocol import ActionRecord, WorkflowRecord
 
 logger = logging.getLogger(__name__)
@@ -31,12 +32,13 @@ def workflow_location(workflow_id: str) -> str:
 
 
 async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRecord:
-    """The workflow, if the requester may see it; 404 otherwise (never reveal that it exists)."""
-    user = auth.current_user(request)
-    record = await state.node(request).store.get_workflow(workflow_id)
-    if record is None or not auth.may_see(user, record.owner):
-        raise errors.NotFound(f"no workflow {workflow_id!r}")
-    return record
+    """The workflow with this id, or the one id prefix (8+ characters) the requester may see.
+
+    404 when the requester may see none (never reveal that another's exists), and
+    AMBIGUOUS_ID when several of the requester's own match.
+    """
+    owner = auth.visible_owner(auth.current_user(request))
+    return await lookup.workflow(state.node(request).store, workflow_id, owner=owner)
 
 
 async def _document(request: web.Request, record: WorkflowRecord) -> dict[str, Any]:
