@@ -161,6 +161,9 @@ ACTION_TERMINAL: frozenset[ActionState] = frozenset({A.FINISHED, A.FAILED, A.KIL
 ACTION_ACTIVE: frozenset[ActionState] = frozenset({A.PROCESSING, A.SUBMITTED, A.RUNNING})
 #: Dataset states whose files are on disk.
 DATASET_ON_DISK: frozenset[DatasetState] = frozenset({D.STORED, D.LEAF, D.STORED_TO_DELETE})
+#: Dataset states whose files still take storage (on disk, or being deleted): the only
+#: states whose `size_bytes` counts, in `/storage` and in dataset documents.
+DATASET_USING_STORAGE: frozenset[DatasetState] = DATASET_ON_DISK | {D.PROCESSING, D.DELETING}
 #: Dataset states that planning reuses.
 DATASET_REUSABLE: frozenset[DatasetState] = frozenset({D.STORED, D.LEAF})
 #: Dataset states in which the producing action is computing it.

@@ -8,6 +8,7 @@ from typing import Any
 
 from pingo import states
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
+from pingo.workflows import reuse
 
 
 def timestamp(at: datetime | None) -> str | None:
@@ -25,8 +26,13 @@ def counts(actions: Iterable[ActionRecord]) -> dict[str, int]:
     return result
 
 
-def action_summary(action: ActionRecord) -> dict[str, Any]:
-    """An action as it appears in the workflow document."""
+def action_outcome(action: ActionRecord, *, twin: bool = False) -> reuse.Reuse:
+    """Computed, shared, reused or not needed (`pingo.workflows.reuse`)."""
+    return reuse.outcome(runs=not action.reused, reason=action.reason, twin=twin)
+
+
+def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any]:
+    """An action as it appears in the workflow document (`error`: why it failed, if it did)."""
     return {
         "actionId": action.action_id,
         "name": action.name,
@@ -34,20 +40,26 @@ def action_summary(action: ActionRecord) -> dict[str, Any]:
         "state": action.state.value,
         "datasetId": action.dataset_id,
         "reused": action.reused,
+        "reuse": action_outcome(action, twin=twin).value,
         "attempts": action.attempts,
         "startedAt": timestamp(action.started_at),
         "finishedAt": timestamp(action.finished_at),
+        "error": action.error,
     }
 
 
-def action_detail(action: ActionRecord) -> dict[str, Any]:
-    """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs."""
+def action_detail(action: ActionRecord, siblings: Iterable[ActionRecord] = ()) -> dict[str, Any]:
+    """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs.
+
+    `siblings` (the workflow's actions) tell whether it shares its dataset with a twin.
+    """
+    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in siblings)
     return {
-        **action_summary(action),
+        **action_summary(action, twin=action.action_id in twins),
+        "reason": action.reason,
         "callbackId": action.callback_id,
         "externalId": action.external_id,
         "definition": action.definition,
-        "error": action.error,
     }
 
 
@@ -68,6 +80,7 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
     """The workflow document: every action of the definition, in ascending action id."""
     ordered = sorted(actions, key=lambda a: a.action_id)
     summary = workflow_summary(workflow)
+    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in ordered)
     return {
         "id": summary["id"],
         "name": summary["name"],
@@ -75,9 +88,11 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
         "state": summary["state"],
         "createdAt": summary["createdAt"],
         "finishedAt": summary["finishedAt"],
+        "error": workflow.error,
         "counts": counts(ordered),
+        "reuse": reuse.summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
         "endDatasetId": summary["endDatasetId"],
-        "actions": [action_summary(a) for a in ordered],
+        "actions": [action_summary(a, twin=a.action_id in twins) for a in ordered],
     }
 
 
@@ -86,7 +101,8 @@ def dataset_document(dataset: DatasetRecord) -> dict[str, Any]:
     return {
         "id": dataset.id,
         "state": dataset.state.value,
-        "sizeBytes": dataset.size_bytes,
+        # Only files that are there take storage: a DELETED dataset's old size is history.
+        "sizeBytes": dataset.size_bytes if dataset.state in states.DATASET_USING_STORAGE else None,
         "path": dataset.path,
         "scope": dataset.scope,
         "managed": dataset.is_managed,

@@ -18,6 +18,7 @@ from typing import Any
 from pingo import __version__, states, untrusted
 from pingo.api import problems
 from pingo.store import _cursor
+from pingo.workflows import reuse
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
 
@@ -76,6 +77,30 @@ def _object(
     return schema
 
 
+#: One word per action for what planning did with its dataset (`pingo.workflows.reuse`).
+_REUSE = {
+    "type": "string",
+    "enum": [r.value for r in reuse.Reuse],
+    "description": "computed (runs), shared (runs while another computation of its dataset "
+    "is under way), reused (its dataset was stored: never runs) or not needed (nothing "
+    "that runs reads it: never runs)",
+}
+_REASON = {
+    "type": "string",
+    "description": "why planning decided so: forced, unmanaged, absent, a dataset state, "
+    "in-flight, claim-failed, reused or not-needed",
+}
+_REUSE_SUMMARY = _object(
+    {
+        "computed": {"type": "integer"},
+        "shared": {"type": "integer"},
+        "reused": {"type": "integer"},
+        "notNeeded": {"type": "integer"},
+    },
+    description="how many actions are computed, shared, reused and not needed",
+)
+
+
 def _schemas() -> dict[str, Any]:
     action_state = {"type": "string", "enum": [s.value for s in states.ActionState]}
     dataset_state = {"type": "string", "enum": [s.value for s in states.DatasetState]}
@@ -86,10 +111,18 @@ def _schemas() -> dict[str, Any]:
         "type": {"type": "string"},
         "state": action_state,
         "datasetId": _DATASET_ID,
-        "reused": {"type": "boolean", "description": "planning reused its dataset: never ran"},
+        "reused": {
+            "type": "boolean",
+            "description": "planning reused its dataset or did not need it: never runs",
+        },
+        "reuse": _REUSE,
         "attempts": {"type": "integer", "minimum": 0},
         "startedAt": _TIME_OR_NULL,
         "finishedAt": _TIME_OR_NULL,
+        "error": {
+            "type": ["string", "null"],
+            "description": "why the last attempt failed (or the action was killed), if it did",
+        },
     }
     workflow_summary = {
         "id": {"type": "string"},
@@ -126,21 +159,26 @@ def _schemas() -> dict[str, Any]:
         "ActionDetail": _object(
             {
                 **action_summary,
+                "reason": _REASON,
                 "callbackId": {"type": "string"},
                 "externalId": {"type": ["string", "null"]},
                 "definition": {"type": "object", "description": "the action as submitted"},
-                "error": {"type": ["string", "null"]},
             }
         ),
         "WorkflowSummary": _object(workflow_summary),
         "WorkflowDocument": _object(
             {
                 **{k: v for k, v in workflow_summary.items() if k != "endDatasetId"},
+                "error": {
+                    "type": ["string", "null"],
+                    "description": "why the workflow failed or was killed, if it did",
+                },
                 "counts": {
                     "type": "object",
                     "description": "actions per state (every state, zeros included)",
                     "properties": {s.value: {"type": "integer"} for s in states.ActionState},
                 },
+                "reuse": _REUSE_SUMMARY,
                 "endDatasetId": workflow_summary["endDatasetId"],
                 "actions": {
                     "type": "array",
@@ -160,12 +198,9 @@ def _schemas() -> dict[str, Any]:
                 "actionId": {"type": "integer"},
                 "name": {"type": "string"},
                 "datasetId": _DATASET_ID,
-                "compute": {"type": "boolean"},
-                "reason": {
-                    "type": "string",
-                    "description": "forced, unmanaged, absent, a dataset state, in-flight, "
-                    "claim-failed, reused or not-needed",
-                },
+                "compute": {"type": "boolean", "description": "the action will run"},
+                "reuse": _REUSE,
+                "reason": _REASON,
                 "datasetState": {"type": ["string", "null"]},
             }
         ),
@@ -173,13 +208,7 @@ def _schemas() -> dict[str, Any]:
             {
                 "workflowId": {"type": "string"},
                 "actions": {"type": "array", "items": _ref("PlannedAction")},
-                "summary": _object(
-                    {
-                        "compute": {"type": "integer"},
-                        "reused": {"type": "integer"},
-                        "notNeeded": {"type": "integer"},
-                    }
-                ),
+                "summary": _REUSE_SUMMARY,
             }
         ),
         "RerunRequest": {

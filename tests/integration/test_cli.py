@@ -78,7 +78,8 @@ def test_first_start_prints_the_admin_token_and_keeps_it_private(server: Server)
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     result = server.run("users", "list")  # the CLI finds the token file by itself
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "admin"
+    assert result.stdout.splitlines()[0].split() == ["name", "role", "created"]
+    assert result.stdout.splitlines()[1].split()[:2] == ["admin", "admin"]
 
 
 def test_submit_wait_succeeds_then_every_action_is_reused(server: Server) -> None:
@@ -87,7 +88,9 @@ def test_submit_wait_succeeds_then_every_action_is_reused(server: Server) -> Non
     lines = first.stdout.strip().splitlines()
     workflow_id = lines[0]
     assert workflow_id.startswith("wf-")
-    assert lines[-1] == f"{workflow_id} SUCCEEDED: 5 actions, 5 computed, 0 reused"
+    assert lines[-1] == (
+        f"{workflow_id} SUCCEEDED: 5 actions, 5 computed, 0 shared, 0 reused, 0 not needed"
+    )
 
     again = server.run("submit", "examples/wordcount.json", "--wait", "--json")
     assert again.returncode == 0, again.stderr

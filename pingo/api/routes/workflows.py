@@ -317,7 +317,8 @@ async def _visible_action(request: web.Request) -> ActionRecord:
 async def get_action(request: web.Request) -> web.Response:
     """One action, with its callback id, external id, definition and error."""
     action = await _visible_action(request)
-    return bodies.json_response(documents.action_detail(action))
+    siblings = await state.node(request).store.list_actions(action.workflow_id)
+    return bodies.json_response(documents.action_detail(action, siblings))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
@@ -325,7 +326,7 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
     """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
     action = await _visible_action(request)
     if action.attempts == 0:
-        raise errors.NotFound(f"action {action.action_id} has not run (it was {action.reason})")
+        raise errors.NotFound(_never_ran(action))
     attempt = bodies.query_int(request, "attempt", default=action.attempts, minimum=1)
     if attempt is None or attempt > action.attempts:
         # A well-formed attempt number that has not happened: no such log, not a bad request.
@@ -334,7 +335,29 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
         state.settings(request).home, action.workflow_id, action.action_id, attempt
     )
     if not path.is_file():
-        raise errors.NotFound(
-            f"no log for attempt {attempt} of action {action.action_id} on this node"
-        )
+        raise errors.NotFound(_no_log(action, attempt))
     return web.FileResponse(path, headers={"Content-Type": "text/plain; charset=utf-8"})
+
+
+def _never_ran(action: ActionRecord) -> str:
+    """Why an action has no log at all, in the reuse vocabulary."""
+    label = f"action {action.action_id} ({action.name})"
+    if action.reused:
+        word = documents.action_outcome(action).value
+        return f"{label} never runs: its dataset was {word}"
+    if action.error:
+        return f"{label} never ran ({action.state.value}): {action.error}"
+    return f"{label} has not run yet ({action.state.value})"
+
+
+def _no_log(action: ActionRecord, attempt: int) -> str:
+    """Why an attempt that happened has no log here: it failed before it ran, or the
+    executor keeps its logs elsewhere."""
+    label = f"attempt {attempt} of action {action.action_id} ({action.name})"
+    if attempt == action.attempts and action.error:
+        # The submission itself failed (no executor, a refused command): its error is the log.
+        return f"{label} left no log; it failed: {action.error}"
+    if action.type != COMMAND_LINE:
+        where = f" (external id {action.external_id})" if action.external_id else ""
+        return f"{label} ran on the cluster{where}: its log is there, not on this node"
+    return f"no log for {label} on this node"
