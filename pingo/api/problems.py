@@ -123,6 +123,15 @@ DOCUMENTED_CODES: dict[str, str] = {
 }
 
 
+#: RFC 9110's names where Python's `HTTPStatus` (before 3.13) still has RFC 7231's.
+_RFC9110_TITLES: dict[int, str] = {413: "Content Too Large", 422: "Unprocessable Content"}
+
+
+def status_title(status: int) -> str:
+    """The problem `title`: the status's name in RFC 9110, the HTTP semantics in force."""
+    return _RFC9110_TITLES.get(status) or HTTPStatus(status).phrase
+
+
 def problem_type(code: str) -> str:
     """The problem `type` URI: the code's entry on the /docs page."""
     return f"/docs#{code}"
@@ -140,7 +149,7 @@ def problem_response(
     """An `application/problem+json` response."""
     body: dict[str, Any] = {
         "type": problem_type(code),
-        "title": HTTPStatus(status).phrase,
+        "title": status_title(status),
         "status": status,
         "detail": detail,
         "code": code,
