@@ -96,7 +96,7 @@ def server(
 # Client commands (issue 5): they talk to a running server through `pingo.client.Client`,
 # configured by PINGO_URL (or PINGO_HOST/PINGO_PORT) and PINGO_TOKEN (or the admin token file).
 
-_WORKFLOW_DONE = ("FINISHED", "FAILED", "KILLED")
+_WORKFLOW_DONE = ("FINISHED", "FAILED", "KILLED", "UPSTREAM_FAILED")
 
 
 @contextlib.contextmanager
@@ -172,9 +172,9 @@ def _workflow_line(document: Mapping[str, Any]) -> str:
     actions = document.get("actions", [])
     parts = [f"{len(actions)} actions", reuse_phrase(document.get("reuse") or {})]
     counts = document.get("counts", {})
-    for state in ("FAILED", "KILLED"):
+    for state in ("FAILED", "KILLED", "UPSTREAM_FAILED"):
         if counts.get(state):
-            parts.append(f"{counts[state]} {state.lower()}")
+            parts.append(f"{counts[state]} {state.lower().replace('_', ' ')}")
     return f"{document['id']} {document['state']}: {', '.join(parts)}"
 
 

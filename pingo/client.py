@@ -27,7 +27,7 @@ from pingo import config
 #: Workflow states from which a workflow never moves again.
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
 #: Action states that count as done in progress reports.
-ACTION_DONE_STATES = ("FINISHED", "FAILED", "KILLED")
+ACTION_DONE_STATES = ("FINISHED", "FAILED", "KILLED", "UPSTREAM_FAILED")
 
 
 class ClientError(Exception):

@@ -298,6 +298,26 @@ def test_status_shows_why_an_action_failed(server: Server, tmp_path: Path) -> No
     assert "disk [bold]full[/bold]" in status.stdout  # shown as written, never as markup
 
 
+def test_continue_shows_what_a_failure_left_unrun(server: Server, tmp_path: Path) -> None:
+    document = {"name": "cont", "startActionId": 1, "endActionId": 2, "onFailure": "continue",
+                "actions": [
+                    {"id": 1, "name": "breaks", "type": "command-line", "maxAttempts": 1,
+                     "command": ["sh", "-c", "exit 2"]},
+                    {"id": 2, "name": "after", "type": "command-line",
+                     "parentActions": [{"id": 1}], "command": ["true"]},
+                    {"id": 3, "name": "aside", "type": "command-line",
+                     "command": ["sh", "-c", 'echo aside > "$PINGO_OUTPUT"']}]}  # fmt: skip
+    result = server.run("submit", _write(tmp_path, "cont", document), "--wait")
+    assert result.returncode == 1
+    workflow_id = result.stdout.splitlines()[0]
+    assert result.stdout.splitlines()[-1].endswith("1 failed, 1 upstream failed")
+    status = server.run("status", workflow_id)
+    assert "UPSTREAM_FAILED" in status.stdout and "KILLED" not in status.stdout
+    assert "action 2 (after) UPSTREAM_FAILED: parent action 1 (breaks) did not finish" in (
+        status.stdout
+    )
+
+
 def test_piped_tables_are_whole(server: Server, tmp_path: Path) -> None:
     name = "extract-" + "d" * 120
     document = _one_action(name, 'echo x > "$PINGO_OUTPUT"')
