@@ -339,6 +339,9 @@ _COMMON_ERRORS = {
 
 
 _QUERY_ERRORS = {"400": _problem("A query parameter is not valid (INVALID_PARAMETER).")}
+#: Path parameters that take a unique id prefix (`pingo.store.lookup`).
+_PREFIXED = frozenset({"workflowId", "datasetId"})
+_AMBIGUOUS = "an id prefix starts several of the ids you may see (AMBIGUOUS_ID)"
 _BODY_ERRORS = {
     "400": _problem(
         "The body is not strict JSON (MALFORMED_JSON), or a query parameter is not valid "
@@ -360,18 +363,24 @@ def _op(
     request_body: dict[str, Any] | None = None,
     public: bool = False,
 ) -> dict[str, Any]:
+    responses = {
+        # Query parameters and bodies are read by the one strict reader of each,
+        # which can refuse them these ways on any operation.
+        **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
+        **(_BODY_ERRORS if request_body is not None else {}),
+        **dict(responses),
+        **({} if public else _COMMON_ERRORS),
+    }
+    if any(p["name"] in _PREFIXED for p in parameters or ()):
+        other = responses.get("400", {}).get("description", "").rstrip(".")
+        responses["400"] = _problem(
+            f"{other[0].upper()}{other[1:]}, or {_AMBIGUOUS}." if other else f"An {_AMBIGUOUS}."
+        )
     operation: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
         "tags": [tag],
-        "responses": {
-            # Query parameters and bodies are read by the one strict reader of each,
-            # which can refuse them these ways on any operation.
-            **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
-            **(_BODY_ERRORS if request_body is not None else {}),
-            **dict(responses),
-            **({} if public else _COMMON_ERRORS),
-        },
+        "responses": responses,
     }
     if description:
         operation["description"] = description
@@ -396,12 +405,22 @@ def _param(
     }
 
 
-_WORKFLOW_ID = _param("workflowId", "path", {"type": "string"}, "the workflow's id")
+_WORKFLOW_ID = _param(
+    "workflowId",
+    "path",
+    {"type": "string"},
+    "the workflow's id, or a unique prefix of it (8 characters or more) among yours",
+)
 #: Every integer the API takes is one the stores hold (`pingo.untrusted`).
 _INT64 = {"type": "integer", "minimum": untrusted.INT64_MIN, "maximum": untrusted.INT64_MAX}
 _ATTEMPT = {"type": "integer", "minimum": 1, "maximum": untrusted.INT64_MAX}
 _ACTION_ID = _param("actionId", "path", _INT64, "the action's id in its workflow")
-_DATASET_ID_PARAM = _param("datasetId", "path", _DATASET_ID, "the dataset's id")
+_DATASET_ID_PARAM = _param(
+    "datasetId",
+    "path",
+    {"type": "string"},
+    "the dataset's id, or a unique prefix of it (8 characters or more) among those you see",
+)
 _CALLBACK_ID = _param("callbackId", "path", {"type": "string"}, "the action's callback id")
 _LIMIT = _param(
     "limit",
