@@ -48,14 +48,27 @@ def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any
     }
 
 
-def action_detail(action: ActionRecord, siblings: Iterable[ActionRecord] = ()) -> dict[str, Any]:
+def is_twin(action: ActionRecord, dataset: DatasetRecord | None) -> bool:
+    """Whether a lower action of the same workflow computes this action's dataset too.
+
+    Planning makes the lowest of such twins the dataset's producer of record, so one
+    dataset read answers it, where `reuse.twins` needs every action of the workflow.
+    """
+    return (
+        not action.reused
+        and dataset is not None
+        and dataset.producer_workflow_id == action.workflow_id
+        and dataset.producer_action_id < action.action_id
+    )
+
+
+def action_detail(action: ActionRecord, dataset: DatasetRecord | None = None) -> dict[str, Any]:
     """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs.
 
-    `siblings` (the workflow's actions) tell whether it shares its dataset with a twin.
+    `dataset` (the action's) tells whether it shares its dataset with a twin.
     """
-    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in siblings)
     return {
-        **action_summary(action, twin=action.action_id in twins),
+        **action_summary(action, twin=is_twin(action, dataset)),
         "reason": action.reason,
         "callbackId": action.callback_id,
         "externalId": action.external_id,

@@ -188,7 +188,7 @@ async def action_page(request: web.Request) -> dict[str, object]:
         session,
         workflow=documents.workflow_summary(record),
         action=documents.action_detail(
-            action, await state.node(request).store.list_actions(record.id)
+            action, await state.node(request).store.get_dataset(action.dataset_id)
         ),
         log=log,
     )

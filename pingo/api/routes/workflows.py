@@ -317,8 +317,8 @@ async def _visible_action(request: web.Request) -> ActionRecord:
 async def get_action(request: web.Request) -> web.Response:
     """One action, with its callback id, external id, definition and error."""
     action = await _visible_action(request)
-    siblings = await state.node(request).store.list_actions(action.workflow_id)
-    return bodies.json_response(documents.action_detail(action, siblings))
+    dataset = await state.node(request).store.get_dataset(action.dataset_id)
+    return bodies.json_response(documents.action_detail(action, dataset))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
