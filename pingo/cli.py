@@ -6,14 +6,17 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from pingo import __version__
-from pingo import client as pingo_client
+
+if TYPE_CHECKING:
+    # Imported where used: `pingo validate` must not pay for an HTTP client (cli_validate_s).
+    from pingo import client as pingo_client
 
 app = typer.Typer(
     name="pingo",
@@ -93,12 +96,14 @@ def server(
 # Client commands (issue 5): they talk to a running server through `pingo.client.Client`,
 # configured by PINGO_URL (or PINGO_HOST/PINGO_PORT) and PINGO_TOKEN (or the admin token file).
 
-_WORKFLOW_DONE = ("FINISHED", "FAILED", "KILLED")
+_WORKFLOW_DONE = ("FINISHED", "FAILED", "KILLED", "UPSTREAM_FAILED")
 
 
 @contextlib.contextmanager
 def _api_errors() -> Iterator[None]:
     """Turn client errors into a one-line message (and the issues) on stderr, exit status 1."""
+    from pingo import client as pingo_client
+
     try:
         yield
     except pingo_client.ApiError as exc:
@@ -117,6 +122,8 @@ def _api_errors() -> Iterator[None]:
 
 
 def _client() -> pingo_client.Client:
+    from pingo import client as pingo_client
+
     return pingo_client.Client.from_env()
 
 
@@ -124,16 +131,50 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
+#: `--json` of every command that lists or shows something.
+_JSON = typer.Option(False, "--json", help="Print the server's answer as JSON.")
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Rows under headers, never cut.
+
+    On a terminal, rich draws the table and folds a long cell onto more lines; piped
+    (or redirected), plain space-aligned columns at full width, one row per line,
+    for grep and awk. Cells are plain text: untrusted names are never read as markup.
+    """
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(*headers)
+        for column in table.columns:
+            column.overflow = "fold"
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        Console().print(table)
+        return
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+    for line in (headers, *rows):
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def reuse_phrase(summary: Mapping[str, Any]) -> str:
+    """`C computed, S shared, R reused, N not needed`: the one vocabulary of reuse."""
+    return (
+        f"{summary.get('computed', 0)} computed, {summary.get('shared', 0)} shared, "
+        f"{summary.get('reused', 0)} reused, {summary.get('notNeeded', 0)} not needed"
+    )
+
+
 def _workflow_line(document: Mapping[str, Any]) -> str:
-    """`ID STATE: N actions, C computed, R reused` (plus failures)."""
+    """`ID STATE: N actions, C computed, S shared, R reused, N not needed` (plus failures)."""
     actions = document.get("actions", [])
-    reused = sum(1 for a in actions if a["reused"])
-    computed = sum(1 for a in actions if a["state"] == "FINISHED" and not a["reused"])
-    parts = [f"{len(actions)} actions", f"{computed} computed", f"{reused} reused"]
+    parts = [f"{len(actions)} actions", reuse_phrase(document.get("reuse") or {})]
     counts = document.get("counts", {})
-    for state in ("FAILED", "KILLED"):
+    for state in ("FAILED", "KILLED", "UPSTREAM_FAILED"):
         if counts.get(state):
-            parts.append(f"{counts[state]} {state.lower()}")
+            parts.append(f"{counts[state]} {state.lower().replace('_', ' ')}")
     return f"{document['id']} {document['state']}: {', '.join(parts)}"
 
 
@@ -166,13 +207,12 @@ def _wait_with_progress(client: pingo_client.Client, document: dict[str, Any]) -
         return client.wait(document["id"], on_update=update)
 
 
-def _report_failures(client: pingo_client.Client, document: Mapping[str, Any]) -> None:
+def _report_failures(document: Mapping[str, Any]) -> None:
     for action in document.get("actions", []):
         if action["state"] == "FAILED":
-            detail = client.action(document["id"], action["actionId"])
             typer.echo(
                 f"  action {action['actionId']} ({action['name']}) failed: "
-                f"{detail.get('error') or 'no error text'}\n"
+                f"{action.get('error') or 'no error text'}\n"
                 f"    see: pingo logs {document['id']} {action['actionId']}",
                 err=True,
             )
@@ -191,7 +231,7 @@ def _finish(
     elif wait or document["state"] != "RUNNING":
         typer.echo(_workflow_line(document))
     if document["state"] in ("FAILED", "KILLED"):
-        _report_failures(client, document)
+        _report_failures(document)
         raise typer.Exit(1)
     if wait and document["state"] != "SUCCEEDED":
         raise typer.Exit(1)
@@ -216,17 +256,12 @@ def submit(
             if as_json:
                 _print_json(plan)
             else:
-                for action in plan["actions"]:
-                    verdict = "compute" if action["compute"] else "skip"
-                    typer.echo(
-                        f"{action['actionId']:>6} {action['name']:<24} {verdict:<8} "
-                        f"{action['reason']}"
-                    )
-                summary = plan["summary"]
-                typer.echo(
-                    f"{summary['compute']} to compute, {summary['reused']} reused, "
-                    f"{summary['notNeeded']} not needed"
-                )
+                rows = [
+                    [str(a["actionId"]), a["name"], a["reuse"], a["reason"], a["datasetId"]]
+                    for a in plan["actions"]
+                ]
+                _print_table(["id", "name", "reuse", "reason", "dataset"], rows)
+                typer.echo(f"plan: {reuse_phrase(plan['summary'])}")
             return
         document = client.submit(data, idempotency_key=idempotency_key)
         _finish(client, document, wait=wait, as_json=as_json)
@@ -245,10 +280,9 @@ def status(
     workflow_id: str = typer.Argument(..., metavar="ID"),
     as_json: bool = typer.Option(False, "--json", help="Print the workflow document as JSON."),
 ) -> None:
-    """Show a workflow and the state of each of its actions."""
-    from rich.console import Console
-    from rich.table import Table
+    """Show a workflow, the state of each of its actions, and why any failed.
 
+    ID may be a unique prefix of the id (8 characters or more)."""
     with _api_errors():
         document = _client().workflow(workflow_id)
     if as_json:
@@ -259,42 +293,104 @@ def status(
         f"name: {document['name']}  owner: {document['owner']}  "
         f"created: {document['createdAt']}  finished: {document['finishedAt'] or '-'}"
     )
-    table = Table("id", "name", "type", "state", "reused", "attempts", "dataset")
-    for a in document["actions"]:
-        table.add_row(
+    if document.get("error"):
+        typer.echo(f"error: {document['error']}")
+    # A terminal gets git-style short dataset ids (any 8+ characters are accepted back).
+    width = 12 if sys.stdout.isatty() else None
+    rows = [
+        [
             str(a["actionId"]),
             a["name"],
             a["type"],
             a["state"],
-            "yes" if a["reused"] else "",
+            a["reuse"],
             str(a["attempts"]),
-            a["datasetId"][:12],
-        )
-    Console().print(table)
+            a["datasetId"][:width],
+        ]
+        for a in document["actions"]
+    ]
+    _print_table(["id", "name", "type", "state", "reuse", "attempts", "dataset"], rows)
+    for line in _action_errors(document):
+        typer.echo(line)
+
+
+def _action_errors(document: Mapping[str, Any]) -> list[str]:
+    """One line per action that did not finish and says why (a retry's last error too)."""
+    return [
+        f"action {a['actionId']} ({a['name']}) {a['state']}: {a['error']}"
+        for a in document.get("actions", [])
+        if a.get("error") and a["state"] != "FINISHED"
+    ]
+
+
+_CURSOR = typer.Option(
+    None, "--cursor", help="Start at this page: the `next` cursor an earlier page gave."
+)
+_ALL = typer.Option(False, "--all", help="Follow every page to the end.")
+
+
+def _collect(
+    fetch: Callable[[str | None], dict[str, Any]], cursor: str | None, every: bool
+) -> dict[str, Any]:
+    """One page from `cursor`, or with `every` all of them as one page (`next`: null)."""
+    page = fetch(cursor)
+    if not every:
+        return page
+    items = list(page["items"])
+    while page.get("next"):
+        page = fetch(page["next"])
+        items.extend(page["items"])
+    return {"items": items, "next": None}
+
+
+def _page_footer(page: Mapping[str, Any], command: str, nothing: str) -> None:
+    """On stderr: what an empty page means, or how to get the next one."""
+    if not page["items"]:
+        typer.echo(nothing, err=True)
+    if page.get("next"):
+        typer.echo(f"more: {command} --cursor {page['next']}  (or --all)", err=True)
 
 
 @app.command("list")
 def list_workflows(
     state: str | None = typer.Option(None, "--state", help="Only workflows in this state."),
     name: str | None = typer.Option(None, "--name", help="Only workflows with this name."),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="How many (newest first)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the page as JSON."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="How many per page."),
+    cursor: str | None = _CURSOR,
+    every: bool = _ALL,
+    as_json: bool = _JSON,
 ) -> None:
-    """List workflows, newest first."""
+    """List workflows, newest first, a page at a time."""
     with _api_errors():
-        page = _client().workflows(state=state, name=name, limit=limit)
+        client = _client()
+        page = _collect(
+            lambda c: client.workflows(state=state, name=name, limit=limit, cursor=c),
+            cursor,
+            every,
+        )
     if as_json:
         _print_json(page)
         return
-    for w in page["items"]:
-        typer.echo(f"{w['id']}  {w['state']:<9}  {w['createdAt']}  {w['owner']:<12}  {w['name']}")
+    if page["items"]:
+        rows = [[w["id"], w["state"], w["createdAt"], w["owner"], w["name"]] for w in page["items"]]
+        _print_table(["id", "state", "created", "owner", "name"], rows)
+    filtered = state is not None or name is not None or cursor is not None
+    nothing = (
+        "no workflow matches"
+        if filtered
+        else "no workflows yet: submit one with `pingo submit FILE` (try examples/)"
+    )
+    _page_footer(page, "pingo list", nothing)
 
 
 @app.command()
-def kill(workflow_id: str = typer.Argument(..., metavar="ID")) -> None:
+def kill(workflow_id: str = typer.Argument(..., metavar="ID"), as_json: bool = _JSON) -> None:
     """Kill a running workflow."""
     with _api_errors():
         document = _client().kill(workflow_id)
+    if as_json:
+        _print_json(document)
+        return
     typer.echo(_workflow_line(document))
 
 
@@ -348,26 +444,37 @@ app.add_typer(datasets_app, name="datasets")
 @datasets_app.command("ls")
 def datasets_ls(
     state: str | None = typer.Option(None, "--state", help="Only datasets in this state."),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
-    as_json: bool = typer.Option(False, "--json", help="Print the page as JSON."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="How many per page."),
+    cursor: str | None = _CURSOR,
+    every: bool = _ALL,
+    as_json: bool = _JSON,
 ) -> None:
-    """List datasets, newest first."""
+    """List datasets, newest first; the size is what its files take now ("-": none)."""
     with _api_errors():
-        page = _client().datasets(state=state, limit=limit)
+        client = _client()
+        page = _collect(
+            lambda c: client.datasets(state=state, limit=limit, cursor=c), cursor, every
+        )
     if as_json:
         _print_json(page)
         return
-    for d in page["items"]:
-        size = "-" if d["sizeBytes"] is None else str(d["sizeBytes"])
-        producer = _producer(d["producedBy"])
-        pinned = " pinned" if d["pinned"] else ""
-        typer.echo(f"{d['id']}  {d['state']:<16} {size:>12}  {producer}{pinned}")
+    rows = [
+        [
+            d["id"],
+            d["state"],
+            "-" if d["sizeBytes"] is None else str(d["sizeBytes"]),
+            _producer(d["producedBy"]),
+            "pinned" if d["pinned"] else "",
+        ]
+        for d in page["items"]
+    ]
+    if rows:
+        _print_table(["id", "state", "bytes", "produced by", "pinned"], rows)
+    _page_footer(page, "pingo datasets ls", "no dataset" + (" matches" if state else "s yet"))
 
 
 @app.command()
-def storage(
-    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
-) -> None:
+def storage(as_json: bool = _JSON) -> None:
     """Show the storage capacity, the bytes per dataset state and recent retention decisions."""
     with _api_errors():
         summary = _client().storage()
@@ -401,8 +508,17 @@ def storage_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: A dataset id, or a unique prefix of one (8+ characters), as `pingo status` prints it.
+_DATASET = typer.Argument(..., metavar="DATASET", help="The id or a unique prefix (8+ chars).")
+
+
 @datasets_app.command("show")
-def datasets_show(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> None:
+def datasets_show(
+    dataset_id: str = _DATASET,
+    as_json: bool = typer.Option(
+        False, "--json", help="Accepted as everywhere: a dataset is shown as JSON anyway."
+    ),
+) -> None:
     """Show a dataset as JSON."""
     with _api_errors():
         _print_json(_client().dataset(dataset_id))
@@ -456,36 +572,43 @@ _ON_DISK = frozenset({"STORED", "LEAF", "STORED_TO_DELETE"})
 
 @datasets_app.command("rm")
 def datasets_rm(
-    dataset_id: str = typer.Argument(..., metavar="DATASET"),
+    dataset_id: str = _DATASET,
     force: bool = typer.Option(False, "--force", help="Also delete a LEAF dataset."),
+    as_json: bool = _JSON,
 ) -> None:
     """Mark a dataset for deletion (removed once no action still needs it)."""
     with _api_errors():
         dataset = _client().delete_dataset(dataset_id, force=force)
+    if as_json:
+        _print_json(dataset)
+        return
     typer.echo(f"{dataset['id']} {dataset['state']}")
 
 
 @datasets_app.command("pin")
-def datasets_pin(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> None:
+def datasets_pin(dataset_id: str = _DATASET, as_json: bool = _JSON) -> None:
     """Pin a dataset: retention never evicts it."""
     with _api_errors():
         dataset = _client().pin(dataset_id, True)
+    if as_json:
+        _print_json(dataset)
+        return
     typer.echo(f"{dataset['id']} pinned")
 
 
 @datasets_app.command("unpin")
-def datasets_unpin(dataset_id: str = typer.Argument(..., metavar="DATASET")) -> None:
+def datasets_unpin(dataset_id: str = _DATASET, as_json: bool = _JSON) -> None:
     """Unpin a dataset."""
     with _api_errors():
         dataset = _client().pin(dataset_id, False)
+    if as_json:
+        _print_json(dataset)
+        return
     typer.echo(f"{dataset['id']} unpinned")
 
 
 @app.command()
-def lineage(
-    dataset_id: str = typer.Argument(..., metavar="DATASET"),
-    as_json: bool = typer.Option(False, "--json", help="Print the graph as JSON."),
-) -> None:
+def lineage(dataset_id: str = _DATASET, as_json: bool = _JSON) -> None:
     """Show the ancestors of a dataset (parent -> child edges)."""
     with _api_errors():
         graph = _client().lineage(dataset_id)
@@ -500,8 +623,9 @@ def lineage(
             producer = f"  {node['actionType']}:{node.get('actionName') or '?'}"
         digest = f"  {node['digest']}" if node.get("digest") else ""
         typer.echo(f"{node['id']}  {node['state'] or 'UNKNOWN'}{producer}{digest}")
+    width = 12 if sys.stdout.isatty() else None
     for edge in graph["edges"]:
-        typer.echo(f"{edge['from'][:12]} -> {edge['to'][:12]}")
+        typer.echo(f"{edge['from'][:width]} -> {edge['to'][:width]}")
 
 
 users_app = typer.Typer(help="Manage users and their tokens (admin).", no_args_is_help=True)
@@ -512,24 +636,29 @@ app.add_typer(users_app, name="users")
 def users_add(
     name: str = typer.Argument(...),
     admin: bool = typer.Option(False, "--admin", help="Make the user an admin."),
+    as_json: bool = _JSON,
 ) -> None:
     """Create a user; its token is printed once, as the last line."""
     with _api_errors():
         user = _client().create_user(name, admin=admin)
+    if as_json:
+        _print_json(user)
+        return
     role = "admin" if user["admin"] else "user"
     typer.echo(f"created {role} {user['name']}; its token (shown once):")
     typer.echo(user["token"])
 
 
 @users_app.command("list")
-def users_list() -> None:
+def users_list(as_json: bool = _JSON) -> None:
     """List users."""
     with _api_errors():
         users = _client().users()
-    for user in users:
-        typer.echo(
-            f"{user['name']:<24} {'admin' if user['admin'] else 'user':<6} {user['createdAt']}"
-        )
+    if as_json:
+        _print_json({"items": users})
+        return
+    rows = [[u["name"], "admin" if u["admin"] else "user", u["createdAt"]] for u in users]
+    _print_table(["name", "role", "created"], rows)
 
 
 @users_app.command("revoke")

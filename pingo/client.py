@@ -27,7 +27,7 @@ from pingo import config
 #: Workflow states from which a workflow never moves again.
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
 #: Action states that count as done in progress reports.
-ACTION_DONE_STATES = ("FINISHED", "FAILED", "KILLED")
+ACTION_DONE_STATES = ("FINISHED", "FAILED", "KILLED", "UPSTREAM_FAILED")
 
 
 class ClientError(Exception):
@@ -66,6 +66,16 @@ class ApiError(ClientError):
         self.title = title
         self.issues = tuple(issues)
 
+    def with_hint(self, hint: str) -> ApiError:
+        """The same error with `hint` added to its detail."""
+        return ApiError(
+            self.status,
+            self.code,
+            f"{self.detail}; {hint}",
+            title=self.title,
+            issues=self.issues,
+        )
+
     def describe(self) -> str:
         """The error on one line, then one line per issue (for humans)."""
         lines = [f"{self.code} ({self.status}): {self.detail}"]
@@ -88,16 +98,33 @@ def default_url(environ: Mapping[str, str] | None = None) -> str:
     return f"http://{host}:{port}"
 
 
+def token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the admin token is looked for: `$PINGO_HOME/admin.token` (or the default home)."""
+    env = os.environ if environ is None else environ
+    home = Path(env["PINGO_HOME"]).expanduser() if env.get("PINGO_HOME") else config.default_home()
+    return home / "admin.token"
+
+
 def default_token(environ: Mapping[str, str] | None = None) -> str | None:
     """`PINGO_TOKEN`, else the admin token file in `PINGO_HOME` (or the default home)."""
     env = os.environ if environ is None else environ
     if env.get("PINGO_TOKEN"):
         return env["PINGO_TOKEN"].strip()
-    home = Path(env["PINGO_HOME"]).expanduser() if env.get("PINGO_HOME") else config.default_home()
     try:
-        return (home / "admin.token").read_text().strip() or None
+        return token_file(env).read_text().strip() or None
     except OSError:
         return None
+
+
+def _no_token_hint(path: Path | None) -> str:
+    """Why no token was sent, naming the file that was looked for."""
+    if path is None:
+        return "no token was sent (set PINGO_TOKEN)"
+    try:
+        found = "is empty" if path.is_file() else "does not exist"
+    except OSError:
+        found = "cannot be read"
+    return f"no token was sent: PINGO_TOKEN is not set and {path} {found}"
 
 
 def _problem(status: int, body: bytes) -> ApiError:
@@ -139,11 +166,15 @@ class Client:
     base_url: str = field(default_factory=default_url)
     token: str | None = field(default_factory=default_token)
     timeout_s: float = 60.0
+    #: The token file that was looked for (named in the error when no token was found).
+    token_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Client:
         """A client configured from `PINGO_URL`/`PINGO_HOST`/`PINGO_PORT` and `PINGO_TOKEN`."""
-        return cls(base_url=default_url(environ), token=default_token(environ))
+        token = default_token(environ)
+        looked_at = None if token else token_file(environ)
+        return cls(base_url=default_url(environ), token=token, token_file=looked_at)
 
     # ------------------------------------------------------------------ transport
 
@@ -176,7 +207,10 @@ class Client:
                 return Response(answer.status, dict(answer.headers.items()), answer.read())
         except urllib.error.HTTPError as exc:
             with exc:
-                raise _problem(exc.code, exc.read()) from None
+                error = _problem(exc.code, exc.read())
+            if error.status == 401 and not self.token:
+                error = error.with_hint(_no_token_hint(self.token_file))
+            raise error from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(

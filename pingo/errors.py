@@ -32,6 +32,12 @@ class NotFound(PingoError):
     code = "NOT_FOUND"
 
 
+class AmbiguousId(PingoError):
+    """Several resources have ids that start with the given prefix; give more characters."""
+
+    code = "AMBIGUOUS_ID"
+
+
 class Conflict(PingoError):
     """The resource is not in a state that allows this request."""
 

@@ -25,13 +25,6 @@ DISPATCH_SECONDS = Histogram(
 CALLBACK_SECONDS = Histogram(
     "pingo_callback_seconds", "Time to handle a callback.", ["kind"], registry=REGISTRY
 )
-STORE_SECONDS = Histogram(
-    "pingo_store_operation_seconds",
-    "Latency of store operations.",
-    ["operation"],
-    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1),
-    registry=REGISTRY,
-)
 RECONCILIATIONS = Counter(
     "pingo_reconciliations", "Actions resolved by reconciliation.", ["outcome"],
     registry=REGISTRY,

@@ -33,6 +33,8 @@ class ActionState(enum.StrEnum):
     FAILED = "FAILED"
     #: A user (or an aborting workflow) stopped the action.
     KILLED = "KILLED"
+    #: A parent failed or was killed in an `onFailure: continue` workflow: it never ran.
+    UPSTREAM_FAILED = "UPSTREAM_FAILED"
 
 
 class DatasetState(enum.StrEnum):
@@ -88,6 +90,8 @@ W = WorkflowState
 ACTION_TRANSITIONS: Mapping[tuple[ActionState, ActionState], frozenset[Trigger]] = {
     (A.WAITING, A.READY): frozenset({Trigger.CALLBACK}),  # last parent finished
     (A.WAITING, A.KILLED): frozenset({Trigger.USER, Trigger.CALLBACK}),  # kill, abort
+    # onFailure "continue": what depends on a failed action can never run.
+    (A.WAITING, A.UPSTREAM_FAILED): frozenset({Trigger.CALLBACK}),
     (A.READY, A.PROCESSING): frozenset({Trigger.SCRAPER}),  # claim by CAS
     (A.READY, A.KILLED): frozenset({Trigger.USER, Trigger.CALLBACK}),
     (A.READY, A.FAILED): frozenset({Trigger.SUBMITTER}),  # no executor can run it
@@ -161,11 +165,18 @@ WORKFLOW_TRANSITIONS: Mapping[tuple[WorkflowState, WorkflowState], frozenset[Tri
 }
 
 #: Action states from which the action will not move again.
-ACTION_TERMINAL: frozenset[ActionState] = frozenset({A.FINISHED, A.FAILED, A.KILLED})
+ACTION_TERMINAL: frozenset[ActionState] = frozenset(
+    {A.FINISHED, A.FAILED, A.KILLED, A.UPSTREAM_FAILED}
+)
+#: Terminal action states other than FINISHED: a workflow holding one did not succeed.
+ACTION_UNSUCCESSFUL: frozenset[ActionState] = frozenset({A.FAILED, A.KILLED, A.UPSTREAM_FAILED})
 #: Action states in which an executor may be working on the action.
 ACTION_ACTIVE: frozenset[ActionState] = frozenset({A.PROCESSING, A.SUBMITTED, A.RUNNING})
 #: Dataset states whose files are on disk.
 DATASET_ON_DISK: frozenset[DatasetState] = frozenset({D.STORED, D.LEAF, D.STORED_TO_DELETE})
+#: Dataset states whose files still take storage (on disk, or being deleted): the only
+#: states whose `size_bytes` counts, in `/storage` and in dataset documents.
+DATASET_USING_STORAGE: frozenset[DatasetState] = DATASET_ON_DISK | {D.PROCESSING, D.DELETING}
 #: Dataset states that planning reuses.
 DATASET_REUSABLE: frozenset[DatasetState] = frozenset({D.STORED, D.LEAF})
 #: Dataset states in which the producing action is computing it.

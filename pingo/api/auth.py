@@ -136,11 +136,23 @@ def require_admin(request: web.Request) -> UserRecord:
     return user
 
 
+def visible_owner(user: UserRecord) -> str | None:
+    """The owner whose workflows `user` may see; None for admins, who see all."""
+    return None if user.is_admin else user.name
+
+
+def visible_scopes(user: UserRecord) -> frozenset[str] | None:
+    """The sharing scopes whose datasets `user` may see; None for admins, who see all."""
+    return None if user.is_admin else frozenset({"server", f"user:{user.name}"})
+
+
 def may_see(user: UserRecord, owner: str) -> bool:
     """Whether `user` may see a workflow owned by `owner` (admins see all)."""
-    return user.is_admin or user.name == owner
+    allowed = visible_owner(user)
+    return allowed is None or allowed == owner
 
 
 def may_see_scope(user: UserRecord, scope: str) -> bool:
     """Whether `user` may see a dataset computed in sharing scope `scope`."""
-    return user.is_admin or scope == "server" or scope == f"user:{user.name}"
+    allowed = visible_scopes(user)
+    return allowed is None or scope in allowed

@@ -12,6 +12,7 @@ from pingo import limits, states
 from pingo.config import Settings
 from pingo.datasets.integrity import Verdict
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
+from pingo.workflows import reuse
 
 
 def timestamp(at: datetime | None) -> str | None:
@@ -29,8 +30,13 @@ def counts(actions: Iterable[ActionRecord]) -> dict[str, int]:
     return result
 
 
-def action_summary(action: ActionRecord) -> dict[str, Any]:
-    """An action as it appears in the workflow document."""
+def action_outcome(action: ActionRecord, *, twin: bool = False) -> reuse.Reuse:
+    """Computed, shared, reused or not needed (`pingo.workflows.reuse`)."""
+    return reuse.outcome(runs=not action.reused, reason=action.reason, twin=twin)
+
+
+def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any]:
+    """An action as it appears in the workflow document (`error`: why it failed, if it did)."""
     return {
         "actionId": action.action_id,
         "name": action.name,
@@ -38,20 +44,39 @@ def action_summary(action: ActionRecord) -> dict[str, Any]:
         "state": action.state.value,
         "datasetId": action.dataset_id,
         "reused": action.reused,
+        "reuse": action_outcome(action, twin=twin).value,
         "attempts": action.attempts,
         "startedAt": timestamp(action.started_at),
         "finishedAt": timestamp(action.finished_at),
+        "error": action.error,
     }
 
 
-def action_detail(action: ActionRecord) -> dict[str, Any]:
-    """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs."""
+def is_twin(action: ActionRecord, dataset: DatasetRecord | None) -> bool:
+    """Whether a lower action of the same workflow computes this action's dataset too.
+
+    Planning makes the lowest of such twins the dataset's producer of record, so one
+    dataset read answers it, where `reuse.twins` needs every action of the workflow.
+    """
+    return (
+        not action.reused
+        and dataset is not None
+        and dataset.producer_workflow_id == action.workflow_id
+        and dataset.producer_action_id < action.action_id
+    )
+
+
+def action_detail(action: ActionRecord, dataset: DatasetRecord | None = None) -> dict[str, Any]:
+    """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs.
+
+    `dataset` (the action's) tells whether it shares its dataset with a twin.
+    """
     return {
-        **action_summary(action),
+        **action_summary(action, twin=is_twin(action, dataset)),
+        "reason": action.reason,
         "callbackId": action.callback_id,
         "externalId": action.external_id,
         "definition": action.definition,
-        "error": action.error,
     }
 
 
@@ -72,6 +97,7 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
     """The workflow document: every action of the definition, in ascending action id."""
     ordered = sorted(actions, key=lambda a: a.action_id)
     summary = workflow_summary(workflow)
+    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in ordered)
     return {
         "id": summary["id"],
         "name": summary["name"],
@@ -79,9 +105,11 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
         "state": summary["state"],
         "createdAt": summary["createdAt"],
         "finishedAt": summary["finishedAt"],
+        "error": workflow.error,
         "counts": counts(ordered),
+        "reuse": reuse.summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
         "endDatasetId": summary["endDatasetId"],
-        "actions": [action_summary(a) for a in ordered],
+        "actions": [action_summary(a, twin=a.action_id in twins) for a in ordered],
     }
 
 
@@ -104,6 +132,11 @@ class Producer:
     name: str | None
 
 
+def stored_size(dataset: DatasetRecord) -> int | None:
+    """The bytes a dataset's files take now: None while it is computed and once DELETED."""
+    return dataset.size_bytes if dataset.state in states.DATASET_USING_STORAGE else None
+
+
 def dataset_document(
     dataset: DatasetRecord,
     view: DatasetView = DatasetView.ADMIN,
@@ -122,7 +155,7 @@ def dataset_document(
     document: dict[str, Any] = {
         "id": dataset.id,
         "state": dataset.state.value,
-        "sizeBytes": dataset.size_bytes,
+        "sizeBytes": stored_size(dataset),
         "digest": dataset.digest,
     }
     if view is not DatasetView.OTHER or dataset.is_managed:
@@ -173,7 +206,7 @@ def lineage_node(
         "state": dataset.state.value,
         "actionType": dataset.action_type,
         "actionName": None if producer is None else producer.name,
-        "sizeBytes": dataset.size_bytes,
+        "sizeBytes": stored_size(dataset),
         "digest": dataset.digest,
         "isManaged": dataset.is_managed,
         "storedAt": timestamp(dataset.stored_at),

@@ -18,6 +18,7 @@ from typing import Any
 from pingo import __version__, limits, states, untrusted
 from pingo.api import documents, problems
 from pingo.store import _cursor
+from pingo.workflows import reuse
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
 
@@ -82,6 +83,28 @@ _DATASET_REQUIRED = [
     *("producedBy", "parents", "computeSeconds", "useCount", "createdAt", "storedAt"),
     "lastUsedAt",
 ]
+#: One word per action for what planning did with its dataset (`pingo.workflows.reuse`).
+_REUSE = {
+    "type": "string",
+    "enum": [r.value for r in reuse.Reuse],
+    "description": "computed (runs), shared (runs while another computation of its dataset "
+    "is under way), reused (its dataset was stored: never runs) or not needed (nothing "
+    "that runs reads it: never runs)",
+}
+_REASON = {
+    "type": "string",
+    "description": "why planning decided so: forced, unmanaged, absent, a dataset state, "
+    "in-flight, claim-failed, digest-mismatch, reused or not-needed",
+}
+_REUSE_SUMMARY = _object(
+    {
+        "computed": {"type": "integer"},
+        "shared": {"type": "integer"},
+        "reused": {"type": "integer"},
+        "notNeeded": {"type": "integer"},
+    },
+    description="how many actions are computed, shared, reused and not needed",
+)
 
 
 def _schemas() -> dict[str, Any]:
@@ -94,10 +117,18 @@ def _schemas() -> dict[str, Any]:
         "type": {"type": "string"},
         "state": action_state,
         "datasetId": _DATASET_ID,
-        "reused": {"type": "boolean", "description": "planning reused its dataset: never ran"},
+        "reused": {
+            "type": "boolean",
+            "description": "planning reused its dataset or did not need it: never runs",
+        },
+        "reuse": _REUSE,
         "attempts": {"type": "integer", "minimum": 0},
         "startedAt": _TIME_OR_NULL,
         "finishedAt": _TIME_OR_NULL,
+        "error": {
+            "type": ["string", "null"],
+            "description": "why the last attempt failed (or the action was killed), if it did",
+        },
     }
     workflow_summary = {
         "id": {"type": "string"},
@@ -134,21 +165,26 @@ def _schemas() -> dict[str, Any]:
         "ActionDetail": _object(
             {
                 **action_summary,
+                "reason": _REASON,
                 "callbackId": {"type": "string"},
                 "externalId": {"type": ["string", "null"]},
                 "definition": {"type": "object", "description": "the action as submitted"},
-                "error": {"type": ["string", "null"]},
             }
         ),
         "WorkflowSummary": _object(workflow_summary),
         "WorkflowDocument": _object(
             {
                 **{k: v for k, v in workflow_summary.items() if k != "endDatasetId"},
+                "error": {
+                    "type": ["string", "null"],
+                    "description": "why the workflow failed or was killed, if it did",
+                },
                 "counts": {
                     "type": "object",
                     "description": "actions per state (every state, zeros included)",
                     "properties": {s.value: {"type": "integer"} for s in states.ActionState},
                 },
+                "reuse": _REUSE_SUMMARY,
                 "endDatasetId": workflow_summary["endDatasetId"],
                 "actions": {
                     "type": "array",
@@ -168,12 +204,9 @@ def _schemas() -> dict[str, Any]:
                 "actionId": {"type": "integer"},
                 "name": {"type": "string"},
                 "datasetId": _DATASET_ID,
-                "compute": {"type": "boolean"},
-                "reason": {
-                    "type": "string",
-                    "description": "forced, unmanaged, absent, a dataset state, in-flight, "
-                    "claim-failed, digest-mismatch, reused or not-needed",
-                },
+                "compute": {"type": "boolean", "description": "the action will run"},
+                "reuse": _REUSE,
+                "reason": _REASON,
                 "datasetState": {"type": ["string", "null"]},
             }
         ),
@@ -181,13 +214,7 @@ def _schemas() -> dict[str, Any]:
             {
                 "workflowId": {"type": "string"},
                 "actions": {"type": "array", "items": _ref("PlannedAction")},
-                "summary": _object(
-                    {
-                        "compute": {"type": "integer"},
-                        "reused": {"type": "integer"},
-                        "notNeeded": {"type": "integer"},
-                    }
-                ),
+                "summary": _REUSE_SUMMARY,
             }
         ),
         "RerunRequest": {
@@ -390,6 +417,9 @@ _COMMON_ERRORS = {
 
 
 _QUERY_ERRORS = {"400": _problem("A query parameter is not valid (INVALID_PARAMETER).")}
+#: Path parameters that take a unique id prefix (`pingo.store.lookup`).
+_PREFIXED = frozenset({"workflowId", "datasetId"})
+_AMBIGUOUS = "an id prefix starts several of the ids you may see (AMBIGUOUS_ID)"
 _BODY_ERRORS = {
     "400": _problem(
         "The body is not strict JSON (MALFORMED_JSON), or a query parameter is not valid "
@@ -411,18 +441,24 @@ def _op(
     request_body: dict[str, Any] | None = None,
     public: bool = False,
 ) -> dict[str, Any]:
+    responses = {
+        # Query parameters and bodies are read by the one strict reader of each,
+        # which can refuse them these ways on any operation.
+        **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
+        **(_BODY_ERRORS if request_body is not None else {}),
+        **dict(responses),
+        **({} if public else _COMMON_ERRORS),
+    }
+    if any(p["name"] in _PREFIXED for p in parameters or ()):
+        other = responses.get("400", {}).get("description", "").rstrip(".")
+        responses["400"] = _problem(
+            f"{other[0].upper()}{other[1:]}, or {_AMBIGUOUS}." if other else f"An {_AMBIGUOUS}."
+        )
     operation: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
         "tags": [tag],
-        "responses": {
-            # Query parameters and bodies are read by the one strict reader of each,
-            # which can refuse them these ways on any operation.
-            **(_QUERY_ERRORS if any(p["in"] == "query" for p in parameters or ()) else {}),
-            **(_BODY_ERRORS if request_body is not None else {}),
-            **dict(responses),
-            **({} if public else _COMMON_ERRORS),
-        },
+        "responses": responses,
     }
     if description:
         operation["description"] = description
@@ -447,12 +483,22 @@ def _param(
     }
 
 
-_WORKFLOW_ID = _param("workflowId", "path", {"type": "string"}, "the workflow's id")
+_WORKFLOW_ID = _param(
+    "workflowId",
+    "path",
+    {"type": "string"},
+    "the workflow's id, or a unique prefix of it (8 characters or more) among yours",
+)
 #: Every integer the API takes is one the stores hold (`pingo.untrusted`).
 _INT64 = {"type": "integer", "minimum": untrusted.INT64_MIN, "maximum": untrusted.INT64_MAX}
 _ATTEMPT = {"type": "integer", "minimum": 1, "maximum": untrusted.INT64_MAX}
 _ACTION_ID = _param("actionId", "path", _INT64, "the action's id in its workflow")
-_DATASET_ID_PARAM = _param("datasetId", "path", _DATASET_ID, "the dataset's id")
+_DATASET_ID_PARAM = _param(
+    "datasetId",
+    "path",
+    {"type": "string"},
+    "the dataset's id, or a unique prefix of it (8 characters or more) among those you see",
+)
 _CALLBACK_ID = _param("callbackId", "path", {"type": "string"}, "the action's callback id")
 _LIMIT = _param(
     "limit",

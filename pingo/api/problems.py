@@ -75,6 +75,7 @@ class UnknownExecutor(errors.ValidationFailed):
 _STATUS_BY_ERROR: tuple[tuple[type[errors.PingoError], HTTPStatus], ...] = (
     (BadRequest, HTTPStatus.BAD_REQUEST),
     (errors.ValidationFailed, HTTPStatus.UNPROCESSABLE_ENTITY),
+    (errors.AmbiguousId, HTTPStatus.BAD_REQUEST),
     (errors.NotFound, HTTPStatus.NOT_FOUND),
     (errors.Conflict, HTTPStatus.CONFLICT),
     (errors.Unauthorized, HTTPStatus.UNAUTHORIZED),
@@ -108,6 +109,7 @@ DOCUMENTED_CODES: dict[str, str] = {
     "INVALID_PARAMETER": "A query parameter or cursor is not valid (400).",
     "UNAUTHORIZED": "No bearer token, an unknown one, or a callback without its token (401).",
     "FORBIDDEN": "The token does not allow this request, or a callback token is forged (403).",
+    "AMBIGUOUS_ID": "An id prefix that starts several of the ids you may see (400).",
     "NOT_FOUND": "No such resource, or one that belongs to another user (404).",
     "METHOD_NOT_ALLOWED": "The route exists but not with this method (405).",
     "CONFLICT": "The resource is not in a state that allows this request (409).",
@@ -123,6 +125,15 @@ DOCUMENTED_CODES: dict[str, str] = {
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",
 }
+
+
+#: RFC 9110's names where Python's `HTTPStatus` (before 3.13) still has RFC 7231's.
+_RFC9110_TITLES: dict[int, str] = {413: "Content Too Large", 422: "Unprocessable Content"}
+
+
+def status_title(status: int) -> str:
+    """The problem `title`: the status's name in RFC 9110, the HTTP semantics in force."""
+    return _RFC9110_TITLES.get(status) or HTTPStatus(status).phrase
 
 
 def problem_type(code: str) -> str:
@@ -142,7 +153,7 @@ def problem_response(
     """An `application/problem+json` response."""
     body: dict[str, Any] = {
         "type": problem_type(code),
-        "title": HTTPStatus(status).phrase,
+        "title": status_title(status),
         "status": status,
         "detail": detail,
         "code": code,

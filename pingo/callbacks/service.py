@@ -37,6 +37,8 @@ T = states.Trigger
 
 #: States in which an executor may call back for the current attempt.
 _EXECUTING: frozenset[states.ActionState] = frozenset({A.SUBMITTED, A.RUNNING})
+#: The error of an action the cluster killed while its workflow was running.
+_KILLED_BY_CLUSTER = "killed by the cluster (not by Pingo): no attempt is retried"
 #: States in which an action has not started and can simply be killed.
 _NOT_STARTED: frozenset[states.ActionState] = frozenset({A.WAITING, A.READY, A.PROCESSING})
 #: States in which an action is still to run (the workflow is not done).
@@ -182,10 +184,16 @@ class CallbackService:
 
     @_timed("killed")
     async def killed(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
-        """The work was killed: KILLED, its partial output and claims dropped."""
+        """The work was killed: KILLED when Pingo stopped it (a user's kill, an abort),
+        FAILED when the cluster did so behind Pingo's back (no retry: someone meant it)."""
         action = await self._current(callback_id, attempt)
         if action.state not in _EXECUTING:
             return action
+        workflow = await self._workflow(action.workflow_id)
+        if workflow.state is W.RUNNING:
+            # Pingo kills only when the workflow ends, and ends it first: this was not us.
+            moved = await self._fail_for_good(action, _KILLED_BY_CLUSTER, T.CALLBACK)
+            return moved or await self._reread(action)
         now = self.store.clock()
         changes = protocol.ActionChanges(finished_at=now, error="killed", lease_expires_at=None)
         moved = await self._move(action, _EXECUTING, A.KILLED, T.CALLBACK, changes)
@@ -193,11 +201,6 @@ class CallbackService:
             return await self._reread(action)
         await self._remove_staging(moved)
         await self._discard(moved)
-        # Killed behind Pingo's back (the user did not kill the workflow): its
-        # descendants can never run, exactly as after a failure.
-        await self._after_failure(
-            moved, f"action {moved.action_id} ({moved.name}) was killed", T.CALLBACK
-        )
         return moved
 
     async def submit_failed(
@@ -287,7 +290,7 @@ class CallbackService:
                 if await self.store.release_parent(workflow_id, parent_id, [child.action_id]):
                     woke = True
         await self._release_stale_claims(actions)
-        bad = [a for a in actions if a.state in (A.FAILED, A.KILLED)]
+        bad = [a for a in actions if a.state in states.ACTION_UNSUCCESSFUL]
         if bad:
             await self._drop_datasets(bad)
             first = bad[0]
@@ -295,7 +298,7 @@ class CallbackService:
             if workflow.on_failure == "continue":
                 victims = _descendants(by_id, bad)
                 await asyncio.gather(
-                    *(self._kill_not_started(v, "a parent action did not finish") for v in victims)
+                    *(self._skip_downstream(v, "a parent action did not finish") for v in victims)
                 )
             else:
                 await self._after_failure(first, error, T.CALLBACK)
@@ -449,7 +452,7 @@ class CallbackService:
         """Whether this success may have ended the workflow (a cheap filter before counting).
 
         A child runs after its parent, so the last action of a workflow to finish
-        has no computing child, unless its children were KILLED because another
+        has no computing child, unless its children were UPSTREAM_FAILED because another
         branch failed, which only a "continue" workflow survives RUNNING.
         """
         if not finished.children:
@@ -507,7 +510,15 @@ class CallbackService:
                     },
                 )
             return moved
-        changes = protocol.ActionChanges(finished_at=now, error=error, lease_expires_at=None)
+        return await self._fail_for_good(action, error, trigger)
+
+    async def _fail_for_good(
+        self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
+    ) -> protocol.ActionRecord | None:
+        """FAILED with no retry, then the workflow's onFailure; None when it moved on."""
+        changes = protocol.ActionChanges(
+            finished_at=self.store.clock(), error=error, lease_expires_at=None
+        )
         expected = _EXECUTING & states.sources(A.FAILED, trigger)
         moved = await self._move(action, expected, A.FAILED, trigger, changes)
         if moved is None:
@@ -556,14 +567,15 @@ class CallbackService:
         """onFailure "continue": what depends on the failed action can never run."""
         by_id = {a.action_id: a for a in await self.store.list_actions(action.workflow_id)}
         victims = _descendants(by_id, [action])
-        error = f"parent action {action.action_id} did not finish"
-        await asyncio.gather(*(self._kill_not_started(v, error) for v in victims))
+        error = f"parent action {action.action_id} ({action.name}) did not finish"
+        await asyncio.gather(*(self._skip_downstream(v, error) for v in victims))
 
-    async def _kill_not_started(self, action: protocol.ActionRecord, error: str) -> None:
+    async def _skip_downstream(self, action: protocol.ActionRecord, error: str) -> None:
+        """UPSTREAM_FAILED: the action never runs, because an ancestor failed."""
         changes = protocol.ActionChanges(
             finished_at=self.store.clock(), error=error, owner=None, lease_expires_at=None
         )
-        moved = await self._move(action, _NOT_STARTED, A.KILLED, T.CALLBACK, changes)
+        moved = await self._move(action, {A.WAITING}, A.UPSTREAM_FAILED, T.CALLBACK, changes)
         if moved is not None:
             await self._discard(moved)
 
@@ -695,7 +707,7 @@ class CallbackService:
         counts = await self.store.count_actions(workflow_id)
         if any(counts.get(s, 0) for s in _LEFT):
             return
-        bad = counts.get(A.FAILED, 0) + counts.get(A.KILLED, 0)
+        bad = sum(counts.get(s, 0) for s in states.ACTION_UNSUCCESSFUL)
         if bad:
             new = W.FAILED
             message = error or f"{bad} action(s) failed or were killed"

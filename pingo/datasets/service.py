@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 D = states.DatasetState
 
 #: States whose files are still on disk (counted as used storage).
-USING_STORAGE: frozenset[states.DatasetState] = states.DATASET_ON_DISK | {D.PROCESSING, D.DELETING}
+USING_STORAGE: frozenset[states.DatasetState] = states.DATASET_USING_STORAGE
 #: States in which a deletion is already under way or done.
 _GOING: frozenset[states.DatasetState] = frozenset(
     {D.STORED_TO_DELETE, D.PROCESSING, D.DELETING, D.DELETED}
@@ -114,9 +114,12 @@ class DatasetService:
 
     async def storage_summary(self) -> dict[str, Any]:
         """`{"usedBytes", "bytesByState"}` (and `capacityBytes` when a budget is set)."""
-        by_state = await self.store.bytes_by_state()
+        # A DELETED dataset keeps the size it had, for its history; it takes no storage.
+        by_state = {
+            s: n for s, n in (await self.store.bytes_by_state()).items() if s in USING_STORAGE
+        }
         summary: dict[str, Any] = {
-            "usedBytes": sum(n for s, n in by_state.items() if s in USING_STORAGE),
+            "usedBytes": sum(by_state.values()),
             "bytesByState": {s.value: n for s, n in sorted(by_state.items())},
         }
         if self.capacity_bytes is not None:

@@ -329,6 +329,16 @@ class MemoryStore:
         workflow_id = self._idempotency.get((owner, key))
         return None if workflow_id is None else self._workflows[workflow_id]
 
+    async def find_workflow_ids(
+        self, prefix: str, *, owner: str | None = None, limit: int = 2
+    ) -> list[str]:
+        ids = (
+            w.id
+            for w in self._workflows.values()
+            if w.id.startswith(prefix) and (owner is None or w.owner == owner)
+        )
+        return sorted(ids)[:limit]
+
     async def list_workflows(
         self,
         *,
@@ -595,6 +605,16 @@ class MemoryStore:
 
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
         return self._datasets.get(dataset_id)
+
+    async def find_dataset_ids(
+        self, prefix: str, *, scopes: Collection[str] | None = None, limit: int = 2
+    ) -> list[str]:
+        ids = (
+            d.id
+            for d in self._datasets.values()
+            if d.id.startswith(prefix) and (scopes is None or d.scope in scopes)
+        )
+        return sorted(ids)[:limit]
 
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
         found = {}

@@ -71,7 +71,7 @@ from pymongo.write_concern import WriteConcern
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _room, utcnow
+from pingo.store import _cursor, _room, lookup, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     ActionChanges,
@@ -697,6 +697,12 @@ class MongoStore:
         return None if doc is None else _workflow(doc)
 
     @_translated
+    async def find_workflow_ids(
+        self, prefix: str, *, owner: str | None = None, limit: int = 2
+    ) -> list[str]:
+        return await _find_ids(self._workflows, "owner", prefix, owner, limit)
+
+    @_translated
     async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
         doc = await self._workflows.find_one({"idempotency": _idempotency(owner, key)})
         return None if doc is None else _workflow(doc)
@@ -1186,6 +1192,12 @@ class MongoStore:
         return None if doc is None else _dataset(doc)
 
     @_translated
+    async def find_dataset_ids(
+        self, prefix: str, *, scopes: Collection[str] | None = None, limit: int = 2
+    ) -> list[str]:
+        return await _find_ids(self._datasets, "scope", prefix, scopes, limit)
+
+    @_translated
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
         found: dict[str, DatasetRecord] = {}
         for chunk in _chunks(sorted(set(dataset_ids))):
@@ -1462,3 +1474,20 @@ def _make_page(items: list[R], limit: int) -> Page[R]:
         last: Any = page[-1]
         return Page(items=page, next_cursor=_cursor.encode_cursor(last.created_at, last.id))
     return Page(items=page, next_cursor=None)
+
+
+async def _find_ids(
+    collection: AsyncCollection[Doc],
+    field: str,
+    prefix: str,
+    allowed: Collection[str] | str | None,
+    limit: int,
+) -> list[str]:
+    """Ids in `collection` starting with `prefix` (a range on `_id`), filtered on `field`
+    being `allowed` (one value or several) when given."""
+    low, high = lookup.prefix_bounds(prefix)
+    query: Doc = {"_id": {"$gte": low, "$lt": high}}
+    if allowed is not None:
+        query[field] = allowed if isinstance(allowed, str) else {"$in": sorted(allowed)}
+    cursor = collection.find(query, {"_id": 1}).sort("_id", 1).limit(limit)
+    return [str(doc["_id"]) for doc in await cursor.to_list(None)]

@@ -306,6 +306,13 @@ class Store(Protocol):
         """The owner's workflow submitted with `key`, or None."""
         ...
 
+    async def find_workflow_ids(
+        self, prefix: str, *, owner: str | None = None, limit: int = 2
+    ) -> list[str]:
+        """Ids that start with `prefix` of workflows (owned by `owner`, if given), in id order,
+        at most `limit` (see `pingo.store.lookup`)."""
+        ...
+
     async def list_workflows(
         self,
         *,
@@ -441,6 +448,13 @@ class Store(Protocol):
 
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
         """The datasets that exist among `dataset_ids`, by id."""
+        ...
+
+    async def find_dataset_ids(
+        self, prefix: str, *, scopes: Collection[str] | None = None, limit: int = 2
+    ) -> list[str]:
+        """Ids that start with `prefix` of datasets (in one of `scopes`, if given), in id
+        order, at most `limit` (see `pingo.store.lookup`)."""
         ...
 
     async def list_datasets(

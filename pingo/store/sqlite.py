@@ -59,7 +59,7 @@ from typing import Any, Self, TypeVar
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _room, utcnow
+from pingo.store import _cursor, _room, lookup, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     KEEP,
@@ -1277,6 +1277,33 @@ class SQLiteStore:
     ) -> list[T]:
         return [convert(row) for row in self._db.execute(sql, params).fetchall()]
 
+    async def find_workflow_ids(
+        self, prefix: str, *, owner: str | None = None, limit: int = 2
+    ) -> list[str]:
+        return await self._run(self._find_ids, "workflows", "owner", prefix, owner, limit)
+
+    def _find_ids(
+        self,
+        table: str,
+        column: str,
+        prefix: str,
+        allowed: Collection[str] | str | None,
+        limit: int,
+    ) -> list[str]:
+        """Ids in `table` starting with `prefix` (a range on the primary key), filtered on
+        `column` being `allowed` (one value or several) when given."""
+        low, high = lookup.prefix_bounds(prefix)
+        sql = f"SELECT id FROM {table} WHERE id >= ? AND id < ?"
+        params: list[Any] = [low, high]
+        if allowed is not None:
+            values = [allowed] if isinstance(allowed, str) else sorted(allowed)
+            if not values:
+                return []
+            sql += f" AND {column} IN ({_placeholders(len(values))})"
+            params.extend(values)
+        rows = self._db.execute(f"{sql} ORDER BY id LIMIT ?", [*params, limit]).fetchall()
+        return [str(row[0]) for row in rows]
+
     async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:
         return await self._run(
             self._one,
@@ -1763,6 +1790,11 @@ class SQLiteStore:
             f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
             (dataset_id,),
         )
+
+    async def find_dataset_ids(
+        self, prefix: str, *, scopes: Collection[str] | None = None, limit: int = 2
+    ) -> list[str]:
+        return await self._run(self._find_ids, "datasets", "scope", prefix, scopes, limit)
 
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
         ids = list(dict.fromkeys(dataset_ids))

@@ -187,7 +187,9 @@ async def action_page(request: web.Request) -> dict[str, object]:
         user,
         session,
         workflow=documents.workflow_summary(record),
-        action=documents.action_detail(action),
+        action=documents.action_detail(
+            action, await state.node(request).store.get_dataset(action.dataset_id)
+        ),
         log=log,
     )
 

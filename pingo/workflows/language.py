@@ -26,16 +26,16 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
-
-import jsonschema
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from pingo import errors, untrusted
 from pingo.errors import ValidationIssue
 from pingo.workflows import _schema
 from pingo.workflows import types as action_types_mod
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,6 @@ CODES: tuple[str, ...] = (
 #: order (parents first), computed while checking for cycles and reused by `ids`.
 TOPOLOGICAL_ORDER = "topological_order"
 
-_Validator = jsonschema.Draft202012Validator
-
 
 def parse(
     document: bytes | str | Mapping[str, Any],
@@ -92,24 +90,40 @@ def validate(
     action_types: Mapping[str, action_types_mod.ActionType] | None = None,
 ) -> list[ValidationIssue]:
     """Every issue of a workflow document; an empty list means it is valid."""
-    issues, _ = _analyse(document, max_actions, action_types)
+    # Only the issues: no definition (and no graph) is built.
+    issues, _ = _analyse(document, max_actions, action_types, build=False)
     return issues
 
 
 # -- schema validators ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class _Checker:
     """A compiled schema: a fast exact predicate when the schema allows one, and
-    jsonschema, the authority, which explains what the predicate rejects."""
+    jsonschema, the authority, which explains what the predicate rejects.
 
-    validator: Any
-    fast: _schema.Predicate | None
+    jsonschema is imported and its validator built only when the predicate rejects
+    (or cannot judge) a document: `pingo validate` of a valid file never pays for it.
+    """
+
+    __slots__ = ("_validator", "fast", "schema")
+
+    def __init__(self, schema: Mapping[str, Any], fast: _schema.Predicate | None) -> None:
+        self.schema = schema
+        self.fast = fast
+        self._validator: Any = None
 
     @classmethod
     def of(cls, schema: Mapping[str, Any]) -> _Checker:
-        return cls(_Validator(schema), _schema.compile_predicate(schema, schema))
+        return cls(schema, _schema.compile_predicate(schema, schema))
+
+    @property
+    def validator(self) -> Any:
+        if self._validator is None:
+            import jsonschema
+
+            self._validator = jsonschema.Draft202012Validator(self.schema)
+        return self._validator
 
     def issues(self, instance: Any, base: str) -> Iterator[ValidationIssue]:
         # The happy path builds no error objects.
@@ -262,15 +276,19 @@ def _analyse(
     document: bytes | str | Mapping[str, Any],
     max_actions: int,
     types: Mapping[str, action_types_mod.ActionType] | None,
+    *,
+    build: bool = True,
 ) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
     with gc_paused():
-        return _analyse_document(document, max_actions, types)
+        return _analyse_document(document, max_actions, types, build=build)
 
 
 def _analyse_document(
     document: bytes | str | Mapping[str, Any],
     max_actions: int,
     types: Mapping[str, action_types_mod.ActionType] | None,
+    *,
+    build: bool = True,
 ) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
     doc, malformed = _decode(document)
     if malformed is not None:
@@ -326,7 +344,7 @@ def _analyse_document(
 
     checked = _check_graph(doc, actions, _may_hold_placeholders(document))
     issues.extend(checked.issues)
-    if issues:
+    if issues or not build:
         return issues, None
     return [], _build(doc, actions, known_types, checked)
 
@@ -542,6 +560,9 @@ def _is_ancestor(candidate: int, of: int, parents: Mapping[int, tuple[int, ...]]
 
 def _digraph(nodes: Sequence[int], parents: Mapping[int, tuple[int, ...]]) -> nx.DiGraph:
     """The DAG, edges parent → child, as networkx would build it from `add_edges_from`."""
+    # Imported here: validating (`pingo validate`) needs no graph, only parsing does.
+    import networkx as nx
+
     graph = nx.DiGraph()
     succ, pred, node = graph._succ, graph._pred, graph._node
     if not (

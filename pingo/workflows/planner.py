@@ -36,7 +36,7 @@ from pingo import errors, metrics, states, untrusted
 from pingo.callbacks.service import MISMATCH_REASON
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
-from pingo.workflows import language
+from pingo.workflows import language, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
 if TYPE_CHECKING:
@@ -97,15 +97,20 @@ class PlannedAction:
     #: The dataset's state when planning looked, None when absent.
     dataset_state: states.DatasetState | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, twin: bool = False) -> dict[str, Any]:
         return {
             "actionId": self.action_id,
             "name": self.name,
             "datasetId": self.dataset_id,
             "compute": self.compute,
+            "reuse": self.outcome(twin=twin).value,
             "reason": self.reason,
             "datasetState": None if self.dataset_state is None else self.dataset_state.value,
         }
+
+    def outcome(self, *, twin: bool = False) -> reuse.Reuse:
+        """Computed, shared, reused or not needed (`pingo.workflows.reuse`)."""
+        return reuse.outcome(runs=self.compute, reason=self.reason, twin=twin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +121,11 @@ class Plan:
     actions: tuple[PlannedAction, ...]
 
     def to_json(self) -> dict[str, Any]:
-        compute = sum(1 for a in self.actions if a.compute)
-        reused = sum(1 for a in self.actions if a.reason == "reused")
+        twins = reuse.twins((a.action_id, a.dataset_id, a.compute) for a in self.actions)
         return {
             "workflowId": self.workflow_id,
-            "actions": [a.to_json() for a in self.actions],
-            "summary": {
-                "compute": compute,
-                "reused": reused,
-                "notNeeded": len(self.actions) - compute - reused,
-            },
+            "actions": [a.to_json(twin=a.action_id in twins) for a in self.actions],
+            "summary": reuse.summary(a.outcome(twin=a.action_id in twins) for a in self.actions),
         }
 
 
@@ -227,7 +227,7 @@ def _decide(
     if state in _RECOMPUTE:
         return _Decision(True, state.value, state)
     if state in _IN_FLIGHT:
-        return _Decision(True, "in-flight", state)
+        return _Decision(True, reuse.IN_FLIGHT, state)
     return _Decision(False, "reused", state)
 
 
@@ -426,7 +426,7 @@ class WorkflowManager:
                 if not needed:
                     record = planning.records.get(planning.dataset_ids[aid])
                     planning.decisions[aid] = _Decision(
-                        False, "not-needed", None if record is None else record.state
+                        False, reuse.NOT_NEEDED_REASON, None if record is None else record.state
                     )
                     continue
                 decision = _decide(

@@ -17,7 +17,7 @@ from pingo.api.app import create_app
 from pingo.node import Node
 from pingo.store import open_store
 
-from .conftest import AiohttpClient, Api, bearer, chain, make_settings
+from .conftest import REPO, AiohttpClient, Api, bearer, chain, make_settings
 
 PROBLEM = "application/problem+json"
 
@@ -187,6 +187,17 @@ async def test_validation_reports_every_issue(api: Api) -> None:
     await _nothing_stored(api)
 
 
+async def test_titles_are_rfc_9110_names_as_the_docs_show(api: Api) -> None:
+    docs = (REPO / "docs" / "api.md").read_text()
+    example = json.loads(docs.split("```json\n", 1)[1].split("```", 1)[0])
+    response = await api.client.post(
+        "/api/v1/workflows", json={"name": 5}, headers=api.auth("admin")
+    )
+    problem = await response.json()
+    assert (response.status, problem["title"]) == (example["status"], example["title"])
+    assert problem["title"] == "Unprocessable Content"
+
+
 async def test_body_over_the_limit_is_413_and_stores_nothing(api: Api) -> None:
     # 60 MB declared up front: refused before it is read.
     big = io.BytesIO(b'{"name": "' + b"x" * (60 * 2**20) + b'"}')
@@ -196,6 +207,7 @@ async def test_body_over_the_limit_is_413_and_stores_nothing(api: Api) -> None:
     assert response.status == 413
     assert response.content_type == PROBLEM
     assert (await response.json())["code"] == "PAYLOAD_TOO_LARGE"
+    assert (await response.json())["title"] == "Content Too Large"
     await _nothing_stored(api)
 
 

@@ -26,7 +26,7 @@ async def test_submit_wait_and_browse(api: Api, monkeypatch: pytest.MonkeyPatch)
     client = _client(api)
     raw = (REPO / "examples" / "wordcount.json").read_bytes()
     plan = await asyncio.to_thread(client.submit, raw, dry_run=True)
-    assert plan["summary"]["compute"] == 5
+    assert plan["summary"]["computed"] == 5
     submitted = await asyncio.to_thread(client.submit, raw, idempotency_key="k1")
     seen: list[str] = []
     done = await asyncio.to_thread(

@@ -19,7 +19,9 @@ WORKFLOW_KEYS = [
     "state",
     "createdAt",
     "finishedAt",
+    "error",
     "counts",
+    "reuse",
     "endDatasetId",
     "actions",
 ]
@@ -30,9 +32,11 @@ ACTION_KEYS = [
     "state",
     "datasetId",
     "reused",
+    "reuse",
     "attempts",
     "startedAt",
     "finishedAt",
+    "error",
 ]
 
 
@@ -77,8 +81,9 @@ async def test_dry_run_returns_the_plan_and_stores_nothing(api: Api) -> None:
     assert response.status == 200
     plan = await response.json()
     assert [a["actionId"] for a in plan["actions"]] == [1, 2, 3]
-    assert plan["summary"]["compute"] == 3
+    assert plan["summary"] == {"computed": 3, "shared": 0, "reused": 0, "notNeeded": 0}
     assert all(a["compute"] and a["reason"] == "absent" for a in plan["actions"])
+    assert all(a["reuse"] == "computed" for a in plan["actions"])
     listing = await api.client.get("/api/v1/workflows", headers=api.auth("admin"))
     assert (await listing.json())["items"] == []
     datasets = await api.client.get("/api/v1/datasets", headers=api.auth("admin"))
@@ -90,7 +95,14 @@ async def test_dry_run_returns_the_plan_and_stores_nothing(api: Api) -> None:
     again = await api.client.post(
         "/api/v1/workflows?dryRun=true", json=chain("dry"), headers=api.auth("admin")
     )
-    assert not any(a["compute"] for a in (await again.json())["actions"])
+    replanned = await again.json()
+    assert not any(a["compute"] for a in replanned["actions"])
+    # One vocabulary: the end action's dataset is reused, its ancestors are not needed.
+    assert [a["reuse"] for a in replanned["actions"]] == ["not needed", "not needed", "reused"]
+    assert replanned["summary"] == {"computed": 0, "shared": 0, "reused": 1, "notNeeded": 2}
+    submitted = await api.submit(chain("dry"))
+    assert submitted["reuse"] == replanned["summary"]
+    assert [a["reuse"] for a in submitted["actions"]] == ["not needed", "not needed", "reused"]
 
 
 async def test_idempotency_key_returns_the_same_workflow(users_api: Api) -> None:

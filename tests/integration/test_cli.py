@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,8 @@ def test_first_start_prints_the_admin_token_and_keeps_it_private(server: Server)
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     result = server.run("users", "list")  # the CLI finds the token file by itself
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "admin"
+    assert result.stdout.splitlines()[0].split() == ["name", "role", "created"]
+    assert result.stdout.splitlines()[1].split()[:2] == ["admin", "admin"]
 
 
 def test_submit_wait_succeeds_then_every_action_is_reused(server: Server) -> None:
@@ -87,7 +89,9 @@ def test_submit_wait_succeeds_then_every_action_is_reused(server: Server) -> Non
     lines = first.stdout.strip().splitlines()
     workflow_id = lines[0]
     assert workflow_id.startswith("wf-")
-    assert lines[-1] == f"{workflow_id} SUCCEEDED: 5 actions, 5 computed, 0 reused"
+    assert lines[-1] == (
+        f"{workflow_id} SUCCEEDED: 5 actions, 5 computed, 0 shared, 0 reused, 0 not needed"
+    )
 
     again = server.run("submit", "examples/wordcount.json", "--wait", "--json")
     assert again.returncode == 0, again.stderr
@@ -229,6 +233,189 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "cannot reach Pingo" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _json(server: Server, *args: str, token: str | None = None) -> Any:
+    result = server.run(*args, "--json", token=token)
+    assert result.returncode == 0, (args, result.stderr)
+    return json.loads(result.stdout)
+
+
+def _write(tmp_path: Path, name: str, document: dict[str, Any]) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def _one_action(name: str, script: str) -> dict[str, Any]:
+    return {"name": name, "startActionId": 1, "endActionId": 1,
+            "actions": [{"id": 1, "name": name, "type": "command-line", "maxAttempts": 1,
+                         "command": ["sh", "-c", script]}]}  # fmt: skip
+
+
+def test_ids_are_taken_by_unique_prefix(server: Server, tmp_path: Path) -> None:
+    done = _json(server, "submit", "examples/wordcount.json", "--wait")
+    status = server.run("status", done["id"][:-4])
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(done["id"])
+    # The dataset id as `pingo status` prints it on a terminal (12 characters).
+    shown = _json(server, "datasets", "show", done["endDatasetId"][:12])
+    assert shown["id"] == done["endDatasetId"]
+    assert server.run("lineage", done["endDatasetId"][:8]).returncode == 0
+
+    # Two workflows submitted together share the start of their ids (the time in
+    # base36: 8 characters span 28 minutes, so a second pair is needed only rarely).
+    for attempt in range(2):
+        ids = [
+            server.run(
+                "submit", _write(tmp_path, f"p{i}", _one_action(f"p{i}", f"true {attempt}"))
+            ).stdout.splitlines()[0]
+            for i in range(2)
+        ]
+        common = next(i for i, (a, b) in enumerate(zip(*ids, strict=True)) if a != b)
+        if common >= 8:
+            break
+    ambiguous = server.run("status", ids[0][:common])
+    assert ambiguous.returncode == 1
+    assert ambiguous.stderr.startswith("error: AMBIGUOUS_ID (400)")
+    assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
+
+    # Another user: the admin's ids, whole or in part, do not exist.
+    token = server.run("users", "add", "mallory").stdout.strip().splitlines()[-1]
+    for ref in (done["id"], done["id"][:-4], done["id"][:8]):
+        foreign = server.run("status", ref, token=token)
+        assert foreign.returncode == 1
+        assert foreign.stderr.startswith("error: NOT_FOUND (404)"), foreign.stderr
+    server.run("users", "revoke", "mallory")
+
+
+def test_one_reuse_vocabulary_in_plan_submit_status_and_logs(server: Server) -> None:
+    server.run("submit", "examples/wordcount.json", "--wait")
+    plan = _json(server, "submit", "examples/wordcount.json", "--dry-run")
+    summary = plan["summary"]
+    assert summary["computed"] == summary["shared"] == 0
+    assert summary["reused"] + summary["notNeeded"] == 5 and summary["notNeeded"] > 0
+    phrase = f"0 computed, 0 shared, {summary['reused']} reused, {summary['notNeeded']} not needed"
+
+    dry = server.run("submit", "examples/wordcount.json", "--dry-run")
+    assert dry.stdout.splitlines()[-1] == f"plan: {phrase}"
+    assert "not needed" in dry.stdout.splitlines()[1]
+    submitted = server.run("submit", "examples/wordcount.json", "--wait")
+    workflow_id = submitted.stdout.splitlines()[0]
+    assert submitted.stdout.splitlines()[-1] == f"{workflow_id} SUCCEEDED: 5 actions, {phrase}"
+    status = server.run("status", workflow_id)
+    assert status.stdout.splitlines()[0] == f"{workflow_id} SUCCEEDED: 5 actions, {phrase}"
+    assert "not needed" in status.stdout and "reused" in status.stdout
+    not_needed = next(a for a in plan["actions"] if a["reuse"] == "not needed")
+    logs = server.run("logs", workflow_id, str(not_needed["actionId"]))
+    assert logs.returncode == 1
+    assert "never runs: its dataset was not needed" in logs.stderr
+
+
+def test_status_shows_why_an_action_failed(server: Server, tmp_path: Path) -> None:
+    failing = _one_action("boom", "echo 'disk [bold]full[/bold]' >&2; exit 4")
+    result = server.run("submit", _write(tmp_path, "boom", failing), "--wait")
+    assert result.returncode == 1
+    workflow_id = result.stdout.splitlines()[0]
+
+    status = server.run("status", workflow_id)
+
+    assert status.returncode == 0
+    assert "error: action 1 (boom) failed: exited with status 4" in status.stdout
+    assert "action 1 (boom) FAILED: exited with status 4" in status.stdout
+    assert "disk [bold]full[/bold]" in status.stdout  # shown as written, never as markup
+
+
+def test_continue_shows_what_a_failure_left_unrun(server: Server, tmp_path: Path) -> None:
+    document = {"name": "cont", "startActionId": 1, "endActionId": 2, "onFailure": "continue",
+                "actions": [
+                    {"id": 1, "name": "breaks", "type": "command-line", "maxAttempts": 1,
+                     "command": ["sh", "-c", "exit 2"]},
+                    {"id": 2, "name": "after", "type": "command-line",
+                     "parentActions": [{"id": 1}], "command": ["true"]},
+                    {"id": 3, "name": "aside", "type": "command-line",
+                     "command": ["sh", "-c", 'echo aside > "$PINGO_OUTPUT"']}]}  # fmt: skip
+    result = server.run("submit", _write(tmp_path, "cont", document), "--wait")
+    assert result.returncode == 1
+    workflow_id = result.stdout.splitlines()[0]
+    assert result.stdout.splitlines()[-1].endswith("1 failed, 1 upstream failed")
+    status = server.run("status", workflow_id)
+    assert "UPSTREAM_FAILED" in status.stdout and "KILLED" not in status.stdout
+    assert "action 2 (after) UPSTREAM_FAILED: parent action 1 (breaks) did not finish" in (
+        status.stdout
+    )
+
+
+def test_piped_tables_are_whole(server: Server, tmp_path: Path) -> None:
+    name = "extract-" + "d" * 120
+    document = _one_action(name, 'echo x > "$PINGO_OUTPUT"')
+    done = _json(server, "submit", _write(tmp_path, "long", document), "--wait")
+
+    status = server.run("status", done["id"])
+    assert name in status.stdout and done["actions"][0]["datasetId"] in status.stdout
+    assert "…" not in status.stdout
+    listing = server.run("list", "--name", name)
+    assert listing.stdout.splitlines()[0].split() == ["id", "state", "created", "owner", "name"]
+    assert done["id"] in listing.stdout and name in listing.stdout
+    datasets = server.run("datasets", "ls")
+    assert done["endDatasetId"] in datasets.stdout and "…" not in datasets.stdout
+
+
+def test_every_listing_and_showing_command_has_json(server: Server) -> None:
+    done = _json(server, "submit", "examples/wordcount.json", "--wait")
+    dataset = done["endDatasetId"]
+    for args in (["list"], ["datasets", "ls"], ["users", "list"], ["storage"],
+                 ["status", done["id"]], ["lineage", dataset], ["datasets", "show", dataset],
+                 ["datasets", "pin", dataset], ["datasets", "unpin", dataset]):  # fmt: skip
+        assert isinstance(_json(server, *args), dict), args
+    killed = server.run("kill", done["id"], "--json")
+    assert killed.returncode == 1 and "CONFLICT" in killed.stderr  # it had ended already
+
+
+def test_list_pages_with_cursor_and_all_and_says_when_empty(server: Server) -> None:
+    token = server.run("users", "add", "newcomer").stdout.strip().splitlines()[-1]
+    empty = server.run("list", token=token)
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert "no workflows yet" in empty.stderr and "pingo submit" in empty.stderr
+    assert "no workflow matches" in server.run("list", "--state", "KILLED", token=token).stderr
+    server.run("users", "revoke", "newcomer")
+
+    everything = _json(server, "list", "--limit", "1000")["items"]
+    assert len(everything) >= 3
+    first = _json(server, "list", "--limit", "1")
+    assert first["items"] == everything[:1] and first["next"]
+    hint = server.run("list", "--limit", "1")
+    assert f"more: pingo list --cursor {first['next']}" in hint.stderr
+    second = _json(server, "list", "--limit", "1", "--cursor", first["next"])
+    assert second["items"] == everything[1:2]
+    assert _json(server, "list", "--limit", "1", "--all") == {"items": everything, "next": None}
+
+
+def test_a_401_without_a_token_names_the_file_it_looked_for(server: Server, tmp_path: Path) -> None:
+    env = {k: v for k, v in server.env.items() if k != "PINGO_TOKEN"}
+    env["PINGO_HOME"] = str(tmp_path / "wrong")
+    result = subprocess.run([PINGO, "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "UNAUTHORIZED (401)" in result.stderr
+    assert f"{tmp_path / 'wrong' / 'admin.token'} does not exist" in result.stderr
+
+
+def test_deleted_datasets_take_no_bytes(server: Server) -> None:
+    done = _json(server, "submit", "examples/wordcount.json", "--wait")
+    stored = [d for d in _json(server, "datasets", "ls", "--all")["items"]
+              if d["state"] == "STORED" and d["sizeBytes"]]  # fmt: skip
+    assert stored, done
+    victim = stored[0]["id"]
+    assert server.run("datasets", "rm", victim).returncode == 0
+    deadline = time.monotonic() + 60
+    while _json(server, "datasets", "show", victim)["state"] != "DELETED":
+        assert time.monotonic() < deadline, "the deletor did not delete it"
+        time.sleep(0.2)
+    assert _json(server, "datasets", "show", victim)["sizeBytes"] is None
+    listed = server.run("datasets", "ls", "--state", "DELETED")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(victim))
+    assert row.split()[1:3] == ["DELETED", "-"]
+    assert "DELETED" not in _json(server, "storage")["bytesByState"]
 
 
 def test_server_stops_cleanly_on_sigterm(server: Server) -> None:

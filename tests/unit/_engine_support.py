@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from pingo import states
 from pingo.config import Settings
@@ -52,8 +49,6 @@ async def open_backend(backend: str, tmp_path: Path, clock: ManualClock) -> Asyn
             yield store
         return
     if backend == "sqlite":
-        if importlib.util.find_spec("pingo.store.sqlite") is None:
-            pytest.skip("the SQLite store has not landed yet")
         url = f"sqlite:///{tmp_path / 'pingo.db'}"
     else:
         url = "memory://"

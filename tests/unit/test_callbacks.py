@@ -363,8 +363,11 @@ async def test_failure_with_continue_lets_independent_branches_finish(
     record = await manager.submit(doc, owner="ann")
     action = await start_attempt(store, record.id, 1)
     await callbacks.failed(action.callback_id, 1, "bad input")
-    assert (await get(store, record.id, 2)).state is A.KILLED
-    assert (await get(store, record.id, 3)).state is A.KILLED
+    # Downstream of the failure: never run, and said so (not KILLED: nobody killed them).
+    for downstream in (2, 3):
+        skipped = await get(store, record.id, downstream)
+        assert skipped.state is A.UPSTREAM_FAILED
+        assert skipped.error == "parent action 1 (a1) did not finish"
     assert (await get(store, record.id, 4)).state is A.READY
     assert await wf_state(store, record.id) is W.RUNNING
     await run_ok(store, storage, callbacks, record.id, 4)
@@ -373,7 +376,7 @@ async def test_failure_with_continue_lets_independent_branches_finish(
     assert wf is not None and wf.state is W.FAILED and wf.finished_at is not None
 
 
-async def test_killed_callback_kills_the_action_and_fails_the_workflow(
+async def test_a_job_the_cluster_killed_fails_the_action_and_the_workflow(
     store: protocol.Store,
     storage: DatasetStorage,
     callbacks: CallbackService,
@@ -383,12 +386,32 @@ async def test_killed_callback_kills_the_action_and_fails_the_workflow(
     action = await start_attempt(store, record.id, 1)
     staging = write_output(storage, action)
     killed = await callbacks.killed(action.callback_id, 1)
-    assert killed.state is A.KILLED
+    # Not Pingo's kill: the action FAILED (no retry, attempts were left), the workflow
+    # aborted, and its state and counts agree: 1 failed, the rest KILLED by the abort.
+    assert killed.state is A.FAILED and killed.attempts < killed.max_attempts
+    assert killed.error is not None and "killed by the cluster" in killed.error
     assert not staging.exists()
     assert (await dataset(store, action.dataset_id)).state is D.DELETED
     assert (await get(store, record.id, 2)).state is A.KILLED
     assert await wf_state(store, record.id) is W.FAILED
+    assert await store.count_actions(record.id) == {A.FAILED: 1, A.KILLED: 2}
     assert await callbacks.killed(action.callback_id, 1) == killed
+
+
+async def test_a_cluster_kill_in_a_continue_workflow_skips_only_what_depends_on_it(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+) -> None:
+    doc = workflow({1: [], 2: [1], 3: []}, end=2, on_failure="continue")
+    record = await manager.submit(doc, owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    await callbacks.killed(action.callback_id, 1)
+    await run_ok(store, storage, callbacks, record.id, 3)
+    counts = await store.count_actions(record.id)
+    assert counts == {A.FAILED: 1, A.UPSTREAM_FAILED: 1, A.FINISHED: 1}
+    assert await wf_state(store, record.id) is W.FAILED
 
 
 async def test_submit_failed_and_release_lost(
@@ -459,7 +482,7 @@ async def test_continue_ends_when_the_last_action_has_killed_children(
     first = await start_attempt(store, record.id, 1)
     second = await start_attempt(store, record.id, 2)
     await callbacks.failed(second.callback_id, 1, "boom")
-    assert (await get(store, record.id, 3)).state is A.KILLED
+    assert (await get(store, record.id, 3)).state is A.UPSTREAM_FAILED
     assert await wf_state(store, record.id) is W.RUNNING  # action 1 still runs
     await callbacks.success(first.callback_id, 1)
     assert await wf_state(store, record.id) is W.FAILED

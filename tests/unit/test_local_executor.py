@@ -137,6 +137,24 @@ def pid_of(executor: LocalExecutor, external_id: str) -> int:
     return pid
 
 
+async def test_inputs_sh_quotes_every_path_for_a_shell(tmp_path: Path) -> None:
+    """`{inputs:sh}` inside `sh -c`: each path one word, whatever it holds."""
+    recorder = Recorder()
+    ex = LocalExecutor(recorder, slots=1, node_id="n")
+    await ex.start()
+    hostile = {1: "/data/a b", 2: "/data/it's", 3: "/data/$(touch pwned);x", 4: "/data/*"}
+    sub = submission(
+        tmp_path,
+        ["sh", "-c", 'for p in {inputs:sh}; do printf "%s\\n" "$p"; done > "$PINGO_OUTPUT"'],
+        inputs=hostile,
+    )
+    await ex.submit(sub)
+    await recorder.wait_for(1)
+    assert recorder.reports[0][0] == "success", read(sub.log_path)
+    assert read(sub.output_path).splitlines() == [hostile[k] for k in sorted(hostile)]
+    await ex.close()
+
+
 async def test_runs_argv_with_placeholders_and_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,6 +189,7 @@ async def test_runs_argv_with_placeholders_and_environment(
     assert env["PINGO_INPUT_3"] == "/data/a"
     assert env["PINGO_INPUT_7"] == "/data/b"
     assert json.loads(env["PINGO_INPUTS"]) == {"3": "/data/a", "7": "/data/b"}
+    assert env["PINGO_INPUTS_SH"] == "/data/a /data/b"
     assert env["PINGO_WORKFLOW_ID"] == "wf1"
     assert env["PINGO_ACTION_ID"] == str(sub.action_id)
     assert env["MINE"] == "in=/data/b"

@@ -379,7 +379,7 @@ async def test_dry_run_stores_nothing(
     ]
     assert plan.actions[0].dataset_state is D.LEAF
     body = plan.to_json()
-    assert body["summary"] == {"compute": 3, "reused": 1, "notNeeded": 0}
+    assert body["summary"] == {"computed": 3, "shared": 0, "reused": 1, "notNeeded": 0}
     assert body["actions"][0]["datasetState"] == "LEAF"
     json.dumps(body)
     assert len((await store.list_workflows()).items) == 1

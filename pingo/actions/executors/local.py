@@ -71,7 +71,7 @@ LOG_TAIL_BYTES = 2000
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 #: Dispositions Python changes for itself that a child must not inherit (as Popen resets).
 _RESET_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
 )
 
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from pingo import errors, states
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.retention.policy import recent_decisions
+from pingo.store import lookup
 from pingo.store.protocol import DatasetRecord
 
 PREFIX = "/api/v1"
@@ -18,13 +19,14 @@ routes = web.RouteTableDef()
 
 
 async def visible_dataset(request: web.Request) -> DatasetRecord:
-    """The dataset, if it is in a sharing scope the requester belongs to; 404 otherwise."""
-    dataset_id = request.match_info["dataset_id"]
-    user = auth.current_user(request)
-    record = await state.node(request).store.get_dataset(dataset_id)
-    if record is None or not auth.may_see_scope(user, record.scope):
-        raise errors.NotFound(f"no dataset {dataset_id!r}")
-    return record
+    """The dataset with this id, or the one id prefix (8+ characters) the requester may see.
+
+    Only datasets in a sharing scope the requester belongs to count: 404 when none
+    matches, AMBIGUOUS_ID when several do.
+    """
+    scopes = auth.visible_scopes(auth.current_user(request))
+    ref = request.match_info["dataset_id"]
+    return await lookup.dataset(state.node(request).store, ref, scopes=scopes)
 
 
 async def producers(

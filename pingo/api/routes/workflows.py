@@ -12,6 +12,7 @@ from pingo import errors, limits, states
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
+from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 
 logger = logging.getLogger(__name__)
@@ -31,12 +32,13 @@ def workflow_location(workflow_id: str) -> str:
 
 
 async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRecord:
-    """The workflow, if the requester may see it; 404 otherwise (never reveal that it exists)."""
-    user = auth.current_user(request)
-    record = await state.node(request).store.get_workflow(workflow_id)
-    if record is None or not auth.may_see(user, record.owner):
-        raise errors.NotFound(f"no workflow {workflow_id!r}")
-    return record
+    """The workflow with this id, or the one id prefix (8+ characters) the requester may see.
+
+    404 when the requester may see none (never reveal that another's exists), and
+    AMBIGUOUS_ID when several of the requester's own match.
+    """
+    owner = auth.visible_owner(auth.current_user(request))
+    return await lookup.workflow(state.node(request).store, workflow_id, owner=owner)
 
 
 async def _document(request: web.Request, record: WorkflowRecord) -> dict[str, Any]:
@@ -329,7 +331,8 @@ async def _visible_action(request: web.Request) -> ActionRecord:
 async def get_action(request: web.Request) -> web.Response:
     """One action, with its callback id, external id, definition and error."""
     action = await _visible_action(request)
-    return bodies.json_response(documents.action_detail(action))
+    dataset = await state.node(request).store.get_dataset(action.dataset_id)
+    return bodies.json_response(documents.action_detail(action, dataset))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
@@ -337,7 +340,7 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
     """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
     action = await _visible_action(request)
     if action.attempts == 0:
-        raise errors.NotFound(f"action {action.action_id} has not run (it was {action.reason})")
+        raise errors.NotFound(_never_ran(action))
     attempt = bodies.query_int(request, "attempt", default=action.attempts, minimum=1)
     if attempt is None or attempt > action.attempts:
         # A well-formed attempt number that has not happened: no such log, not a bad request.
@@ -346,7 +349,29 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
         state.settings(request).home, action.workflow_id, action.action_id, attempt
     )
     if not path.is_file():
-        raise errors.NotFound(
-            f"no log for attempt {attempt} of action {action.action_id} on this node"
-        )
+        raise errors.NotFound(_no_log(action, attempt))
     return web.FileResponse(path, headers={"Content-Type": "text/plain; charset=utf-8"})
+
+
+def _never_ran(action: ActionRecord) -> str:
+    """Why an action has no log at all, in the reuse vocabulary."""
+    label = f"action {action.action_id} ({action.name})"
+    if action.reused:
+        word = documents.action_outcome(action).value
+        return f"{label} never runs: its dataset was {word}"
+    if action.error:
+        return f"{label} never ran ({action.state.value}): {action.error}"
+    return f"{label} has not run yet ({action.state.value})"
+
+
+def _no_log(action: ActionRecord, attempt: int) -> str:
+    """Why an attempt that happened has no log here: it failed before it ran, or the
+    executor keeps its logs elsewhere."""
+    label = f"attempt {attempt} of action {action.action_id} ({action.name})"
+    if attempt == action.attempts and action.error:
+        # The submission itself failed (no executor, a refused command): its error is the log.
+        return f"{label} left no log; it failed: {action.error}"
+    if action.type != COMMAND_LINE:
+        where = f" (external id {action.external_id})" if action.external_id else ""
+        return f"{label} ran on the cluster{where}: its log is there, not on this node"
+    return f"no log for {label} on this node"
