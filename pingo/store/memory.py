@@ -38,6 +38,8 @@ from pingo.store.protocol import (
     WorkflowPlan,
     WorkflowRecord,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -462,17 +464,46 @@ class MemoryStore:
                 moved.append(record)
         return moved
 
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
-        if limit <= 0:
+    async def claim_actions(
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        quotas: Mapping[str, int] | None = None,
+    ) -> list[ActionRecord]:
+        wanted = open_quotas(quotas, limit)
+        if limit <= 0 or wanted == {}:
             return []
         now = self.clock()
-        ready = self._oldest_actions(
-            ActionState.READY, lambda r: r.not_before is None or r.not_before <= now, limit
-        )
+
+        def of_type(record: ActionRecord) -> bool:
+            return wanted is None or record.type in wanted
+
+        def ready_of(action_type: str | None, count: int) -> list[ActionRecord]:
+            return self._oldest_actions(
+                ActionState.READY,
+                lambda r: (
+                    (r.not_before is None or r.not_before <= now)
+                    and (action_type is None or r.type == action_type)
+                ),
+                count,
+            )
+
+        if wanted is None:
+            ready = ready_of(None, limit)
+        else:
+            ready = [r for action_type, q in wanted.items() for r in ready_of(action_type, q)]
         expired = self._oldest_actions(
-            ActionState.PROCESSING, lambda r: is_lease_expired(r.lease_expires_at, now), limit
+            ActionState.PROCESSING,
+            lambda r: is_lease_expired(r.lease_expires_at, now) and of_type(r),
+            limit,
         )
-        chosen = heapq.nsmallest(limit, ready + expired, key=_action_age)
+        oldest = sorted(ready + expired, key=_action_age)
+        if wanted is None:
+            chosen = oldest[:limit]
+        else:
+            chosen = within_quotas(oldest, limit, wanted, lambda r: r.type)
         lease = now + timedelta(seconds=lease_s)
         claimed = []
         for old in chosen:

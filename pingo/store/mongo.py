@@ -87,6 +87,8 @@ from pingo.store.protocol import (
     WorkflowPlan,
     WorkflowRecord,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -530,6 +532,17 @@ class MongoStore:
             [("state", asc), ("updated_at_us", asc), ("workflow_id", asc), ("action_id", asc)],
             name="claimable",
         )
+        # Claims by capacity: each type's oldest READY actions (issue 16).
+        await actions.create_index(
+            [
+                ("state", asc),
+                ("type", asc),
+                ("updated_at_us", asc),
+                ("workflow_id", asc),
+                ("action_id", asc),
+            ],
+            name="claimable_by_type",
+        )
         # The reaper: claim states whose lease expired.
         await actions.create_index(
             [("state", asc), ("lease_expires_at_us", asc)], name="lease_expiry"
@@ -873,13 +886,26 @@ class MongoStore:
         return moved
 
     @_translated
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
+    async def claim_actions(
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        quotas: Mapping[str, int] | None = None,
+    ) -> list[ActionRecord]:
+        wanted = open_quotas(quotas, limit)
         claimed: list[ActionRecord] = []
-        while len(claimed) < limit:
-            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s)
+        while len(claimed) < limit and wanted != {}:
+            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s, wanted)
             if batch is None:
                 break
             claimed.extend(batch)
+            if wanted is not None:
+                # What another node won meanwhile is retried within what is left.
+                for record in batch:
+                    wanted[record.type] -= 1
+                wanted = {t: q for t, q in wanted.items() if q > 0}
         if claimed:
             logger.debug(
                 "node %s claimed %d actions",
@@ -889,20 +915,21 @@ class MongoStore:
             )
         return claimed
 
-    async def _claimable(self, now_us: int, limit: int) -> list[Doc]:
+    async def _claimable(
+        self, now_us: int, limit: int, wanted: Mapping[str, int] | None
+    ) -> list[Doc]:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their lease.
 
-        Two index-served queries at once (by state), merged oldest first, rather than one
-        $or: nx-27017 serves neither branch of an $or from an index and took 25 ms per
-        query over 1,000 READY actions.
+        Index-served queries at once (expired leases; READY by state, or by state and
+        type for each of `wanted`'s types), merged oldest first, rather than one $or:
+        nx-27017 serves neither branch of an $or from an index and took 25 ms per query
+        over 1,000 READY actions.
         """
-        ready, expired = await asyncio.gather(
-            self._actions.find(
-                {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
-                sort=_CLAIMABLE_READY,
-            )
-            .limit(limit)
-            .to_list(None),
+        ready_queries = (
+            [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
+        )
+        sort = _CLAIMABLE_READY if wanted is None else _CLAIMABLE_READY_BY_TYPE
+        expired, *ready_lists = await asyncio.gather(
             self._actions.find(
                 {
                     "state": ActionState.PROCESSING.value,
@@ -912,13 +939,24 @@ class MongoStore:
             )
             .limit(limit)
             .to_list(None),
+            *(
+                self._actions.find(
+                    {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by},
+                    sort=sort,
+                )
+                .limit(count)
+                .to_list(None)
+                for by, count in ready_queries
+            ),
         )
-        if not expired:
-            return ready
-        return sorted([*ready, *expired], key=_oldest_action)[:limit]
+        ready = [doc for docs in ready_lists for doc in docs]
+        oldest = sorted([*ready, *expired], key=_oldest_action)
+        if wanted is None:
+            return oldest[:limit]
+        return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"]))
 
     async def _claim_batch(
-        self, node_id: str, limit: int, lease_s: float
+        self, node_id: str, limit: int, lease_s: float, wanted: Mapping[str, int] | None
     ) -> list[ActionRecord] | None:
         """Up to `limit` claimable actions, in two round trips; None when none is claimable.
 
@@ -931,7 +969,7 @@ class MongoStore:
         """
         now, now_us = self._now()
         lease_us = _us(now + timedelta(seconds=lease_s))
-        candidates = await self._claimable(now_us, limit)
+        candidates = await self._claimable(now_us, limit, wanted)
         if not candidates:
             return None
         claim = {
@@ -1324,6 +1362,7 @@ class MongoStore:
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: The same among READY actions, spelled as the `claimable` index so that it serves it.
 _CLAIMABLE_READY = [("state", 1), *_OLDEST_ACTION]
+_CLAIMABLE_READY_BY_TYPE = [("state", 1), ("type", 1), *_OLDEST_ACTION]
 #: Expired leases, soonest expiry first (the `lease_expiry` index).
 _LEASE_EXPIRY = [("state", 1), ("lease_expires_at_us", 1)]
 #: Oldest update first, then by id.

@@ -77,6 +77,8 @@ from pingo.store.protocol import (
     WorkflowRecord,
     _Changes,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -238,6 +240,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at INTEGER NOT NULL
         )""",
     ),
+    # Claim by capacity: a node claims READY actions per type (issue 16), so the type
+    # joins the hot row, where an index on the READY rows alone serves each type's
+    # oldest-first scan. Partial: only rows entering or leaving READY touch it.
+    (
+        "ALTER TABLE actions ADD COLUMN action_type TEXT NOT NULL DEFAULT ''",
+        "UPDATE actions SET action_type = (SELECT s.type FROM action_specs s "
+        "WHERE s.workflow_id = actions.workflow_id AND s.action_id = actions.action_id)",
+        "CREATE INDEX actions_ready_type ON actions (action_type, updated_at) "
+        "WHERE state = 'READY'",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -269,7 +281,7 @@ _DATASET_COLUMNS = (
 _EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload"
 _USER_COLUMNS = "name, token_hash, is_admin, created_at"
 
-_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
 _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
     f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
@@ -403,6 +415,7 @@ def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
         _us_or_none(a.finished_at),
         a.runtime_s,
         a.version,
+        a.type,
     )
 
 
@@ -1443,42 +1456,79 @@ class SQLiteStore:
         moved = await self._run_write(self._all_hot, sql, args)
         return sorted(moved, key=lambda a: a.action_id)
 
-    async def claim_actions(self, node_id: str, limit: int, lease_s: float) -> list[ActionRecord]:
-        if limit <= 0:
+    async def claim_actions(
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        quotas: Mapping[str, int] | None = None,
+    ) -> list[ActionRecord]:
+        wanted = open_quotas(quotas, limit)
+        if limit <= 0 or wanted == {}:
             return []
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
         # It takes the write lock only when there is something to claim.
-        return await self._submit(None, self._claim_actions, (node_id, limit, _us(now), _us(lease)))
+        return await self._submit(
+            None, self._claim_actions, (node_id, limit, wanted, _us(now), _us(lease))
+        )
 
-    def _claimable(self, conn: sqlite3.Connection, limit: int, now: int) -> list[Any]:
-        # Two index range scans (one per state) rather than one OR that no index serves.
-        ready = conn.execute(
-            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
-            "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
-            "ORDER BY updated_at LIMIT ?",
-            (now, limit),
-        ).fetchall()
+    def _claimable(
+        self, conn: sqlite3.Connection, limit: int, wanted: Mapping[str, int] | None, now: int
+    ) -> list[Any]:
+        # Index range scans (one per state, or per type) rather than one OR that no index serves.
+        if wanted is None:
+            ready = conn.execute(
+                "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
+                "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
+                "ORDER BY updated_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        else:
+            ready = [
+                row
+                for action_type, quota in wanted.items()
+                for row in conn.execute(
+                    "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
+                    "WHERE state = 'READY' AND action_type = ? "
+                    "AND (not_before IS NULL OR not_before <= ?) "
+                    "ORDER BY updated_at LIMIT ?",
+                    (action_type, now, quota),
+                ).fetchall()
+            ]
         expired = conn.execute(
-            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+            "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
             "WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
             "ORDER BY lease_expires_at LIMIT ?",
             (now, limit),
         ).fetchall()
-        return sorted(ready + expired)[:limit]
+        oldest = sorted(ready + expired)
+        if wanted is None:
+            return oldest[:limit]
+        return within_quotas(oldest, limit, wanted, lambda row: str(row[4]))
 
-    def _claim_actions(self, node_id: str, limit: int, now: int, lease: int) -> list[ActionRecord]:
+    def _claim_actions(
+        self,
+        node_id: str,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+        now: int,
+        lease: int,
+    ) -> list[ActionRecord]:
         conn = self._db
         if conn.in_transaction:
             # Batched with writes: the worker's transaction holds the write lock already.
-            return self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+            chosen = self._claimable(conn, limit, wanted, now)
+            return self._claim_chosen(conn, node_id, chosen, now, lease)
         # A poll that finds nothing (the common case) takes no write lock, so idle
         # scrapers of several processes never queue behind each other.
-        if not self._claimable(conn, limit, now):
+        if not self._claimable(conn, limit, wanted, now):
             return []
         conn.execute("BEGIN IMMEDIATE")
         # Under the write lock now: what we read is what we update.
-        claimed = self._claim_chosen(conn, node_id, self._claimable(conn, limit, now), now, lease)
+        chosen = self._claimable(conn, limit, wanted, now)
+        claimed = self._claim_chosen(conn, node_id, chosen, now, lease)
         conn.execute("COMMIT")
         return claimed
 
