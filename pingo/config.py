@@ -105,6 +105,10 @@ class Settings:
     #: This node's identity in leases and claims.
     node_id: str = field(default_factory=_default_node_id)
     poll_interval_s: float = 1.0
+    #: The scraper's adaptive poll for other nodes' work: this short while passes find
+    #: work, doubling up to `idle_poll_s` while they find none (see `actions.scraper`).
+    fast_poll_s: float = 0.01
+    idle_poll_s: float = 0.05
     lease_s: float = 30.0
     queue_size: int = 256
     claim_batch: int = 64
@@ -113,6 +117,9 @@ class Settings:
     local_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Per-action-type concurrency limits; types not named are unlimited.
     executor_limits: Mapping[str, int] = field(default_factory=dict)
+    #: Cluster actions (MapReduce, Spark) one node keeps in flight per type, unless
+    #: `executor_limits` names the type: their submission is cheap, their work remote.
+    cluster_in_flight: int = 64
     retry_backoff_s: float = 1.0
     deletor_interval_s: float = 1.0
     max_body_bytes: int = 16 * 2**20
@@ -188,8 +195,9 @@ class Settings:
 
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
-         "max_actions", "sqlite_cache_mb"}  # fmt: skip
+         "max_actions", "sqlite_cache_mb", "cluster_in_flight"}  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
+           "fast_poll_s", "idle_poll_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
 
 

@@ -518,6 +518,9 @@ class MemoryStore:
             claimed.append(self._put_action(old, record))
         return claimed
 
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        raise errors.Unsupported("the in-memory store has no change events; poll")
+
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:

@@ -63,6 +63,7 @@ from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
+    OperationFailure,
     PyMongoError,
     WriteConcernError,
 )
@@ -994,6 +995,32 @@ class MongoStore:
         ]
 
     @_translated
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        # A change stream needs a replica set (or a sharded cluster). A standalone
+        # mongod refuses the aggregation, but a wire server may accept it and never
+        # deliver an event (nx-27017 does): ask the deployment what it is first.
+        try:
+            hello = await self._db.command("hello")
+        except (OperationFailure, NotImplementedError) as exc:
+            raise errors.Unsupported(f"no MongoDB change streams: {_short(exc)}") from exc
+        if not hello.get("setName") and hello.get("msg") != "isdbgrid":
+            raise errors.Unsupported("no MongoDB change streams: not a replica set")
+        try:
+            stream = await self._actions.watch(_READY_EVENTS)
+        except (OperationFailure, NotImplementedError) as exc:
+            raise errors.Unsupported(f"no MongoDB change streams: {_short(exc)}") from exc
+        async with stream:
+            logger.info(
+                "watching READY actions through a change stream",
+                extra={"event": "ready_watch_started"},
+            )
+            try:
+                async for _ in stream:
+                    on_ready()
+            except OperationFailure as exc:
+                raise errors.Unsupported(f"the change stream ended: {_short(exc)}") from exc
+
+    @_translated
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:
@@ -1362,6 +1389,20 @@ class MongoStore:
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: The same among READY actions, spelled as the `claimable` index so that it serves it.
 _CLAIMABLE_READY = [("state", 1), *_OLDEST_ACTION]
+#: Change events that may make an action READY: a READY insert, or an update setting READY.
+_READY_EVENTS: list[Doc] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert", "fullDocument.state": ActionState.READY.value},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.state": ActionState.READY.value,
+                },
+            ]
+        }
+    }
+]
 _CLAIMABLE_READY_BY_TYPE = [("state", 1), ("type", 1), *_OLDEST_ACTION]
 #: Expired leases, soonest expiry first (the `lease_expiry` index).
 _LEASE_EXPIRY = [("state", 1), ("lease_expires_at_us", 1)]

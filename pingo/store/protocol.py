@@ -378,6 +378,14 @@ class Store(Protocol):
         """
         ...
 
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        """Call `on_ready` whenever any writer may have made an action READY, until cancelled.
+
+        Raises `Unsupported` at once when the backend cannot push such events
+        (SQLite, memory, a MongoDB without change streams): callers poll instead.
+        """
+        ...
+
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:

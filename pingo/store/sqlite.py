@@ -1550,6 +1550,9 @@ class SQLiteStore:
         order = {(c[1], c[2]): i for i, c in enumerate(chosen)}
         return sorted(self._actions_hot(rows), key=lambda a: order[a.key])
 
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        raise errors.Unsupported("SQLite has no change events across processes; poll")
+
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float
     ) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import timedelta
 
-from pingo import states
+import pytest
+
+from pingo import errors, states
 from pingo.states import ActionState
 from pingo.store.protocol import ActionChanges, Store
 from tests.contract.conftest import Factory, FakeClock
@@ -373,3 +377,25 @@ async def test_release_parent_of_a_wide_fan_out(store: Store, make: Factory) -> 
     assert [a.action_id for a in ready] == list(children)
     assert await store.count_actions(wid) == {A.READY: width + 1}
     assert await store.release_parent(wid, 0, children) == []
+
+
+async def test_watch_ready_pushes_ready_actions_or_says_it_cannot(
+    store: Store, make: Factory
+) -> None:
+    # SQLite, memory and a MongoDB without replica set (nx-27017) cannot push:
+    # they say so at once, and nodes poll. A replica set pushes every READY write.
+    pushed = asyncio.Event()
+    watching = asyncio.ensure_future(store.watch_ready(pushed.set))
+    await asyncio.wait({watching}, timeout=1.0)
+    if watching.done():
+        with pytest.raises(errors.Unsupported):
+            watching.result()
+        return
+    try:
+        async with asyncio.timeout(20):
+            while not pushed.is_set():  # the stream may open after the first write
+                await store.create_workflow(make.ready_plan(1))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(pushed.wait(), timeout=0.5)
+    finally:
+        watching.cancel()

@@ -23,8 +23,6 @@ from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.actions.executors.local import LocalExecutor, _outcome, _Process
 from pingo.config import Settings
 
-#: Client processes one node runs at once, unless `executor_limits` says otherwise.
-DEFAULT_CLIENT_SLOTS = 64
 #: How many ended clients `status` remembers (reconciliation asks within a lease or two).
 REMEMBERED_OUTCOMES = 10_000
 
@@ -55,8 +53,9 @@ class ClientProcessExecutor(LocalExecutor):
     """Base class: one client process per submission; the cluster reports the outcome."""
 
     def __init__(self, settings: Settings, reporter: Reporter, action_type: str) -> None:
-        """`action_type`'s entry in `executor_limits` bounds the clients running at once."""
-        slots = settings.executor_limits.get(action_type, DEFAULT_CLIENT_SLOTS)
+        """`action_type`'s entry in `executor_limits`, else `cluster_in_flight`, bounds
+        the clients running at once (and so the node's claims of that type)."""
+        slots = settings.executor_limits.get(action_type, settings.cluster_in_flight)
         super().__init__(reporter, slots=slots, node_id=settings.node_id)
         self.settings = settings
         self._ended: OrderedDict[str, ExecutorStatus] = OrderedDict()
