@@ -108,7 +108,7 @@ class Settings:
     #: The scraper's adaptive poll for other nodes' work: this short while passes find
     #: work, doubling up to `idle_poll_s` while they find none (see `actions.scraper`).
     fast_poll_s: float = 0.01
-    idle_poll_s: float = 0.05
+    idle_poll_s: float = 0.025
     lease_s: float = 30.0
     queue_size: int = 256
     claim_batch: int = 64
