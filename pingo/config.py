@@ -132,6 +132,8 @@ class Settings:
     #: MongoDB write concern `w` (an int or "majority").
     mongo_write_concern: str = "majority"
     hadoop_bin: str = "hadoop"
+    #: The YARN CLI: kills applications (`yarn application -kill`) and fetches their logs.
+    yarn_bin: str = "yarn"
     spark_submit_bin: str = "spark-submit"
     spark_master: str = "local[*]"
     spark_deploy_mode: str = "client"
