@@ -162,7 +162,7 @@ async def test_a_kill_kills_the_yarn_application_once_and_logs_it(
         await executor.kill(external_id)  # idempotent: the job is not killed twice
     finally:
         await executor.close()
-    calls = [json.loads(line)["argv"] for line in standins.read_text().splitlines()]
+    calls = [json.loads(line)["argv"] for line in _read(standins).splitlines()]
     assert calls == [["application", "-kill", app]]
     assert [kind for kind, *_ in recorder.reports] == ["killed"]
     killed = [r for r in caplog.records if getattr(r, "event", None) == "cluster_killed"]
