@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from pingo import states
+from pingo.actions.executors import cluster
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
 
 
@@ -37,6 +38,19 @@ def action_summary(action: ActionRecord) -> dict[str, Any]:
         "attempts": action.attempts,
         "startedAt": timestamp(action.started_at),
         "finishedAt": timestamp(action.finished_at),
+    }
+
+
+def cluster_jobs(attempt: int, jobs: cluster.ClusterJobs) -> dict[str, Any]:
+    """`GET …/actions/{actionId}/cluster-jobs`: the jobs one attempt's client submitted."""
+    return {
+        "attempt": attempt,
+        "applications": [
+            {"id": app, "logsCommand": ["yarn", *cluster.logs_command(app)]}
+            for app in jobs.application_ids
+        ],
+        "drivers": list(jobs.driver_ids),
+        "urls": list(jobs.urls),
     }
 
 

@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -329,6 +331,53 @@ async def test_killing_a_workflow_kills_its_yarn_application_once(
     await _gone(pid)
     app = application_of(tmp_path / "home", workflow["id"])
     assert yarn_calls(standin) == [["application", "-kill", app]]
+
+
+async def test_pingo_logs_says_where_the_cluster_logs_are_and_fetches_them(
+    server: Server, standin: Path, tmp_path: Path
+) -> None:
+    workflow = await server.submit(mapreduce_workflow("mapreduce-v2", "logs"))
+    assert (await server.wait(workflow["id"]))["state"] == "SUCCEEDED"
+    app = application_of(tmp_path / "home", workflow["id"])
+    jobs = await server.get(f"/api/v1/workflows/{workflow['id']}/actions/2/cluster-jobs")
+    assert jobs == {
+        "attempt": 1,
+        "applications": [{"id": app, "logsCommand": ["yarn", "logs", "-applicationId", app]}],
+        "drivers": [],
+        "urls": [f"http://rm.test:8088/proxy/{app}/"],
+    }
+    command_line = await server.get(f"/api/v1/workflows/{workflow['id']}/actions/1/cluster-jobs")
+    assert command_line["applications"] == command_line["urls"] == []
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env.update({"PINGO_URL": server.base, "PINGO_TOKEN": TOKEN})
+    pingo = str(Path(sys.executable).parent / "pingo")
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [pingo, "logs", workflow["id"], "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"Submitted application {app}" in shown.stdout  # the client's own log
+    assert f"YARN application {app}: yarn logs -applicationId {app}" in shown.stdout
+    assert f"stand-in log line of {app}" in shown.stdout  # fetched with the yarn CLI
+    assert yarn_calls(standin) == [["logs", "-applicationId", app]]
+
+    env["PATH"] = "/usr/bin:/bin"  # no yarn here: say where, fetch nothing
+    hint = await asyncio.to_thread(
+        subprocess.run,
+        [pingo, "logs", workflow["id"], "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert hint.returncode == 0, hint.stderr
+    assert "no YARN CLI here" in hint.stdout
+    assert len(yarn_calls(standin)) == 1
 
 
 def _read(path: Path) -> str:

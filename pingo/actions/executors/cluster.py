@@ -35,8 +35,11 @@ KILL_TIMEOUT_S = 60.0
 
 _APPLICATION = re.compile(r"\bapplication_\d+_\d+\b")
 _DRIVER = re.compile(r"\bdriver-\d{14}-\d{4,}\b")
+#: URLs as RFC 3986 spells them: no space, quote, angle bracket or control character
+#: (a log is the job's own text, shown in terminals and pages).
 _URL = re.compile(
-    r"(?:tracking URL|The url to track the job|Spark UI|SparkUI|started at)\W{0,3}(https?://[^\s'\"<>]+)",
+    r"(?:tracking URL|The url to track the job|Spark UI|SparkUI|started at)\W{0,3}"
+    r"(https?://[A-Za-z0-9\-._~:/?#\[\]@!$&()*+,;=%]+)",
     re.IGNORECASE,
 )
 
@@ -70,6 +73,11 @@ def scan_log(path: Path) -> ClusterJobs:
     except OSError:
         return ClusterJobs()
     return find_jobs(text)
+
+
+def logs_command(application_id: str) -> list[str]:
+    """The YARN CLI's argv that fetches an application's aggregated logs (without `yarn`)."""
+    return ["logs", "-applicationId", application_id]
 
 
 def _unique(items: Any) -> tuple[str, ...]:

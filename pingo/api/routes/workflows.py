@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from pingo import errors, states
 from pingo.actions.executors import base as executors_base
+from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.store.protocol import ActionRecord, WorkflowRecord
@@ -318,10 +321,8 @@ async def get_action(request: web.Request) -> web.Response:
     return bodies.json_response(documents.action_detail(action))
 
 
-@routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
-async def get_action_logs(request: web.Request) -> web.StreamResponse:
-    """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
-    action = await _visible_action(request)
+def _attempt_log(request: web.Request, action: ActionRecord) -> tuple[int, Path]:
+    """The attempt `?attempt=` names (default the latest) and its log, if on this node."""
     if action.attempts == 0:
         raise errors.NotFound(f"action {action.action_id} has not run (it was {action.reason})")
     attempt = bodies.query_int(request, "attempt", default=action.attempts, minimum=1)
@@ -335,4 +336,25 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
         raise errors.NotFound(
             f"no log for attempt {attempt} of action {action.action_id} on this node"
         )
+    return attempt, path
+
+
+@routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
+async def get_action_logs(request: web.Request) -> web.StreamResponse:
+    """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
+    action = await _visible_action(request)
+    if action.attempts == 0:
+        raise errors.NotFound(f"action {action.action_id} has not run (it was {action.reason})")
+    _, path = _attempt_log(request, action)
     return web.FileResponse(path, headers={"Content-Type": "text/plain; charset=utf-8"})
+
+
+@routes.get(
+    PREFIX + "/workflows/{workflow_id}/actions/{action_id}/cluster-jobs", name="get_cluster_jobs"
+)
+async def get_action_cluster_jobs(request: web.Request) -> web.Response:
+    """Where a cluster action's jobs and their logs are, read from its client's log."""
+    action = await _visible_action(request)
+    attempt, path = _attempt_log(request, action)
+    jobs = await asyncio.to_thread(cluster.scan_log, path)
+    return bodies.json_response(documents.cluster_jobs(attempt, jobs))
