@@ -19,6 +19,10 @@ cross_node_dispatch_p99_ms  slots are taken by long `sleep`s, so it cannot claim
                             the second node's executor `submit` returned (the process
                             runs). Percentiles over the 100 samples of one run.
 
+idle_node_cpu_percent       CPU time (all threads) of this process while one node sits
+                            idle on an empty SQLite store for 5 s, after 1 s to settle:
+                            what the adaptive poll costs when there is nothing to do
+
 Both nodes run in this process, each on its own store handle (its own SQLite
 connection and writer thread): nothing in-process tells the second node about
 the first one's writes, so it learns of them as a node on another machine does,
@@ -169,17 +173,31 @@ def _one(n: int) -> dict[str, Any]:
     return {"name": f"one-{n}", "startActionId": 1, "endActionId": 1, "actions": [action]}
 
 
+IDLE_S = 5.0
+
+
+async def _idle_cpu_percent() -> float:
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
+        async with _nodes(Path(tmp), 1):
+            await asyncio.sleep(1.0)
+            cpu, wall = time.process_time(), time.perf_counter()
+            await asyncio.sleep(IDLE_S)
+            return 100 * (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
 async def _measure() -> dict[str, float]:
     one_s = await _sleep_makespan_s(1)
     two_s = await _sleep_makespan_s(2)
     print(f"# one node {one_s:.2f} s, two nodes {two_s:.2f} s", file=sys.stderr)
     dispatch = await _cross_node_dispatch_ms()
+    idle = await _idle_cpu_percent()
     return {
         "one_node_sleep40_s": one_s,
         "two_node_sleep40_s": two_s,
         "two_node_speedup": one_s / two_s,
         "cross_node_dispatch_p50_ms": _workloads.percentile(dispatch, 50),
         "cross_node_dispatch_p99_ms": _workloads.percentile(dispatch, 99),
+        "idle_node_cpu_percent": idle,
     }
 
 
