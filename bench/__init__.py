@@ -412,6 +412,9 @@ TARGETS: dict[str, Target] = {
     ),
     # Five times the figure measured before issue 15.
     "wire_claims_per_s": _at_least("wire_claims_per_s", 5 * WIRE_CLAIMS_BEFORE_PER_S),
+    # Issue 16: a second node adds throughput, and finds another node's work fast.
+    "two_node_speedup": _at_least("two_node_speedup", 1.8),
+    "cross_node_dispatch_p99_ms": _below("cross_node_dispatch_p99_ms", 100),
 }
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -417,8 +421,15 @@ def logs(
     workflow_id: str = typer.Argument(..., metavar="ID"),
     action: str = typer.Argument(..., metavar="ACTION", help="The action's id or name."),
     attempt: int | None = typer.Option(None, "--attempt", min=1, help="Default: the latest."),
+    cluster: bool = typer.Option(
+        True,
+        "--cluster/--no-cluster",
+        help="For MapReduce and Spark actions, also say where the cluster's logs are and "
+        "fetch them with `yarn logs` when the YARN CLI is here ($PINGO_YARN_BIN or PATH).",
+    ),
 ) -> None:
-    """Print the log of an action (local executor)."""
+    """Print the log of an action: its process's (local executor) or its cluster client's,
+    then where its cluster jobs' logs are."""
     with _api_errors():
         client = _client()
         if action.isdigit():
@@ -435,6 +446,39 @@ def logs(
                 raise typer.Exit(1)
             action_id = matches[0]
         typer.echo(client.logs(workflow_id, action_id, attempt), nl=False)
+        if cluster:
+            _cluster_logs(client.cluster_jobs(workflow_id, action_id, attempt))
+
+
+_APPLICATION_ID = re.compile(r"application_[0-9]+_[0-9]+")
+
+
+def _cluster_logs(jobs: Mapping[str, Any]) -> None:
+    """Where an attempt's cluster jobs log, and their YARN logs when `yarn` is here."""
+    if not (jobs["applications"] or jobs["drivers"] or jobs["urls"]):
+        return
+    typer.echo(f"\n--- cluster jobs of attempt {jobs['attempt']} ---")
+    for url in jobs["urls"]:
+        typer.echo(f"tracking / UI: {url}")
+    for driver in jobs["drivers"]:
+        typer.echo(f"Spark driver: {driver}")
+    yarn = shutil.which(os.environ.get("PINGO_YARN_BIN") or "yarn")
+    for application in jobs["applications"]:
+        app = str(application["id"])
+        if not _APPLICATION_ID.fullmatch(app):
+            continue
+        argv = ["yarn", "logs", "-applicationId", app]
+        typer.echo(f"YARN application {app}: {' '.join(argv)}")
+        if yarn is None:
+            typer.echo("  (no YARN CLI here: run that command where one is)")
+            continue
+        # No shell, and the id is checked above: nothing from the log reaches a command line.
+        fetched = subprocess.run(
+            [yarn, *argv[1:]], capture_output=True, text=True, errors="replace", check=False
+        )
+        typer.echo(fetched.stdout, nl=False)
+        if fetched.returncode != 0:
+            typer.echo(f"  (yarn logs exited {fetched.returncode}: {fetched.stderr.strip()})")
 
 
 datasets_app = typer.Typer(help="Inspect and delete datasets.", no_args_is_help=True)

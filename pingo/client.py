@@ -303,6 +303,18 @@ class Client:
         )
         return answer.body.decode("utf-8", "replace")
 
+    def cluster_jobs(
+        self, workflow_id: str, action_id: int, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """The YARN applications, Spark drivers and URLs an attempt's cluster client printed."""
+        answer = self.request(
+            "GET",
+            f"/api/v1/workflows/{_q(workflow_id)}/actions/{action_id}/cluster-jobs",
+            query={"attempt": attempt},
+        )
+        document: dict[str, Any] = answer.json()
+        return document
+
     def wait(
         self,
         workflow_id: str,

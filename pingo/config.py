@@ -105,6 +105,10 @@ class Settings:
     #: This node's identity in leases and claims.
     node_id: str = field(default_factory=_default_node_id)
     poll_interval_s: float = 1.0
+    #: The scraper's adaptive poll for other nodes' work: this short while passes find
+    #: work, doubling up to `idle_poll_s` while they find none (see `actions.scraper`).
+    fast_poll_s: float = 0.01
+    idle_poll_s: float = 0.025
     lease_s: float = 30.0
     queue_size: int = 256
     claim_batch: int = 64
@@ -113,6 +117,9 @@ class Settings:
     local_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Per-action-type concurrency limits; types not named are unlimited.
     executor_limits: Mapping[str, int] = field(default_factory=dict)
+    #: Cluster actions (MapReduce, Spark) one node keeps in flight per type, unless
+    #: `executor_limits` names the type: their submission is cheap, their work remote.
+    cluster_in_flight: int = 64
     retry_backoff_s: float = 1.0
     deletor_interval_s: float = 1.0
     max_body_bytes: int = 16 * 2**20
@@ -134,6 +141,8 @@ class Settings:
     #: MongoDB write concern `w` (an int or "majority").
     mongo_write_concern: str = "majority"
     hadoop_bin: str = "hadoop"
+    #: The YARN CLI: kills applications (`yarn application -kill`) and fetches their logs.
+    yarn_bin: str = "yarn"
     spark_submit_bin: str = "spark-submit"
     spark_master: str = "local[*]"
     spark_deploy_mode: str = "client"
@@ -203,11 +212,13 @@ class Settings:
 
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
-         "max_actions", "sqlite_cache_mb", "user_submission_burst"}  # fmt: skip
+         "max_actions", "sqlite_cache_mb", "user_submission_burst",
+         "cluster_in_flight"}  # fmt: skip
 #: Per-user limits: a positive int, or `unlimited` for None.
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
+           "fast_poll_s", "idle_poll_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
 
 

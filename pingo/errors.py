@@ -95,6 +95,12 @@ class StoreUnavailable(PingoError):
     code = "STORE_UNAVAILABLE"
 
 
+class Unsupported(PingoError):
+    """The backend cannot do this (callers fall back to another way)."""
+
+    code = "UNSUPPORTED"
+
+
 class ConfigurationError(PingoError):
     """The configuration is invalid."""
 

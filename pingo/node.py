@@ -18,9 +18,9 @@ from typing import Any
 
 from pingo import errors, loops, states
 from pingo.actions.executors import base, sandbox
-from pingo.actions.leases import HeldActions, LeaseRenewer
+from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
-from pingo.actions.scraper import ActionQueue, Scraper
+from pingo.actions.scraper import ActionQueue, ReadyWatch, Scraper
 from pingo.actions.submitter import Submitter, hand_back
 from pingo.callbacks import tokens
 from pingo.callbacks.service import CallbackService
@@ -104,7 +104,10 @@ class Node:
         self.storage = DatasetStorage(settings.data_root)
         self.held = HeldActions(settings.executor_limits)
         self.queue: ActionQueue = asyncio.Queue()
-        self.scraper = Scraper(store, settings, self.queue, self.held)
+        #: Claims follow capacity (action type → how many run at once), set once the
+        #: executors exist below.
+        self.capacities: dict[str, int] = {}
+        self.scraper = Scraper(store, settings, self.queue, self.held, self.capacities)
         self.callbacks = CallbackService(
             store,
             self.storage,
@@ -146,6 +149,11 @@ class Node:
                     exc.message,
                     extra={"event": "executor_unavailable", "action_type": action_type},
                 )
+        for action_type, executor in self.executors.items():
+            self.capacities[action_type] = capacity(action_type, executor, settings)
+        self.scraper.capacities = dict(self.capacities)
+        self.held.on_release = self.scraper.capacity_freed
+        self.ready_watch = ReadyWatch(store, self.scraper, settings)
         extra = {} if observe_dispatch is None else {"observe_dispatch": observe_dispatch}
         self.submitters = [
             Submitter(
@@ -184,7 +192,7 @@ class Node:
         # lease will bring back: replay those steps (idempotent; planner helper).
         await self.callbacks.recover_running()
         self.retention = self._retention_loop()
-        background: list[loops.Loop] = [self.renewer, self.reaper, self.deletor]
+        background: list[loops.Loop] = [self.ready_watch, self.renewer, self.reaper, self.deletor]
         if self.retention is not None:
             background.append(self.retention)
         self._task = asyncio.create_task(
@@ -238,7 +246,7 @@ class Node:
             if item is not None:
                 with contextlib.suppress(errors.PingoError):
                     await hand_back(self.store, self.settings.node_id, self.held, item.action)
-        for loop in (self.renewer, self.reaper, self.deletor, self.retention):
+        for loop in (self.ready_watch, self.renewer, self.reaper, self.deletor, self.retention):
             if loop is not None:
                 loop.stop()
         try:

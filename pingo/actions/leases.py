@@ -4,6 +4,11 @@ Every action the scraper claims is held from the claim until its work ends
 (or it is handed back): queued (PROCESSING), submitted, running. The renewer
 extends all those leases every `lease_s / 3`, so a live node never loses an
 action to a lease expiry, and a dead node's actions come free within a lease.
+
+What a node holds per type is also what it may claim next: `capacity` is how
+many actions of a type its executor can run at once, and the scraper claims
+only `capacity - held` of each (claim by capacity), so work it could not start
+now stays READY for other nodes.
 """
 
 from __future__ import annotations
@@ -11,11 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pingo import loops, states
 from pingo.store.protocol import ActionRecord, Store
+
+if TYPE_CHECKING:
+    from pingo.actions.executors.base import Executor
+    from pingo.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +55,11 @@ class HeldActions:
     def __init__(self, limits: Mapping[str, int] | None = None) -> None:
         self._held: dict[Key, Held] = {}
         self._by_callback: dict[str, Key] = {}
+        self._by_type: Counter[str] = Counter()
         self._limits = dict(limits or {})
         self._semaphores: dict[str, asyncio.Semaphore] = {}
+        #: Called whenever an action stops being held (the scraper claims again).
+        self.on_release: Callable[[], None] = _nothing
 
     def __len__(self) -> int:
         return len(self._held)
@@ -57,11 +71,20 @@ class HeldActions:
         """Every held action's key."""
         return list(self._held)
 
+    def count(self, action_type: str) -> int:
+        """How many actions of `action_type` this node holds (queued, submitted or running)."""
+        return self._by_type[action_type]
+
+    def quotas(self, capacities: Mapping[str, int]) -> dict[str, int]:
+        """Per type, how many more actions this node can take now (never negative)."""
+        return {t: max(0, cap - self._by_type[t]) for t, cap in capacities.items()}
+
     def add(self, action: ActionRecord) -> None:
         """Hold `action` (claimed by this node)."""
         if action.key not in self._held:
             self._held[action.key] = Held(action.type, action.callback_id)
             self._by_callback[action.callback_id] = action.key
+            self._by_type[action.type] += 1
 
     def submitted(self, key: Key, attempt: int, external_id: str) -> None:
         """The executor started `key`'s attempt `attempt` as `external_id`."""
@@ -87,8 +110,10 @@ class HeldActions:
         if held is None:
             return
         self._by_callback.pop(held.callback_id, None)
+        self._by_type[held.action_type] -= 1
         if held.limited:
             self._semaphores[held.action_type].release()
+        self.on_release()
 
     def remove_callback(self, callback_id: str) -> None:
         """Forget the action whose callback id is `callback_id`, if held."""
@@ -134,6 +159,22 @@ class HeldActions:
         else:
             held.limited = True
         return True
+
+
+def _nothing() -> None:
+    pass
+
+
+def capacity(action_type: str, executor: Executor, settings: Settings) -> int:
+    """How many actions of `action_type` a node runs at once: its executor's slots
+    (local processes, or cluster clients in flight), within `PINGO_EXECUTOR_LIMITS`.
+
+    An executor without slots (it only hands work on) is bounded by the queue size.
+    """
+    slots = getattr(executor, "slots", None)
+    bound = slots if isinstance(slots, int) else settings.queue_size
+    limit = settings.executor_limits.get(action_type)
+    return max(1, bound if limit is None else min(bound, limit))
 
 
 class LeaseRenewer(loops.Loop):

@@ -1,9 +1,20 @@
 """The scraper: claims READY actions (and PROCESSING ones whose lease expired) into a queue.
 
-It never claims more than the queue has room for: a claimed action is
-invisible to every other node until its lease expires. It wakes at once when
-this node makes actions READY (`wake`, passed to the services as `on_ready`),
-polls as a fallback, and claims again immediately after a full batch.
+Claim by capacity: it claims, per action type, only what this node's executors
+can start now (`capacity - held`, see `leases.capacity`), and never more than
+the queue has room for: a claimed action is invisible to every other node until
+its lease expires, so work this node cannot start stays READY for the others.
+A type no executor here runs is never claimed.
+
+When it claims:
+- at once when this node makes actions READY (`wake`, passed to the services
+  as `on_ready`), when this node's work ends (`capacity_freed`) and after a full
+  batch;
+- when another node made actions READY: pushed by the store where it can
+  (`Store.watch_ready`, MongoDB change streams), else by an adaptive poll, every
+  `fast_poll_s` while passes find work, backing off (doubling) to `idle_poll_s`
+  once they find none; with pushes it polls every `poll_interval_s` only, for
+  backoffs that expire and leases that run out.
 
 Dispatch latency (READY → executor start) is measured from the first `wake`
 since the last claim, i.e. from the moment this node's services had written
@@ -21,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pingo import loops
+from pingo import errors, loops
 from pingo.actions.leases import HeldActions
 from pingo.config import Settings
 from pingo.store.protocol import ActionRecord, Store
@@ -55,9 +66,16 @@ class Scraper(loops.Loop):
     name = "scraper"
 
     def __init__(
-        self, store: Store, settings: Settings, queue: ActionQueue, held: HeldActions
+        self,
+        store: Store,
+        settings: Settings,
+        queue: ActionQueue,
+        held: HeldActions,
+        capacities: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__(interval_s=settings.poll_interval_s)
+        """`capacities` (action type → actions it runs at once) bounds each type's
+        claims by what is held; None claims any type, bounded by the queue only."""
+        super().__init__(interval_s=settings.fast_poll_s)
         self.store = store
         self.node_id = settings.node_id
         self.lease_s = settings.lease_s
@@ -65,8 +83,14 @@ class Scraper(loops.Loop):
         self.max_in_flight = settings.user_max_in_flight_actions
         self.batch = max(1, settings.claim_batch)
         self.capacity = max(1, settings.queue_size)
+        self.capacities = None if capacities is None else dict(capacities)
         self.queue = queue
         self.held = held
+        self.fast_poll_s = settings.fast_poll_s
+        self.idle_poll_s = max(settings.fast_poll_s, settings.idle_poll_s)
+        self.pushed_poll_s = max(self.idle_poll_s, settings.poll_interval_s)
+        #: Whether the store pushes other nodes' READY actions (set by `ReadyWatch`).
+        self.pushed = False
         self._ready_at: float | None = None
         self._starved = False
         self.finished = asyncio.Event()
@@ -83,6 +107,14 @@ class Scraper(loops.Loop):
             self._starved = False
             super().wake()
 
+    def capacity_freed(self) -> None:
+        """Work of this node ended or went back: its type may take more (not a READY event)."""
+        super().wake()
+
+    def ready_elsewhere(self) -> None:
+        """The store saw an action become READY (any node's write): claim now."""
+        super().wake()
+
     async def run(self) -> None:
         try:
             await super().run()
@@ -96,13 +128,18 @@ class Scraper(loops.Loop):
         if room <= 0:
             self._starved = True
             return False
+        quotas = None if self.capacities is None else self.held.quotas(self.capacities)
+        if quotas is not None and not any(quotas.values()):
+            # Full: `capacity_freed` wakes the next pass; polling meanwhile finds nothing.
+            self._back_off(found=False)
+            return False
         ready_at, self._ready_at = self._ready_at, None
         started = time.perf_counter()
         if ready_at is None:
             ready_at = started
         limit = min(room, self.batch)
         claimed = await self.store.claim_actions(
-            self.node_id, limit, self.lease_s, max_in_flight=self.max_in_flight
+            self.node_id, limit, self.lease_s, max_in_flight=self.max_in_flight, quotas=quotas
         )
         input_paths = self._read_input_paths(claimed)
         for action in claimed:
@@ -118,7 +155,17 @@ class Scraper(loops.Loop):
                 len(claimed),
                 extra={"event": "actions_claimed", "count": len(claimed)},
             )
+        self._back_off(found=bool(claimed))
         return more and not self.stopping
+
+    def _back_off(self, *, found: bool) -> None:
+        """The adaptive poll: short while passes find work, doubling while they find none."""
+        if self.pushed:
+            self.interval_s = self.pushed_poll_s
+        elif found:
+            self.interval_s = self.fast_poll_s
+        else:
+            self.interval_s = min(self.idle_poll_s, self.interval_s * 2)
 
     def _read_input_paths(self, claimed: list[ActionRecord]) -> asyncio.Future[InputPaths] | None:
         """Start reading every input dataset of the batch at once (one store call)."""
@@ -138,3 +185,59 @@ class Scraper(loops.Loop):
 def _retrieve(task: asyncio.Future[InputPaths]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class ReadyWatch(loops.Loop):
+    """Wakes the scraper on the store's READY events (MongoDB change streams).
+
+    Where the store cannot push (`errors.Unsupported`: SQLite, a MongoDB without
+    replica set) it stops for good and the scraper keeps its adaptive poll; a
+    stream that breaks (the store went away) is opened again after `poll_interval_s`,
+    the scraper polling meanwhile.
+    """
+
+    name = "ready-watch"
+
+    def __init__(self, store: Store, scraper: Scraper, settings: Settings) -> None:
+        super().__init__(interval_s=settings.poll_interval_s)
+        self.store = store
+        self.scraper = scraper
+
+    async def run_once(self) -> bool:
+        watching = asyncio.ensure_future(self._watch())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not watching.done():
+                watching.cancel()
+            self.scraper.pushed = False
+        if watching.cancelled():
+            return False
+        exc = watching.exception()
+        if isinstance(exc, errors.Unsupported):
+            logger.info(
+                "no change events from the store (%s); polling for other nodes' work",
+                exc,
+                extra={"event": "ready_watch_unsupported"},
+            )
+            self.stop()
+            return False
+        if isinstance(exc, errors.PingoError):
+            # StoreUnavailable, or the stream failed: poll, and open it again later.
+            logger.warning(
+                "the store's change events stopped: %s",
+                exc,
+                extra={"event": "ready_watch_failed", "code": exc.code},
+            )
+        elif exc is not None:
+            raise exc
+        return False
+
+    async def _watch(self) -> None:
+        def on_ready() -> None:
+            self.scraper.pushed = True
+            self.scraper.ready_elsewhere()
+
+        await self.store.watch_ready(on_ready)

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from pingo import limits, states
+from pingo.actions.executors import cluster
 from pingo.config import Settings
 from pingo.datasets.integrity import Verdict
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
@@ -49,6 +50,19 @@ def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any
         "startedAt": timestamp(action.started_at),
         "finishedAt": timestamp(action.finished_at),
         "error": action.error,
+    }
+
+
+def cluster_jobs(attempt: int, jobs: cluster.ClusterJobs) -> dict[str, Any]:
+    """`GET …/actions/{actionId}/cluster-jobs`: the jobs one attempt's client submitted."""
+    return {
+        "attempt": attempt,
+        "applications": [
+            {"id": app, "logsCommand": ["yarn", *cluster.logs_command(app)]}
+            for app in jobs.application_ids
+        ],
+        "drivers": list(jobs.driver_ids),
+        "urls": list(jobs.urls),
     }
 
 

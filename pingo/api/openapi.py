@@ -171,6 +171,35 @@ def _schemas() -> dict[str, Any]:
                 "definition": {"type": "object", "description": "the action as submitted"},
             }
         ),
+        "ClusterJobs": _object(
+            {
+                "attempt": {"type": "integer", "minimum": 1},
+                "applications": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "id": {"type": "string", "pattern": "^application_[0-9]+_[0-9]+$"},
+                            "logsCommand": {
+                                "type": "array",
+                                "items": {"type": "string"},
+                                "description": "argv that fetches its aggregated logs",
+                            },
+                        }
+                    ),
+                },
+                "drivers": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Spark standalone cluster-mode driver ids",
+                },
+                "urls": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "tracking URLs (YARN) and Spark UI URLs",
+                },
+            },
+            description="The cluster jobs one attempt's client submitted, from its log.",
+        ),
         "WorkflowSummary": _object(workflow_summary),
         "WorkflowDocument": _object(
             {
@@ -661,6 +690,27 @@ def _paths() -> dict[str, Any]:
                         "description": "stdout and stderr of the attempt (local executor).",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
+                    "404": _problem("No such action, no attempt yet, or no log on this node."),
+                },
+                parameters=[
+                    _WORKFLOW_ID,
+                    _ACTION_ID,
+                    _param("attempt", "query", _ATTEMPT, "default: latest"),
+                ],
+            )
+        },
+        "/api/v1/workflows/{workflowId}/actions/{actionId}/cluster-jobs": {
+            "get": _op(
+                "getActionClusterJobs",
+                "Where a cluster action's jobs and logs are",
+                "workflows",
+                {
+                    "200": _json_body(
+                        _ref("ClusterJobs"),
+                        "The YARN applications, Spark drivers and tracking or UI URLs the "
+                        "attempt's client (hadoop, spark-submit) printed; empty lists for "
+                        "an action that names none.",
+                    ),
                     "404": _problem("No such action, no attempt yet, or no log on this node."),
                 },
                 parameters=[

@@ -39,6 +39,8 @@ from pingo.store.protocol import (
     WorkflowPlan,
     WorkflowRecord,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -475,21 +477,49 @@ class MemoryStore:
         return moved
 
     async def claim_actions(
-        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        max_in_flight: int | None = None,
+        quotas: Mapping[str, int] | None = None,
     ) -> list[ActionRecord]:
-        if limit <= 0:
+        wanted = open_quotas(quotas, limit)
+        if limit <= 0 or wanted == {}:
             return []
         now = self.clock()
-        ready = self._oldest_actions(
-            ActionState.READY, lambda r: r.not_before is None or r.not_before <= now, limit
-        )
+
+        def of_type(record: ActionRecord) -> bool:
+            return wanted is None or record.type in wanted
+
+        def ready_of(action_type: str | None, count: int) -> list[ActionRecord]:
+            return self._oldest_actions(
+                ActionState.READY,
+                lambda r: (
+                    (r.not_before is None or r.not_before <= now)
+                    and (action_type is None or r.type == action_type)
+                ),
+                count,
+            )
+
         room = self._in_flight_room(max_in_flight)
         if room.capped:
-            ready = self._within_room(room, now, limit)
+            ready = self._within_room(room, now, limit, wanted)
+        elif wanted is None:
+            ready = ready_of(None, limit)
+        else:
+            ready = [r for action_type, q in wanted.items() for r in ready_of(action_type, q)]
         expired = self._oldest_actions(
-            ActionState.PROCESSING, lambda r: is_lease_expired(r.lease_expires_at, now), limit
+            ActionState.PROCESSING,
+            lambda r: is_lease_expired(r.lease_expires_at, now) and of_type(r),
+            limit,
         )
-        chosen = heapq.nsmallest(limit, ready + expired, key=_action_age)
+        oldest = sorted(ready + expired, key=_action_age)
+        if wanted is None:
+            chosen = oldest[:limit]
+        else:
+            chosen = within_quotas(oldest, limit, wanted, lambda r: r.type)
         lease = now + timedelta(seconds=lease_s)
         claimed = []
         for old in chosen:
@@ -505,16 +535,37 @@ class MemoryStore:
         return claimed
 
     def _within_room(
-        self, room: _room.InFlightRoom, now: datetime, limit: int
+        self,
+        room: _room.InFlightRoom,
+        now: datetime,
+        limit: int,
+        wanted: Mapping[str, int] | None,
     ) -> list[ActionRecord]:
-        """The oldest claimable READY actions whose owners have room, using it up."""
+        """The oldest claimable READY actions whose owners have room and whose type has
+        quota left (`wanted`, None: any type), using both up."""
         records = (self._actions[k] for k in self._action_states.keys(ActionState.READY))
         ready = sorted(
-            (r for r in records if r.not_before is None or r.not_before <= now), key=_action_age
+            (
+                r
+                for r in records
+                if (r.not_before is None or r.not_before <= now)
+                and (wanted is None or r.type in wanted)
+            ),
+            key=_action_age,
         )
-        owners = (self._workflows[r.workflow_id].owner for r in ready)
-        kept = (r for r, owner in zip(ready, owners, strict=True) if room.take(owner))
-        return list(itertools.islice(kept, limit))
+        left = None if wanted is None else dict(wanted)
+        kept: list[ActionRecord] = []
+        for record in ready:
+            if len(kept) >= limit:
+                break
+            if left is not None and left[record.type] <= 0:
+                continue
+            if not room.take(self._workflows[record.workflow_id].owner):
+                continue
+            if left is not None:
+                left[record.type] -= 1
+            kept.append(record)
+        return kept
 
     def _in_flight_room(self, default: int | None) -> _room.InFlightRoom:
         caps = {
@@ -528,6 +579,9 @@ class MemoryStore:
                 for key in self._action_states.keys(state):
                     room.in_flight[self._workflows[key[0]].owner] += 1
         return room
+
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        raise errors.Unsupported("the in-memory store has no change events; poll")
 
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float

@@ -63,6 +63,7 @@ from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
+    OperationFailure,
     PyMongoError,
     WriteConcernError,
 )
@@ -88,6 +89,8 @@ from pingo.store.protocol import (
     WorkflowPlan,
     WorkflowRecord,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -548,6 +551,17 @@ class MongoStore:
             [("state", asc), ("updated_at_us", asc), ("workflow_id", asc), ("action_id", asc)],
             name="claimable",
         )
+        # Claims by capacity: each type's oldest READY actions (issue 16).
+        await actions.create_index(
+            [
+                ("state", asc),
+                ("type", asc),
+                ("updated_at_us", asc),
+                ("workflow_id", asc),
+                ("action_id", asc),
+            ],
+            name="claimable_by_type",
+        )
         # The reaper: claim states whose lease expired.
         await actions.create_index(
             [("state", asc), ("lease_expires_at_us", asc)], name="lease_expiry"
@@ -899,17 +913,29 @@ class MongoStore:
 
     @_translated
     async def claim_actions(
-        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        max_in_flight: int | None = None,
+        quotas: Mapping[str, int] | None = None,
     ) -> list[ActionRecord]:
+        wanted = open_quotas(quotas, limit)
         claimed: list[ActionRecord] = []
         # MongoDB has no transaction here: nodes that claim at the same instant may
         # each see the same room and overshoot a user's cap by their batches.
-        room = await self._in_flight_room(max_in_flight)
-        while len(claimed) < limit:
-            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s, room)
+        room = await self._in_flight_room(max_in_flight) if wanted != {} else None
+        while len(claimed) < limit and wanted != {}:
+            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s, wanted, room)
             if batch is None:
                 break
             claimed.extend(batch)
+            if wanted is not None:
+                # What another node won meanwhile is retried within what is left.
+                for record in batch:
+                    wanted[record.type] -= 1
+                wanted = {t: q for t, q in wanted.items() if q > 0}
         if claimed:
             logger.debug(
                 "node %s claimed %d actions",
@@ -949,17 +975,21 @@ class MongoStore:
         return owners
 
     async def _ready_within_room(
-        self, room: _room.InFlightRoom, now_us: int, limit: int
+        self, room: _room.InFlightRoom, now_us: int, limit: int, wanted: Mapping[str, int] | None
     ) -> list[Doc]:
-        """The oldest claimable READY actions whose owners have room, using it up.
+        """The oldest claimable READY actions whose owners have room and whose type has
+        quota left (`wanted`, None: any type), using both up.
 
         Each round leaves out the RUNNING workflows of owners already full and the
         actions already chosen, so it ends after at most one round per owner.
         """
         chosen: list[Doc] = []
         owners: dict[str, str] = {}
-        while len(chosen) < limit:
+        left = None if wanted is None else dict(wanted)
+        while len(chosen) < limit and (left is None or any(n > 0 for n in left.values())):
             query: Doc = {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}}
+            if left is not None:
+                query["type"] = {"$in": [t for t, n in left.items() if n > 0]}
             # Only the filters needed: an empty $nin still costs nx-27017 its index.
             if full := room.full():
                 running = self._workflows.find(
@@ -972,33 +1002,35 @@ class MongoStore:
             docs = await found.to_list(None)
             owners.update(await self._owners({d["workflow_id"] for d in docs} - owners.keys()))
             for doc in docs:
-                if len(chosen) < limit and room.take(owners.get(doc["workflow_id"], "")):
+                if len(chosen) >= limit or (left is not None and left[doc["type"]] <= 0):
+                    continue
+                if room.take(owners.get(doc["workflow_id"], "")):
+                    if left is not None:
+                        left[doc["type"]] -= 1
                     chosen.append(doc)
             if len(docs) < limit:
                 break
         return chosen
 
     async def _claimable(
-        self, now_us: int, limit: int, room: _room.InFlightRoom | None = None
+        self,
+        now_us: int,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+        room: _room.InFlightRoom | None = None,
     ) -> list[Doc]:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their lease.
 
-        Two index-served queries at once (by state), merged oldest first, rather than one
-        $or: nx-27017 serves neither branch of an $or from an index and took 25 ms per
-        query over 1,000 READY actions.
+        Index-served queries at once (expired leases; READY by state, or by state and
+        type for each of `wanted`'s types), merged oldest first, rather than one $or:
+        nx-27017 serves neither branch of an $or from an index and took 25 ms per query
+        over 1,000 READY actions.
         """
-        ready_docs = (
-            self._ready_within_room(room, now_us, limit)
-            if room is not None and room.capped
-            else self._actions.find(
-                {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}},
-                sort=_CLAIMABLE_READY,
-            )
-            .limit(limit)
-            .to_list(None)
+        ready_queries = (
+            [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
         )
-        ready, expired = await asyncio.gather(
-            ready_docs,
+        sort = _CLAIMABLE_READY if wanted is None else _CLAIMABLE_READY_BY_TYPE
+        expired_docs = (
             self._actions.find(
                 {
                     "state": ActionState.PROCESSING.value,
@@ -1007,14 +1039,38 @@ class MongoStore:
                 sort=_LEASE_EXPIRY,
             )
             .limit(limit)
-            .to_list(None),
+            .to_list(None)
         )
-        if not expired:
-            return ready
-        return sorted([*ready, *expired], key=_oldest_action)[:limit]
+        if room is not None and room.capped:
+            expired, ready = await asyncio.gather(
+                expired_docs, self._ready_within_room(room, now_us, limit, wanted)
+            )
+        else:
+            expired, *ready_lists = await asyncio.gather(
+                expired_docs,
+                *(
+                    self._actions.find(
+                        {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by},
+                        sort=sort,
+                    )
+                    .limit(count)
+                    .to_list(None)
+                    for by, count in ready_queries
+                ),
+            )
+            ready = [doc for docs in ready_lists for doc in docs]
+        oldest = sorted([*ready, *expired], key=_oldest_action)
+        if wanted is None:
+            return oldest[:limit]
+        return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"]))
 
     async def _claim_batch(
-        self, node_id: str, limit: int, lease_s: float, room: _room.InFlightRoom | None = None
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        wanted: Mapping[str, int] | None,
+        room: _room.InFlightRoom | None = None,
     ) -> list[ActionRecord] | None:
         """Up to `limit` claimable actions, in two round trips; None when none is claimable.
 
@@ -1027,7 +1083,7 @@ class MongoStore:
         """
         now, now_us = self._now()
         lease_us = _us(now + timedelta(seconds=lease_s))
-        candidates = await self._claimable(now_us, limit, room)
+        candidates = await self._claimable(now_us, limit, wanted, room)
         if not candidates:
             return None
         claim = {
@@ -1050,6 +1106,32 @@ class MongoStore:
         return [
             _action(doc) for doc in sorted(await won.to_list(None), key=lambda d: order[d["_id"]])
         ]
+
+    @_translated
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        # A change stream needs a replica set (or a sharded cluster). A standalone
+        # mongod refuses the aggregation, but a wire server may accept it and never
+        # deliver an event (nx-27017 does): ask the deployment what it is first.
+        try:
+            hello = await self._db.command("hello")
+        except (OperationFailure, NotImplementedError) as exc:
+            raise errors.Unsupported(f"no MongoDB change streams: {_short(exc)}") from exc
+        if not hello.get("setName") and hello.get("msg") != "isdbgrid":
+            raise errors.Unsupported("no MongoDB change streams: not a replica set")
+        try:
+            stream = await self._actions.watch(_READY_EVENTS)
+        except (OperationFailure, NotImplementedError) as exc:
+            raise errors.Unsupported(f"no MongoDB change streams: {_short(exc)}") from exc
+        async with stream:
+            logger.info(
+                "watching READY actions through a change stream",
+                extra={"event": "ready_watch_started"},
+            )
+            try:
+                async for _ in stream:
+                    on_ready()
+            except OperationFailure as exc:
+                raise errors.Unsupported(f"the change stream ended: {_short(exc)}") from exc
 
     @_translated
     async def renew_leases(
@@ -1439,6 +1521,21 @@ class MongoStore:
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: The same among READY actions, spelled as the `claimable` index so that it serves it.
 _CLAIMABLE_READY = [("state", 1), *_OLDEST_ACTION]
+#: Change events that may make an action READY: a READY insert, or an update setting READY.
+_READY_EVENTS: list[Doc] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert", "fullDocument.state": ActionState.READY.value},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.state": ActionState.READY.value,
+                },
+            ]
+        }
+    }
+]
+_CLAIMABLE_READY_BY_TYPE = [("state", 1), ("type", 1), *_OLDEST_ACTION]
 #: Expired leases, soonest expiry first (the `lease_expiry` index).
 _LEASE_EXPIRY = [("state", 1), ("lease_expires_at_us", 1)]
 #: Oldest update first, then by id.

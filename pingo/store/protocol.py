@@ -13,7 +13,7 @@ components on a virtual clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from types import TracebackType
@@ -25,6 +25,7 @@ Clock = Callable[[], datetime]
 """Returns the current time as an aware UTC datetime."""
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 class _Keep(enum.Enum):
@@ -388,7 +389,13 @@ class Store(Protocol):
         ...
 
     async def claim_actions(
-        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        max_in_flight: int | None = None,
+        quotas: Mapping[str, int] | None = None,
     ) -> list[ActionRecord]:
         """Claim up to `limit` actions for `node_id`, oldest first, each by CAS.
 
@@ -397,6 +404,17 @@ class Store(Protocol):
         A READY action is skipped (it stays READY) while its workflow's owner has as
         many actions in flight (`ACTION_ACTIVE`, counted in the store) as their
         `UserLimits.max_in_flight_actions`, else `max_in_flight` (None: no cap).
+        With `quotas` (action type → how many this node can start now), at most
+        `quotas[type]` actions of each type are claimed, and none of a type not
+        named: the rest stays claimable by other nodes.
+        """
+        ...
+
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        """Call `on_ready` whenever any writer may have made an action READY, until cancelled.
+
+        Raises `Unsupported` at once when the backend cannot push such events
+        (SQLite, memory, a MongoDB without change streams): callers poll instead.
         """
         ...
 
@@ -560,3 +578,30 @@ class Store(Protocol):
     async def count_running_workflows(self, owner: str) -> int:
         """How many of `owner`'s workflows are RUNNING (not yet terminal)."""
         ...
+
+
+def within_quotas(
+    candidates: Iterable[C], limit: int, quotas: Mapping[str, int], type_of: Callable[[C], str]
+) -> list[C]:
+    """The first `candidates` (oldest first) that fit `limit` and each type's quota.
+
+    The one rule every backend applies to `claim_actions(quotas=…)`: a type not named
+    in `quotas` is never taken.
+    """
+    left = dict(quotas)
+    chosen: list[C] = []
+    for candidate in candidates:
+        if len(chosen) >= limit:
+            break
+        action_type = type_of(candidate)
+        if left.get(action_type, 0) > 0:
+            left[action_type] -= 1
+            chosen.append(candidate)
+    return chosen
+
+
+def open_quotas(quotas: Mapping[str, int] | None, limit: int) -> dict[str, int] | None:
+    """The quotas worth a query: each capped at `limit`, zeros dropped (None: no quotas)."""
+    if quotas is None:
+        return None
+    return {t: min(q, limit) for t, q in quotas.items() if q > 0}

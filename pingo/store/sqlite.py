@@ -78,6 +78,8 @@ from pingo.store.protocol import (
     WorkflowRecord,
     _Changes,
     claim_key,
+    open_quotas,
+    within_quotas,
 )
 
 logger = logging.getLogger(__name__)
@@ -253,6 +255,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX actions_ready_scan ON actions "
         "(updated_at, workflow_id, action_id, not_before, state) WHERE state = 'READY'",
     ),
+    # Claim by capacity: a node claims READY actions per type (issue 16), so the type
+    # joins the hot row, where an index on the READY rows alone serves each type's
+    # oldest-first scan. Partial: only rows entering or leaving READY touch it.
+    (
+        "ALTER TABLE actions ADD COLUMN action_type TEXT NOT NULL DEFAULT ''",
+        "UPDATE actions SET action_type = (SELECT s.type FROM action_specs s "
+        "WHERE s.workflow_id = actions.workflow_id AND s.action_id = actions.action_id)",
+        "CREATE INDEX actions_ready_type ON actions (action_type, updated_at) "
+        "WHERE state = 'READY'",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -287,7 +299,7 @@ _USER_COLUMNS = (
     "submissions_per_minute"
 )
 
-_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
 _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
     f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
@@ -421,6 +433,7 @@ def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
         _us_or_none(a.finished_at),
         a.runtime_s,
         a.version,
+        a.type,
     )
 
 
@@ -1501,38 +1514,67 @@ class SQLiteStore:
         return sorted(moved, key=lambda a: a.action_id)
 
     async def claim_actions(
-        self, node_id: str, limit: int, lease_s: float, *, max_in_flight: int | None = None
+        self,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        max_in_flight: int | None = None,
+        quotas: Mapping[str, int] | None = None,
     ) -> list[ActionRecord]:
-        if limit <= 0:
+        wanted = open_quotas(quotas, limit)
+        if limit <= 0 or wanted == {}:
             return []
         now = self.clock()
         lease = now + timedelta(seconds=lease_s)
         # It takes the write lock only when there is something to claim.
         return await self._submit(
-            None, self._claim_actions, (node_id, limit, _us(now), _us(lease), max_in_flight)
+            None,
+            self._claim_actions,
+            (node_id, limit, wanted, _us(now), _us(lease), max_in_flight),
         )
 
     def _claimable(
-        self, conn: sqlite3.Connection, limit: int, now: int, max_in_flight: int | None
+        self,
+        conn: sqlite3.Connection,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+        now: int,
+        max_in_flight: int | None,
     ) -> list[Any]:
-        # Two index range scans (one per state) rather than one OR that no index serves.
+        # Index range scans (one per state, or per type) rather than one OR that no index serves.
         room = self._in_flight_room(conn, max_in_flight)
         if room.capped:
-            ready = self._ready_within_room(conn, room, limit, now)
-        else:
+            ready = self._ready_within_room(conn, room, limit, wanted, now)
+        elif wanted is None:
             ready = conn.execute(
-                "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+                "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
                 "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
                 "ORDER BY updated_at LIMIT ?",
                 (now, limit),
             ).fetchall()
+        else:
+            ready = [
+                row
+                for action_type, quota in wanted.items()
+                for row in conn.execute(
+                    "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
+                    "WHERE state = 'READY' AND action_type = ? "
+                    "AND (not_before IS NULL OR not_before <= ?) "
+                    "ORDER BY updated_at LIMIT ?",
+                    (action_type, now, quota),
+                ).fetchall()
+            ]
         expired = conn.execute(
-            "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+            "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
             "WHERE state = 'PROCESSING' AND lease_expires_at <= ? "
             "ORDER BY lease_expires_at LIMIT ?",
             (now, limit),
         ).fetchall()
-        return sorted(ready + expired)[:limit]
+        oldest = sorted(ready + expired)
+        if wanted is None:
+            return oldest[:limit]
+        return within_quotas(oldest, limit, wanted, lambda row: str(row[4]))
 
     @staticmethod
     def _in_flight_room(conn: sqlite3.Connection, default: int | None) -> _room.InFlightRoom:
@@ -1557,9 +1599,14 @@ class SQLiteStore:
 
     @staticmethod
     def _ready_within_room(
-        conn: sqlite3.Connection, room: _room.InFlightRoom, limit: int, now: int
+        conn: sqlite3.Connection,
+        room: _room.InFlightRoom,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+        now: int,
     ) -> list[Any]:
-        """The oldest claimable READY actions whose owners have room, using it up.
+        """The oldest claimable READY actions whose owners have room and whose type has
+        quota left (`wanted`, None: any type), using both up.
 
         Pages through READY in age order, leaving out owners already full, so one
         user's backlog of thousands costs a page or two, not a scan per claim.
@@ -1567,17 +1614,20 @@ class SQLiteStore:
         chosen: list[Any] = []
         owners: dict[str, str] = {}
         after: tuple[int, str, int] = (-1, "", -1)
-        while len(chosen) < limit:
+        left = None if wanted is None else dict(wanted)
+        types = "" if wanted is None else f"AND action_type IN ({_placeholders(len(wanted))}) "
+        while len(chosen) < limit and (left is None or any(n > 0 for n in left.values())):
             full = room.full()
             rows = conn.execute(
-                "SELECT updated_at, workflow_id, action_id, rowid FROM actions "
+                "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
                 "INDEXED BY actions_ready_scan "
                 "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
-                "AND (updated_at, workflow_id, action_id) > (?, ?, ?) "
+                + types
+                + "AND (updated_at, workflow_id, action_id) > (?, ?, ?) "
                 "AND workflow_id NOT IN (SELECT id FROM workflows WHERE state = 'RUNNING' "
                 f"AND owner IN ({_placeholders(len(full))})) "
                 "ORDER BY updated_at, workflow_id, action_id LIMIT ?",
-                (now, *after, *full, limit),
+                (now, *(wanted or ()), *after, *full, limit),
             ).fetchall()
             unknown = sorted({row[1] for row in rows} - owners.keys())
             for chunk in _chunks(unknown):
@@ -1589,7 +1639,11 @@ class SQLiteStore:
                     ).fetchall()
                 )
             for row in rows:
-                if len(chosen) < limit and room.take(owners.get(row[1], "")):
+                if len(chosen) >= limit or (left is not None and left[row[4]] <= 0):
+                    continue
+                if room.take(owners.get(row[1], "")):
+                    if left is not None:
+                        left[row[4]] -= 1
                     chosen.append(row)
             if len(rows) < limit:
                 break
@@ -1597,21 +1651,27 @@ class SQLiteStore:
         return chosen
 
     def _claim_actions(
-        self, node_id: str, limit: int, now: int, lease: int, max_in_flight: int | None
+        self,
+        node_id: str,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+        now: int,
+        lease: int,
+        max_in_flight: int | None,
     ) -> list[ActionRecord]:
         conn = self._db
         if conn.in_transaction:
             # Batched with writes: the worker's transaction holds the write lock already.
-            chosen = self._claimable(conn, limit, now, max_in_flight)
+            chosen = self._claimable(conn, limit, wanted, now, max_in_flight)
             return self._claim_chosen(conn, node_id, chosen, now, lease)
         # A poll that finds nothing (the common case) takes no write lock, so idle
         # scrapers of several processes never queue behind each other.
-        if not self._claimable(conn, limit, now, max_in_flight):
+        if not self._claimable(conn, limit, wanted, now, max_in_flight):
             return []
         conn.execute("BEGIN IMMEDIATE")
         # Under the write lock now: what we read is what we update; in-flight counts
         # too, so nodes sharing the file cannot overshoot a user's cap together.
-        chosen = self._claimable(conn, limit, now, max_in_flight)
+        chosen = self._claimable(conn, limit, wanted, now, max_in_flight)
         claimed = self._claim_chosen(conn, node_id, chosen, now, lease)
         conn.execute("COMMIT")
         return claimed
@@ -1633,6 +1693,9 @@ class SQLiteStore:
             )
         order = {(c[1], c[2]): i for i, c in enumerate(chosen)}
         return sorted(self._actions_hot(rows), key=lambda a: order[a.key])
+
+    async def watch_ready(self, on_ready: Callable[[], None]) -> None:
+        raise errors.Unsupported("SQLite has no change events across processes; poll")
 
     async def renew_leases(
         self, node_id: str, keys: Sequence[tuple[str, int]], lease_s: float

@@ -39,6 +39,7 @@ MATRIX: dict[str, Case] = {
     "rerun_workflow": Case("POST", "/api/v1/workflows/{wf}/rerun", 404, 201),
     "get_action": Case("GET", "/api/v1/workflows/{wf}/actions/1", 404, 200),
     "get_action_logs": Case("GET", "/api/v1/workflows/{wf}/actions/1/logs", 404, 200),
+    "get_cluster_jobs": Case("GET", "/api/v1/workflows/{wf}/actions/1/cluster-jobs", 404, 200),
     "list_datasets": Case("GET", "/api/v1/datasets", 200, 200),
     "get_dataset": Case("GET", "/api/v1/datasets/{ds}", 200, 200),
     "get_dataset_lineage": Case("GET", "/api/v1/datasets/{ds}/lineage", 200, 200),
@@ -148,6 +149,7 @@ async def test_owners_see_kill_and_rerun_their_own_workflows(api: Api) -> None:
         f"/api/v1/workflows/{ids['wf']}",
         f"/api/v1/workflows/{ids['wf']}/actions/1",
         f"/api/v1/workflows/{ids['wf']}/actions/1/logs",
+        f"/api/v1/workflows/{ids['wf']}/actions/1/cluster-jobs",
     ):
         assert (await api.client.get(path, headers=alice)).status == 200, path
     rerun = await api.client.post(f"/api/v1/workflows/{ids['wf']}/rerun", headers=alice)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import timedelta
 
-from pingo import states
+import pytest
+
+from pingo import errors, states
 from pingo.states import ActionState
 from pingo.store.protocol import ActionChanges, Store
 from tests.contract.conftest import Factory, FakeClock
@@ -149,6 +153,57 @@ async def test_claim_actions_oldest_first_with_lease(
     assert sorted(a.key for a in rest) == [(plans[2].workflow.id, 0), (plans[2].workflow.id, 1)]
     assert await store.claim_actions("node-b", 10, lease_s=30) == []
     assert await store.claim_actions("node-b", 0, lease_s=30) == []
+
+
+async def test_claim_by_quotas_takes_each_type_up_to_its_quota(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    types = {0: "spark", 1: "command-line", 2: "spark", 3: "command-line", 4: "spark"}
+    types |= {5: "mapreduce-v2", 6: "command-line"}
+    plan = make.plan(
+        {i: () for i in types},
+        datasets=False,
+        actions={
+            i: {"type": t, "updated_at": clock.now + timedelta(seconds=i)} for i, t in types.items()
+        },
+    )
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    clock.advance(10)
+
+    # Nothing for a type with no room, nothing of a type not named.
+    assert await store.claim_actions("node-a", 10, lease_s=30, quotas={}) == []
+    assert await store.claim_actions("node-a", 10, lease_s=30, quotas={"spark": 0}) == []
+    first = await store.claim_actions(
+        "node-a", 10, lease_s=30, quotas={"spark": 2, "command-line": 1, "hive": 3}
+    )
+    assert sorted(a.action_id for a in first) == [0, 1, 2]
+    # `limit` still bounds the whole claim, oldest first across types.
+    second = await store.claim_actions(
+        "node-b", 2, lease_s=30, quotas={"spark": 5, "command-line": 5, "mapreduce-v2": 5}
+    )
+    assert sorted(a.action_id for a in second) == [3, 4]
+    assert all(a.owner == "node-b" and a.state is A.PROCESSING for a in second)
+    # The rest stays READY for whoever has room (and no quotas means any type).
+    assert await store.count_actions(wid) == {A.PROCESSING: 5, A.READY: 2}
+    rest = await store.claim_actions("node-c", 10, lease_s=30)
+    assert sorted(a.action_id for a in rest) == [5, 6]
+
+
+async def test_claim_by_quotas_reclaims_expired_leases_of_its_types_only(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    plan = make.plan(
+        {0: (), 1: ()}, datasets=False, actions={0: {"type": "spark"}, 1: {"type": "command-line"}}
+    )
+    await store.create_workflow(plan)
+    assert len(await store.claim_actions("node-a", 10, lease_s=5)) == 2
+    clock.advance(5)
+
+    taken = await store.claim_actions("node-b", 10, lease_s=5, quotas={"spark": 1})
+    assert [(a.action_id, a.owner) for a in taken] == [(0, "node-b")]
+    (other,) = await store.claim_actions("node-c", 10, lease_s=5, quotas={"command-line": 3})
+    assert (other.action_id, other.owner) == (1, "node-c")
 
 
 async def test_claim_respects_not_before_and_skips_other_states(
@@ -322,3 +377,25 @@ async def test_release_parent_of_a_wide_fan_out(store: Store, make: Factory) -> 
     assert [a.action_id for a in ready] == list(children)
     assert await store.count_actions(wid) == {A.READY: width + 1}
     assert await store.release_parent(wid, 0, children) == []
+
+
+async def test_watch_ready_pushes_ready_actions_or_says_it_cannot(
+    store: Store, make: Factory
+) -> None:
+    # SQLite, memory and a MongoDB without replica set (nx-27017) cannot push:
+    # they say so at once, and nodes poll. A replica set pushes every READY write.
+    pushed = asyncio.Event()
+    watching = asyncio.ensure_future(store.watch_ready(pushed.set))
+    await asyncio.wait({watching}, timeout=1.0)
+    if watching.done():
+        with pytest.raises(errors.Unsupported):
+            watching.result()
+        return
+    try:
+        async with asyncio.timeout(20):
+            while not pushed.is_set():  # the stream may open after the first write
+                await store.create_workflow(make.ready_plan(1))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(pushed.wait(), timeout=0.5)
+    finally:
+        watching.cancel()

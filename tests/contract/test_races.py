@@ -35,6 +35,33 @@ async def test_two_claimers_one_winner(store: Store, make: Factory) -> None:
     assert record is not None and record.owner == winner
 
 
+async def test_nodes_claiming_by_quotas_split_the_work_each_within_its_quota(
+    store: Store, make: Factory
+) -> None:
+    plan = make.plan(
+        {i: () for i in range(60)},
+        datasets=False,
+        actions={i: {"type": ("spark", "command-line")[i % 2]} for i in range(60)},
+    )
+    await store.create_workflow(plan)
+
+    async def node(node_id: str, quotas: dict[str, int]) -> list[Any]:
+        got = await store.claim_actions(node_id, 64, lease_s=600, quotas=quotas)
+        await asyncio.sleep(0)
+        return got
+
+    quotas = [{"spark": 5, "command-line": 3}, {"spark": 2}, {"command-line": 9}] * 3
+    results = await asyncio.gather(*(node(f"node-{i}", q) for i, q in enumerate(quotas)))
+
+    counts = Counter(a.key for got in results for a in got)
+    assert set(counts.values()) <= {1}  # never twice
+    for got, quota in zip(results, quotas, strict=True):
+        by_type = Counter(a.type for a in got)
+        assert all(by_type[t] <= quota.get(t, 0) for t in by_type), (by_type, quota)
+    # All 21 spark asked for (of 30), and all 30 command-line (36 asked for).
+    assert Counter(key[1] % 2 for key in counts) == {0: 21, 1: 30}
+
+
 async def test_eight_tasks_claim_each_action_exactly_once(
     store: Store, make: Factory, backend: Backend
 ) -> None:

@@ -1,9 +1,12 @@
 """Cluster executors end to end over real HTTP: MapReduce through a stand-in
-`hadoop` (no Hadoop distribution can run here), Spark for real in local mode.
+`hadoop` and `yarn` (no Hadoop distribution or YARN cluster can run here), Spark for
+real in local mode.
 
-The stand-in (tests/fixtures/bin/hadoop) records its argv and calls the job-end
-notification URL as Hadoop's JobEndNotifier does, so these tests exercise the
-command line Pingo builds and the signed GET callback, not a real cluster.
+The stand-ins (tests/fixtures/bin/hadoop and yarn) record their argv; `hadoop` prints
+a YARN application id as Hadoop's client does and calls the job-end notification URL
+as Hadoop's JobEndNotifier does, so these tests exercise the command lines Pingo
+builds (generic options, kills, log fetches) and the signed GET callback, not a real
+cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -87,10 +92,12 @@ class Server:
 
 @pytest.fixture
 def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The stand-in `hadoop` first on PATH; returns the file its argv is recorded in."""
+    """The stand-in `hadoop` and `yarn` first on PATH; returns the file `hadoop`'s argv
+    is recorded in (`yarn`'s goes to `yarn-argv.jsonl` beside it)."""
     record = tmp_path / "hadoop-argv.jsonl"
     monkeypatch.setenv("PATH", f"{STANDIN_BIN}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HADOOP_STANDIN_RECORD", str(record))
+    monkeypatch.setenv("YARN_STANDIN_RECORD", str(tmp_path / "yarn-argv.jsonl"))
     return record
 
 
@@ -257,6 +264,120 @@ async def test_killing_a_workflow_kills_the_running_hadoop_client(
     await server.kill(workflow["id"])
     assert (await server.wait(workflow["id"]))["state"] == "KILLED"
     await _gone(pid)
+
+
+async def test_mapreduce_without_main_class_lets_the_manifest_decide_and_ships_files(
+    server: Server, standin: Path
+) -> None:
+    document = mapreduce_workflow(
+        "mapreduce-v2",
+        "manifest",
+        files=["/opt/jobs/stopwords.txt", "{input:1}"],
+        libjars=["/opt/jobs/lib/a.jar", "/opt/jobs/lib/b.jar"],
+        archives=["/opt/jobs/dict.zip#dict"],
+        properties={"mapreduce.map.memory.mb": "2048"},
+    )
+    del document["actions"][1]["mainClass"]
+    workflow = await server.submit(document)
+    done = await server.wait(workflow["id"])
+    assert done["state"] == "SUCCEEDED", done
+
+    (argv,) = recorded(standin)
+    source = await server.get(f"/api/v1/datasets/{done['actions'][0]['datasetId']}")
+    # `hadoop jar JAR` then the generic options: no main class, as the manifest decides.
+    assert argv[:8] == [
+        "jar",
+        "/opt/jobs/wordcount.jar",
+        "-files",
+        f"/opt/jobs/stopwords.txt,{source['path']}",
+        "-libjars",
+        "/opt/jobs/lib/a.jar,/opt/jobs/lib/b.jar",
+        "-archives",
+        "/opt/jobs/dict.zip#dict",
+    ]
+    props = properties(argv)
+    assert props["mapreduce.map.memory.mb"] == "2048"
+    assert props["mapreduce.job.reduces"] == "2"  # `configuration` still applies
+
+
+async def test_a_comma_in_a_shipped_path_is_refused(server: Server) -> None:
+    document = mapreduce_workflow("mapreduce-v2", "comma", files=["/a,b"])
+    async with server.session.post(
+        f"{server.base}/api/v1/workflows", json=document, headers=server.headers
+    ) as response:
+        assert response.status == 422
+        assert "/actions/1/files/0" in json.dumps(await response.json())
+
+
+def yarn_calls(standin: Path) -> list[list[str]]:
+    return recorded(standin.parent / "yarn-argv.jsonl")
+
+
+def application_of(home: Path, workflow_id: str) -> str:
+    (log,) = (home / "logs" / workflow_id).glob("2.*.log")
+    (app,) = {w for w in log.read_text().split() if w.startswith("application_")}
+    return app
+
+
+@pytest.mark.parametrize("hadoop_mode", ["hang"])
+async def test_killing_a_workflow_kills_its_yarn_application_once(
+    server: Server, standin: Path, tmp_path: Path
+) -> None:
+    workflow = await server.submit(mapreduce_workflow("mapreduce-v2", "yarnkill"))
+    await server.wait_action(workflow["id"], 2, {"SUBMITTED", "RUNNING"})
+    pid = json.loads((await _text_of(standin, 15)).splitlines()[0])["pid"]
+    await server.kill(workflow["id"])
+    assert (await server.wait(workflow["id"]))["state"] == "KILLED"
+    await _gone(pid)
+    app = application_of(tmp_path / "home", workflow["id"])
+    assert yarn_calls(standin) == [["application", "-kill", app]]
+
+
+async def test_pingo_logs_says_where_the_cluster_logs_are_and_fetches_them(
+    server: Server, standin: Path, tmp_path: Path
+) -> None:
+    workflow = await server.submit(mapreduce_workflow("mapreduce-v2", "logs"))
+    assert (await server.wait(workflow["id"]))["state"] == "SUCCEEDED"
+    app = application_of(tmp_path / "home", workflow["id"])
+    jobs = await server.get(f"/api/v1/workflows/{workflow['id']}/actions/2/cluster-jobs")
+    assert jobs == {
+        "attempt": 1,
+        "applications": [{"id": app, "logsCommand": ["yarn", "logs", "-applicationId", app]}],
+        "drivers": [],
+        "urls": [f"http://rm.test:8088/proxy/{app}/"],
+    }
+    command_line = await server.get(f"/api/v1/workflows/{workflow['id']}/actions/1/cluster-jobs")
+    assert command_line["applications"] == command_line["urls"] == []
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env.update({"PINGO_URL": server.base, "PINGO_TOKEN": TOKEN})
+    pingo = str(Path(sys.executable).parent / "pingo")
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [pingo, "logs", workflow["id"], "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"Submitted application {app}" in shown.stdout  # the client's own log
+    assert f"YARN application {app}: yarn logs -applicationId {app}" in shown.stdout
+    assert f"stand-in log line of {app}" in shown.stdout  # fetched with the yarn CLI
+    assert yarn_calls(standin) == [["logs", "-applicationId", app]]
+
+    env["PATH"] = "/usr/bin:/bin"  # no yarn here: say where, fetch nothing
+    hint = await asyncio.to_thread(
+        subprocess.run,
+        [pingo, "logs", workflow["id"], "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert hint.returncode == 0, hint.stderr
+    assert "no YARN CLI here" in hint.stdout
+    assert len(yarn_calls(standin)) == 1
 
 
 def _read(path: Path) -> str:

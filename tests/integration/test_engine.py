@@ -244,25 +244,6 @@ async def test_kill_stops_the_running_process_group(node: Node, tmp_path: Path) 
     assert action.state is A.KILLED
 
 
-async def test_unknown_action_type_fails_at_once(
-    tmp_path: Path, store_url: str, shared_dir: Path
-) -> None:
-    # A node without any executor: the action must fail, not wait forever.
-    settings = engine_settings(tmp_path, store_url)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    async with open_store(settings.store_url, mongo_write_concern="1") as store:
-        node = Node(settings, store, executors={})
-        await node.start()
-        try:
-            workflow = await node.workflows.submit(single(["true"]), owner="alice")
-            done = await node.wait_workflow(workflow.id, timeout_s=30)
-        finally:
-            await node.stop()
-    assert done.state is W.FAILED
-    [action] = await store_actions(settings, workflow.id)
-    assert action.error is not None and "no executor" in action.error
-
-
 async def store_actions(settings: Settings, workflow_id: str) -> list[Any]:
     async with open_store(settings.store_url, mongo_write_concern="1") as store:
         return await store.list_actions(workflow_id)

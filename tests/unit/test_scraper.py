@@ -150,3 +150,59 @@ async def test_reclaims_processing_actions_whose_lease_expired(
     assert queue.qsize() == 2
     for action in await store.list_actions(workflow.id):
         assert action.state is A.PROCESSING and action.owner == "alive"
+
+
+async def test_claims_by_capacity_and_claims_again_when_work_ends(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
+    workflow = await submit(store, settings, independent(5, "capacity"))
+    queue: ActionQueue = asyncio.Queue()
+    held = HeldActions()
+    scraper = Scraper(store, settings, queue, held, {"command-line": 2, "spark": 4})
+    held.on_release = scraper.capacity_freed
+
+    assert await scraper.run_once() is False  # fewer than the batch: nothing more now
+    assert held.count("command-line") == 2
+    assert await store.count_actions(workflow.id) == {A.PROCESSING: 2, A.READY: 3}
+    # Full for its only type: no claim, the rest stays READY for other nodes.
+    assert await scraper.run_once() is False
+    assert await store.count_actions(workflow.id) == {A.PROCESSING: 2, A.READY: 3}
+
+    item = queue.get_nowait()
+    assert item is not None
+    scraper._woken.clear()
+    held.remove(item.action.key)  # its work ended
+    assert scraper._woken.is_set()  # ...which wakes the next pass
+    await scraper.run_once()
+    assert held.count("command-line") == 2
+    assert await store.count_actions(workflow.id) == {A.PROCESSING: 3, A.READY: 2}
+
+
+async def test_no_executor_for_a_type_means_no_claim_of_it(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path)
+    workflow = await submit(store, settings, independent(3, "other"))
+    scraper = Scraper(store, settings, asyncio.Queue(), HeldActions(), {"spark": 8})
+    assert await scraper.run_once() is False
+    assert await store.count_actions(workflow.id) == {A.READY: 3}
+
+
+async def test_polls_fast_while_it_finds_work_and_backs_off_when_idle(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, fast_poll_s=0.01, idle_poll_s=0.05, poll_interval_s=5.0)
+    scraper, _, _ = make_scraper(store, settings)
+    intervals = []
+    for _ in range(5):
+        await scraper.run_once()
+        intervals.append(scraper.interval_s)
+    assert intervals == [0.02, 0.04, 0.05, 0.05, 0.05]  # doubling to the idle ceiling
+    await submit(store, settings, independent(2, "poll"))
+    await scraper.run_once()
+    assert scraper.interval_s == 0.01  # found work: look again soon
+    # With the store pushing READY events, polling is only the slow safety net.
+    scraper.pushed = True
+    await scraper.run_once()
+    assert scraper.interval_s == 5.0

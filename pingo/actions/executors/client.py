@@ -6,10 +6,17 @@ kills reaching the whole process group), but its outcome normally arrives
 through the cluster's callback (Hadoop's job-end notification, the Spark
 wrapper). The client's exit is remembered so that `status` can answer
 reconciliation when that callback is lost.
+
+A kill stops the work on the cluster too, not only the client: the jobs the
+client's log names (see `cluster.scan_log`) are killed with `yarn application
+-kill` (and Spark's own kill for standalone drivers), each outcome logged, then
+the client process. Killing twice kills nothing the second time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import shutil
 import sys
@@ -18,15 +25,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pingo import errors
-from pingo.actions.executors import placeholders
+from pingo.actions.executors import cluster, placeholders
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.actions.executors.local import LocalExecutor, _outcome, _Process
 from pingo.config import Settings
 
-#: Client processes one node runs at once, unless `executor_limits` says otherwise.
-DEFAULT_CLIENT_SLOTS = 64
 #: How many ended clients `status` remembers (reconciliation asks within a lease or two).
 REMEMBERED_OUTCOMES = 10_000
+
+logger = logging.getLogger(__name__)
 
 
 def find_program(name: str, setting: str) -> str:
@@ -55,11 +62,52 @@ class ClientProcessExecutor(LocalExecutor):
     """Base class: one client process per submission; the cluster reports the outcome."""
 
     def __init__(self, settings: Settings, reporter: Reporter, action_type: str) -> None:
-        """`action_type`'s entry in `executor_limits` bounds the clients running at once."""
-        slots = settings.executor_limits.get(action_type, DEFAULT_CLIENT_SLOTS)
+        """`action_type`'s entry in `executor_limits`, else `cluster_in_flight`, bounds
+        the clients running at once (and so the node's claims of that type)."""
+        slots = settings.executor_limits.get(action_type, settings.cluster_in_flight)
         super().__init__(reporter, slots=slots, node_id=settings.node_id)
         self.settings = settings
         self._ended: OrderedDict[str, ExecutorStatus] = OrderedDict()
+        #: External id → its client's log, remembered like `_ended` (kills read it).
+        self._logs: OrderedDict[str, Path] = OrderedDict()
+        #: Cluster jobs this executor killed already (a kill is idempotent).
+        self._killed: set[str] = set()
+
+    async def submit(self, submission: Submission) -> str:
+        """Start the client; remember its log, where it names the jobs it submits."""
+        external_id = self.external_id_for(submission.callback_id, submission.attempt)
+        self._logs[external_id] = submission.log_path
+        while len(self._logs) > REMEMBERED_OUTCOMES:
+            self._logs.popitem(last=False)
+        return await super().submit(submission)
+
+    async def kill(self, external_id: str) -> None:
+        """Kill the cluster jobs the client submitted, then the client itself."""
+        log = self._logs.get(external_id)
+        if log is not None:
+            jobs = await asyncio.to_thread(cluster.scan_log, log)
+            for argv, job in self.kill_commands(jobs):
+                if job in self._killed:
+                    continue
+                if await cluster.run_kill(argv, job):
+                    self._killed.add(job)
+        await super().kill(external_id)
+
+    def kill_commands(self, jobs: cluster.ClusterJobs) -> list[tuple[list[str], str]]:
+        """(argv, job) pairs that kill `jobs` on the cluster: `yarn application -kill`."""
+        if not jobs.application_ids:
+            return []
+        try:
+            yarn = find_program(self.settings.yarn_bin, "PINGO_YARN_BIN")
+        except errors.ConfigurationError as exc:
+            logger.warning(
+                "cannot kill YARN applications %s: %s",
+                ", ".join(jobs.application_ids),
+                exc.message,
+                extra={"event": "cluster_kill_failed"},
+            )
+            return []
+        return [([yarn, "application", "-kill", app], app) for app in jobs.application_ids]
 
     def build_command(self, submission: Submission) -> list[str]:
         """The client's argv for this submission."""

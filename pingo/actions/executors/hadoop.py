@@ -1,7 +1,10 @@
 """MapReduce v1 and v2 actions through the `hadoop` command line.
 
-`hadoop jar JAR MAINCLASS -D key=value … ARGUMENTS`: the action's
-`configuration` becomes `-D` properties, `queue` the queue property of its
+`hadoop jar JAR [MAINCLASS] [-files …] [-libjars …] [-archives …] -D key=value …
+ARGUMENTS`: without `mainClass` the jar's manifest names the main class, as
+`hadoop jar` decides. The generic options come from `files`, `libjars`,
+`archives` and `properties` (see `cluster`); the action's `configuration` and
+`properties` become `-D` properties, `queue` the queue property of its
 generation, and the job-end notification URL points at Pingo's signed GET
 callback with `$jobStatus` left for Hadoop to fill in. The job writes to the
 staging path (`{output}`); the success callback promotes it.
@@ -13,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pingo.actions.executors import placeholders
+from pingo.actions.executors import cluster, placeholders
 from pingo.actions.executors.base import Reporter, Submission
 from pingo.actions.executors.client import ClientProcessExecutor, find_program
 from pingo.config import Settings
@@ -48,10 +51,15 @@ def hadoop_command(hadoop: str, generation: Generation, submission: Submission) 
         key: placeholders.resolve_argument(str(value), output, inputs)
         for key, value in sorted(action.get("configuration", {}).items())
     }
+    files, extra = cluster.shipped(action, output, inputs)
+    properties.update(extra)
     if action.get("queue"):
         properties[generation.queue_property] = str(action["queue"])
     properties[generation.notification_property] = notification_url(submission)
-    argv = [hadoop, "jar", str(action["jar"]), str(action["mainClass"])]
+    argv = [hadoop, "jar", str(action["jar"])]
+    if action.get("mainClass"):
+        argv.append(str(action["mainClass"]))
+    argv += cluster.file_options(files, spark=False)
     for key, value in properties.items():
         argv += ["-D", f"{key}={value}"]
     argv += placeholders.resolve_argv([str(a) for a in action.get("arguments", [])], output, inputs)

@@ -1,10 +1,15 @@
 """Spark actions through `spark-submit`, reporting through the callbacks by a wrapper.
 
 Master and deploy mode come from the server's settings (`local[*]` on the
-embedded setup; `yarn` or `k8s://…` in production); the action's `conf`
-becomes `--conf` pairs. The wrapper (`pingo.actions.executors.spark_wrapper`)
-runs spark-submit and calls Pingo's signed callbacks: running at start,
-success or failed at the end.
+embedded setup; `yarn` or `k8s://…` in production); the action's `conf` and
+`properties` become `--conf` pairs, its `files`, `libjars` and `archives`
+`--files`, `--jars` and `--archives` (see `cluster`). The wrapper
+(`pingo.actions.executors.spark_wrapper`) runs spark-submit and calls Pingo's
+signed callbacks: running at start, success or failed at the end.
+
+A kill stops the spark-submit client (in client mode the driver with it) and,
+in cluster mode, the driver on the cluster: `yarn application -kill` for a YARN
+application, `spark-submit --master M --kill <driver>` for a standalone driver.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pingo.actions.executors import placeholders
+from pingo.actions.executors import cluster, placeholders
 from pingo.actions.executors.base import Reporter, Submission
 from pingo.actions.executors.client import ClientProcessExecutor, find_program
 from pingo.config import Settings
@@ -32,8 +37,15 @@ def spark_submit_command(
         "--deploy-mode", deploy_mode,
         "--name", f"pingo-{submission.workflow_id}-{submission.action_id}",
     ]  # fmt: skip
-    for key, value in sorted(action.get("conf", {}).items()):
-        argv += ["--conf", f"{key}={placeholders.resolve_argument(str(value), output, inputs)}"]
+    conf = {
+        str(key): placeholders.resolve_argument(str(value), output, inputs)
+        for key, value in sorted(action.get("conf", {}).items())
+    }
+    files, properties = cluster.shipped(action, output, inputs)
+    conf.update(properties)
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += cluster.file_options(files, spark=True)
     if action.get("mainClass"):
         argv += ["--class", str(action["mainClass"])]
     argv.append(placeholders.resolve_argument(str(action["application"]), output, inputs))
@@ -67,6 +79,17 @@ class SparkExecutor(ClientProcessExecutor):
             submission,
         )
         return wrapped_command(submission, command)
+
+    def kill_commands(self, jobs: cluster.ClusterJobs) -> list[tuple[list[str], str]]:
+        """YARN applications as every cluster client's; standalone drivers by spark-submit."""
+        commands = super().kill_commands(jobs)
+        if self.settings.spark_deploy_mode == "cluster":
+            master = self.settings.spark_master
+            commands += [
+                ([self.spark_submit, "--master", master, "--kill", driver], driver)
+                for driver in jobs.driver_ids
+            ]
+        return commands
 
     def extra_environment(self) -> Mapping[str, str]:
         # PySpark applications run with this Python unless the operator chose another.

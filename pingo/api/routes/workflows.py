@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from pingo import errors, limits, states
 from pingo.actions.executors import base as executors_base
+from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.store import lookup
@@ -335,10 +338,8 @@ async def get_action(request: web.Request) -> web.Response:
     return bodies.json_response(documents.action_detail(action, dataset))
 
 
-@routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
-async def get_action_logs(request: web.Request) -> web.StreamResponse:
-    """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
-    action = await _visible_action(request)
+def _attempt_log(request: web.Request, action: ActionRecord) -> tuple[int, Path]:
+    """The attempt `?attempt=` names (default the latest) and its log, if on this node."""
     if action.attempts == 0:
         raise errors.NotFound(_never_ran(action))
     attempt = bodies.query_int(request, "attempt", default=action.attempts, minimum=1)
@@ -350,7 +351,26 @@ async def get_action_logs(request: web.Request) -> web.StreamResponse:
     )
     if not path.is_file():
         raise errors.NotFound(_no_log(action, attempt))
+    return attempt, path
+
+
+@routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}/logs", name="get_action_logs")
+async def get_action_logs(request: web.Request) -> web.StreamResponse:
+    """The local executor's log of one attempt (`?attempt=`, default the latest), as text."""
+    action = await _visible_action(request)
+    _, path = _attempt_log(request, action)
     return web.FileResponse(path, headers={"Content-Type": "text/plain; charset=utf-8"})
+
+
+@routes.get(
+    PREFIX + "/workflows/{workflow_id}/actions/{action_id}/cluster-jobs", name="get_cluster_jobs"
+)
+async def get_action_cluster_jobs(request: web.Request) -> web.Response:
+    """Where a cluster action's jobs and their logs are, read from its client's log."""
+    action = await _visible_action(request)
+    attempt, path = _attempt_log(request, action)
+    jobs = await asyncio.to_thread(cluster.scan_log, path)
+    return bodies.json_response(documents.cluster_jobs(attempt, jobs))
 
 
 def _never_ran(action: ActionRecord) -> str:

@@ -1,0 +1,238 @@
+"""Several nodes on one store split the work (issue 16): claim by capacity, cross-node wake-ups.
+
+The first test runs two real `pingo server` processes on one SQLite file and
+submits through the file, as a third process would. The others run nodes in
+this process, each on its own store connection: nothing wakes one node when
+another writes, so they find each other's work only as separate machines do
+(the store's change events where it has them, else the adaptive poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo import errors, states
+from pingo.config import Settings
+from pingo.datasets.storage import DatasetStorage
+from pingo.node import Node
+from pingo.store import open_store, protocol
+from pingo.workflows.planner import WorkflowManager
+from tests.integration.test_crash import Server, free_port
+
+A = states.ActionState
+W = states.WorkflowState
+
+
+def sleeps(count: int, seconds: float) -> dict[str, Any]:
+    """`count` independent `sleep` actions (distinct, so none is reused), ending in one."""
+    actions: list[dict[str, Any]] = [
+        {
+            "id": i,
+            "name": f"sleep-{i}",
+            "type": "command-line",
+            "command": ["sh", "-c", f'sleep {seconds}; echo {i} > "$PINGO_OUTPUT"'],
+        }
+        for i in range(1, count + 1)
+    ]
+    actions.append(
+        {
+            "id": count + 1,
+            "name": "end",
+            "type": "command-line",
+            "parentActions": [{"id": i} for i in range(1, count + 1)],
+            "command": ["true"],
+        }
+    )
+    return {"name": "sleeps", "startActionId": 1, "endActionId": count + 1, "actions": actions}
+
+
+def node_of(action: protocol.ActionRecord) -> str:
+    """The node a local action ran on: its external id is `<callback>.<attempt>@<node>`."""
+    assert action.external_id is not None, action
+    return action.external_id.rsplit("@", 1)[1]
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[tuple[list[Server], str, Path]]:
+    store_url = f"sqlite:///{tmp_path / 'pingo.db'}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    base.update(
+        {
+            "PINGO_STORE_URL": store_url,
+            "PINGO_DATA_ROOT": str(tmp_path / "datasets"),
+            "PINGO_HOST": "127.0.0.1",
+            "PINGO_ADMIN_TOKEN": "nodes-test-admin-token",
+            "PINGO_LOCAL_SLOTS": "2",
+            "PINGO_LOG_LEVEL": "INFO",
+        }
+    )
+    servers = []
+    for name in ("node-a", "node-b"):
+        env = dict(base, PINGO_HOME=str(tmp_path / name), PINGO_NODE_ID=name)
+        env["PINGO_PORT"] = str(free_port())
+        servers.append(Server(env, tmp_path / f"{name}.log"))
+    try:
+        yield servers, store_url, tmp_path
+    finally:
+        for server in servers:
+            server.ensure_stopped()
+
+
+async def test_two_server_processes_split_the_work_over_one_sqlite_file(
+    two_servers: tuple[list[Server], str, Path],
+) -> None:
+    servers, store_url, tmp_path = two_servers
+    settings = Settings(home=tmp_path / "client", store_url=store_url)
+    settings.home.mkdir(parents=True)
+    for server in servers:
+        server.start()
+    async with open_store(store_url) as store:
+        manager = WorkflowManager(store, DatasetStorage(str(tmp_path / "datasets")), settings)
+        workflow = await manager.submit(sleeps(16, 0.3), owner="alice")
+        most_held: collections.Counter[str] = collections.Counter()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while True:
+            actions = await store.list_actions(workflow.id)
+            # Claim by capacity: a node never holds more than its 2 slots can start.
+            held = collections.Counter(
+                a.owner for a in actions if a.state in states.ACTION_ACTIVE and a.owner
+            )
+            for owner, count in held.items():
+                most_held[owner] = max(most_held[owner], count)
+            record = await store.get_workflow(workflow.id)
+            assert record is not None
+            if record.state in states.WORKFLOW_TERMINAL:
+                break
+            if loop.time() > deadline:
+                by_state = collections.Counter((a.state, a.owner) for a in actions)
+                pytest.fail(f"timed out: {by_state}\n{servers[0].log()}\n{servers[1].log()}")
+            await asyncio.sleep(0.02)
+        assert record.state is W.SUCCEEDED, (servers[0].log(), servers[1].log())
+        actions = await store.list_actions(workflow.id)
+    ran_on = collections.Counter(node_of(a) for a in actions)
+    assert set(ran_on) == {"node-a", "node-b"}, ran_on
+    assert sum(ran_on.values()) == 17
+    assert set(most_held) <= {"node-a", "node-b"}
+    assert max(most_held.values()) <= 2, most_held
+
+
+# ---------------------------------------------------------------- nodes in this process
+
+
+@pytest.fixture(scope="module")
+def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("PINGO_TEST_MONGODB_URI")
+    if external:
+        yield external
+        return
+    from pingo import testing
+
+    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
+        yield server.url
+
+
+@pytest.fixture(params=["sqlite", "wire"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'pingo.db'}"
+    base: str = request.getfixturevalue("wire_url")
+    hosts = base.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
+    return f"mongodb://{hosts}/pingo_nodes_{uuid.uuid4().hex[:12]}"
+
+
+def node_settings(tmp_path: Path, store_url: str, name: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "home": tmp_path / name,
+        "store_url": store_url,
+        "data_root": str(tmp_path / "datasets"),
+        "node_id": name,
+        "lease_s": 10.0,
+        "local_slots": 2,
+        "mongo_write_concern": "1",
+    }
+    values.update(overrides)
+    settings = Settings(**values)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path, store_url: str) -> AsyncIterator[Any]:
+    """`await nodes(name, executors=…, **settings)` starts a node on its own store handle."""
+    started: list[Node] = []
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(name: str, executors: Any = None, **overrides: Any) -> Node:
+            settings = node_settings(tmp_path, store_url, name, **overrides)
+            store = await stack.enter_async_context(
+                open_store(settings.store_url, mongo_write_concern="1")
+            )
+            node = Node(settings, store, executors=executors)
+            await node.start()
+            started.append(node)
+            return node
+
+        try:
+            yield start
+        finally:
+            for node in reversed(started):
+                await node.stop()
+
+
+async def test_a_type_a_node_cannot_run_stays_ready_for_a_node_that_can(nodes: Any) -> None:
+    planner = await nodes("planner", executors={})
+    workflow = await planner.workflows.submit(sleeps(3, 0), owner="alice")
+    await asyncio.sleep(0.3)
+    # The planner has no executor: it claims nothing and fails nothing.
+    actions = await planner.store.list_actions(workflow.id)
+    assert collections.Counter(a.state for a in actions) == {A.READY: 3, A.WAITING: 1}
+    assert all(a.owner is None and a.attempts == 0 for a in actions)
+
+    await nodes("worker")
+    done = await planner.wait_workflow(workflow.id, timeout_s=30)
+    assert done.state is W.SUCCEEDED
+    assert {node_of(a) for a in await planner.store.list_actions(workflow.id)} == {"worker"}
+
+
+async def test_an_idle_node_finds_another_nodes_work_without_a_full_poll(
+    nodes: Any, store_url: str
+) -> None:
+    # One slot on the first node, busy for a while: the second node, idle and
+    # never woken in-process, must find the READY rest by itself, well within the
+    # (deliberately long) poll interval, through the adaptive poll (SQLite, and
+    # the wire server, which has no change streams) or change events.
+    busy = await nodes("busy", local_slots=1, poll_interval_s=30.0)
+    idle = await nodes("idle", local_slots=4, poll_interval_s=30.0)
+    await asyncio.sleep(0.5)  # the idle node's poll has backed off
+    assert idle.scraper.interval_s == idle.settings.idle_poll_s or idle.scraper.pushed
+    if store_url.startswith("mongodb") and not idle.scraper.pushed:
+        # The fallback: the wire server has no change streams, and said so.
+        with pytest.raises(errors.Unsupported):
+            await idle.store.watch_ready(lambda: None)
+        assert idle.ready_watch.stopping
+
+    started = asyncio.get_running_loop().time()
+    workflow = await busy.workflows.submit(sleeps(4, 2), owner="alice")
+
+    async def on_idle() -> list[protocol.ActionRecord]:
+        while True:
+            actions = await idle.store.list_actions(workflow.id)
+            mine = [a for a in actions if a.owner == "idle" and a.state in states.ACTION_ACTIVE]
+            if len(mine) >= 3:
+                return actions
+            await asyncio.sleep(0.01)
+
+    actions = await asyncio.wait_for(on_idle(), timeout=10)
+    assert asyncio.get_running_loop().time() - started < 5
+    held = collections.Counter(a.owner for a in actions if a.state in states.ACTION_ACTIVE)
+    assert held == {"busy": 1, "idle": 3}
