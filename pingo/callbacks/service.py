@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pingo import errors, metrics, states
+from pingo.datasets import integrity
 from pingo.store import protocol
-from pingo.workflows import planner
 
 if TYPE_CHECKING:
     from pingo.config import Settings
@@ -53,7 +53,7 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
 #: Planning reasons whose computation replaces a stored copy of the dataset.
-REPLACING_REASONS: frozenset[str] = frozenset({"forced", planner.MISMATCH_REASON})
+REPLACING_REASONS: frozenset[str] = frozenset({"forced", integrity.MISMATCH_REASON})
 #: Workflows whose onFailure is remembered.
 _CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PREFIX = "sha256:"
+#: The planning reason of an action recomputing a copy that failed its check.
+MISMATCH_REASON = "digest-mismatch"
 #: Read size while hashing a file: large enough that hashlib drops the GIL.
 _CHUNK = 1 << 20
 

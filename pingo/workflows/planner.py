@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pingo import errors, metrics, states
+from pingo.datasets import integrity
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
 from pingo.workflows import language
@@ -59,8 +60,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 _RECOMPUTE: frozenset[states.DatasetState] = frozenset(
     {D.DELETED, D.DELETING, D.PROCESSING, D.TO_DELETE, D.STORED_TO_DELETE}
 )
-#: Why an action computes whose stored copy failed verification (see `_check_integrity`).
-MISMATCH_REASON = "digest-mismatch"
 #: Another workflow is computing it; the original computes again rather than join.
 _IN_FLIGHT: frozenset[states.DatasetState] = frozenset({D.TO_STORE, D.TO_LEAF})
 
@@ -456,7 +455,7 @@ class WorkflowManager:
         for aid in reusing:
             if planning.dataset_ids[aid] in bad:
                 planning.decisions[aid].compute = True
-                planning.decisions[aid].reason = MISMATCH_REASON
+                planning.decisions[aid].reason = integrity.MISMATCH_REASON
             else:
                 kept.append(aid)
         return kept
