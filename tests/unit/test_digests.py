@@ -167,4 +167,3 @@ async def test_remote_roots_record_no_digest() -> None:
     assert await storage.measure("memory://pingo-integrity-test/x") is None
     verdict = await storage.verify("memory://pingo-integrity-test/x", "sha256:" + "0" * 64)
     assert verdict.status is integrity.Status.UNVERIFIABLE
-
