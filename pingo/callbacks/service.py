@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pingo import errors, metrics, states
+from pingo.datasets import integrity
 from pingo.store import protocol
 
 if TYPE_CHECKING:
@@ -53,10 +54,8 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
 }
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
-#: The planner's reason for recomputing a dataset whose stored copy failed its digest check.
-MISMATCH_REASON = "digest-mismatch"
 #: Planning reasons whose computation replaces a stored copy of the dataset.
-REPLACING_REASONS: frozenset[str] = frozenset({"forced", MISMATCH_REASON})
+REPLACING_REASONS: frozenset[str] = frozenset({"forced", integrity.MISMATCH_REASON})
 #: Workflows whose onFailure is remembered.
 _CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PREFIX = "sha256:"
+#: The planning reason of an action recomputing a copy that failed its check.
+MISMATCH_REASON = "digest-mismatch"
 #: Read size while hashing a file: large enough that hashlib drops the GIL.
 _CHUNK = 1 << 20
 
@@ -147,7 +149,10 @@ class DigestCache:
         with self._lock:
             cached = self._entries.get(path)
         if cached is not None:
-            now = fingerprint(path)
+            try:
+                now = fingerprint(path)
+            except OSError:
+                return self.verify(path, expected)
             if now is None:
                 return Verdict(Status.MISSING)
             if now == cached[0]:
@@ -156,7 +161,11 @@ class DigestCache:
 
     def verify(self, path: str, expected: str) -> Verdict:
         """Hash `path` again and compare with `expected` (blocking); the result is cached."""
-        measured = measure(path)
+        try:
+            measured = measure(path)
+        except OSError:
+            # Changed under the walk, or made unreadable: not the files that were stored.
+            return Verdict(Status.MISMATCH)
         if measured is None:
             return Verdict(Status.MISSING)
         self.put(path, measured)

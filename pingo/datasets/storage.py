@@ -187,7 +187,18 @@ class DatasetStorage:
         if not self._local:
             return None
         started = time.perf_counter()
-        measured = await asyncio.to_thread(integrity.measure, path)
+        try:
+            measured = await asyncio.to_thread(integrity.measure, path)
+        except OSError as exc:
+            # Changed or made unreadable while being hashed: store it without a
+            # digest (unverifiable) rather than fail the action that made it.
+            logger.warning(
+                "could not hash %s: %s",
+                path,
+                exc,
+                extra={"event": "dataset_digest_failed", "path": path},
+            )
+            return None
         metrics.DIGEST_SECONDS.observe(time.perf_counter() - started)
         if measured is not None:
             self.digests.put(path, measured)

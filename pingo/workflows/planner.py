@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pingo import errors, metrics, states, untrusted
-from pingo.callbacks.service import MISMATCH_REASON
+from pingo.datasets import integrity
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
 from pingo.workflows import language, reuse
@@ -490,7 +490,7 @@ class WorkflowManager:
         for aid in reusing:
             if planning.dataset_ids[aid] in bad:
                 planning.decisions[aid].compute = True
-                planning.decisions[aid].reason = MISMATCH_REASON
+                planning.decisions[aid].reason = integrity.MISMATCH_REASON
             else:
                 kept.append(aid)
         return kept
