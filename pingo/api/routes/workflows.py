@@ -13,6 +13,7 @@ from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.store.protocol import ActionRecord, WorkflowRecord
+from pingo.webhooks import hooks
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +115,14 @@ def _check_sandbox(request: web.Request, document: Any) -> None:
 
 
 def check_executors(request: web.Request, document: Any) -> None:
-    """Refuse (422) a document with actions this node cannot run, with every other issue too."""
+    """Refuse (422) a document with actions this node cannot run, with every other issue too.
+
+    Also refuses webhooks whose URL may not be a target (a 422 before anything runs).
+    """
     shared = state.api_state(request)
     _check_sandbox(request, document)
+    if isinstance(document, Mapping) and "webhooks" in document:
+        hooks.parse_webhooks(document["webhooks"], "/webhooks", shared.settings)
     issues = _missing_executor_issues(document, shared.executor_types, shared.action_types)
     if not issues:
         return
