@@ -3,9 +3,10 @@
 - Cron: five fields (minute to day of week), or six with the seconds FIRST
   (`*/10 * * * * *` is every ten seconds), parsed and iterated by croniter in the
   schedule's `zoneinfo` time zone. Ticks are stored as UTC instants. Across DST
-  changes croniter decides: a local time that does not exist (spring forward)
-  fires at the first instant after the gap, and a local time that happens twice
-  (fall back) fires once.
+  changes: a local time that does not exist (spring forward) fires at the first
+  instant after the gap (croniter's choice); a local time that happens twice
+  (fall back) fires once for a job pinned to given hours, as Vixie cron does, and
+  twice for one with a wildcard hour (every real minute of the repeated hour runs).
 - Catch-up: a tick is *missed* when it is more than `grace_s` late. `none`
   runs only the latest due tick if it is not missed; `latest` runs the latest
   due tick however late; `all` runs every due tick, the most recent `catchUpLimit`
@@ -279,9 +280,26 @@ def next_tick(spec: ScheduleSpec, after: datetime) -> datetime | None:
         after = spec.start_at - timedelta(microseconds=1)
     it = croniter(spec.cron, after.astimezone(spec.zone), second_at_beginning=True)
     tick = it.get_next(datetime).astimezone(UTC)
+    if _repeats_wall_time(spec, tick):
+        tick = it.get_next(datetime).astimezone(UTC)
     if spec.end_at is not None and tick > spec.end_at:
         return None
     return tick
+
+
+def _repeats_wall_time(spec: ScheduleSpec, tick: datetime) -> bool:
+    """Whether `tick` is the second pass of a local time (fall back) for a job pinned to
+    given hours: like Vixie cron, such a job runs once; one with a wildcard hour runs
+    through the repeated hour as through any other."""
+    local = tick.astimezone(spec.zone)
+    if not local.fold:
+        return False
+    fields = spec.cron.split()
+    hour = fields[2] if len(fields) == 6 else fields[1]
+    if hour.startswith("*"):
+        return False
+    first_pass = local.replace(fold=0)
+    return first_pass.utcoffset() != local.utcoffset()
 
 
 def _ticks_back(spec: ScheduleSpec, upto: datetime) -> Iterator[datetime]:
