@@ -103,19 +103,18 @@ def url_problem(url: Any, settings: Settings) -> str | None:
     try:
         literal = ipaddress.ip_address(parts.hostname)
     except ValueError:
-        if parts.hostname.lower() in (
-            "localhost",
-            "localhost.localdomain",
-        ) or parts.hostname.lower().endswith(".localhost"):
-            literal = ipaddress.ip_address("127.0.0.1")
-        else:
+        # Names are judged when the sender resolves them; these need no resolver.
+        host = parts.hostname.lower().rstrip(".")
+        if host != "localhost" and not host.endswith(".localhost"):
             return None
+        literal = ipaddress.ip_address("127.0.0.1")
     return address_problem(literal, settings)
 
 
-def address_problem(
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address, settings: Settings
-) -> str | None:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def address_problem(address: Address, settings: Settings) -> str | None:
     """Why a resolved address may not be connected to, or None."""
     if settings.webhook_private_targets == "allow":
         return None
