@@ -365,7 +365,7 @@ def _schedule_schemas() -> dict[str, Any]:
         "ScheduleList": _object(
             {
                 "items": {"type": "array", "items": _ref("Schedule")},
-                "nextCursor": {"type": "null"},
+                "next": {"type": "null"},
             }
         ),
         "ScheduleRun": _object(
@@ -380,7 +380,7 @@ def _schedule_schemas() -> dict[str, Any]:
         "ScheduleRunList": _object(
             {
                 "items": {"type": "array", "items": _ref("ScheduleRun")},
-                "nextCursor": {"type": "null"},
+                "next": {"type": "null"},
             }
         ),
         "Delivery": _object(
@@ -402,7 +402,7 @@ def _schedule_schemas() -> dict[str, Any]:
         "DeliveryList": _object(
             {
                 "items": {"type": "array", "items": _ref("Delivery")},
-                "nextCursor": {"type": "null"},
+                "next": {"type": "null"},
             }
         ),
     }

@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -195,7 +197,7 @@ def _check_cron(cron: str, issues: list[ValidationIssue]) -> None:
         )
         return
     try:
-        croniter(cron, datetime(2000, 1, 1, tzinfo=UTC), second_at_beginning=True)
+        _expanded(cron)
     except (CroniterError, ValueError, KeyError, IndexError) as exc:
         issues.append(ValidationIssue(INVALID_CRON, f"not a cron expression: {exc}", "/cron"))
 
@@ -274,11 +276,24 @@ def _int(
 # -------------------------------------------------------------------------- ticks
 
 
+@functools.lru_cache(maxsize=4096)
+def _expanded(cron: str) -> croniter:
+    return croniter(cron, datetime(2000, 1, 1, tzinfo=UTC), second_at_beginning=True)
+
+
+def _iterator(cron: str, start: datetime) -> croniter:
+    """A croniter at `start`: a copy of one expanded once per expression (expanding the
+    fields is most of croniter's cost, and a per-second schedule iterates every second)."""
+    it = copy.copy(_expanded(cron))
+    it.set_current(start, force=True)
+    return it
+
+
 def next_tick(spec: ScheduleSpec, after: datetime) -> datetime | None:
     """The first tick strictly after `after` (and at or after the start), or None past the end."""
     if spec.start_at is not None and after < spec.start_at:
         after = spec.start_at - timedelta(microseconds=1)
-    it = croniter(spec.cron, after.astimezone(spec.zone), second_at_beginning=True)
+    it = _iterator(spec.cron, after.astimezone(spec.zone))
     tick = it.get_next(datetime).astimezone(UTC)
     if _repeats_wall_time(spec, tick):
         tick = it.get_next(datetime).astimezone(UTC)
@@ -304,11 +319,7 @@ def _repeats_wall_time(spec: ScheduleSpec, tick: datetime) -> bool:
 
 def _ticks_back(spec: ScheduleSpec, upto: datetime) -> Iterator[datetime]:
     """Ticks at or before `upto`, latest first (never before the start)."""
-    it = croniter(
-        spec.cron,
-        (upto + timedelta(microseconds=1)).astimezone(spec.zone),
-        second_at_beginning=True,
-    )
+    it = _iterator(spec.cron, (upto + timedelta(microseconds=1)).astimezone(spec.zone))
     while True:
         tick = it.get_prev(datetime).astimezone(UTC)
         if spec.start_at is not None and tick < spec.start_at:
@@ -334,6 +345,12 @@ def decide(spec: ScheduleSpec, first_due: datetime, now: datetime, grace_s: floa
     Runs at most one tick: the scheduler claims ticks one by one, so under `all`
     the following ones are due again right after.
     """
+    following = next_tick(spec, first_due)
+    if following is None or following > now:
+        # The common case, on time or nearly: one tick due, nothing to walk back over.
+        if spec.catch_up == "none" and (now - first_due).total_seconds() > grace_s:
+            return TickDecision(None, (first_due,), following)
+        return TickDecision(first_due, (), following)
     end = now if spec.end_at is None else min(now, spec.end_at)
     # The due ticks, latest first, as far back as any policy may look.
     wanted = spec.catch_up_limit if spec.catch_up == "all" else 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: How many schedules one scheduler pass handles at once.
 _PARALLEL = 16
+#: Parsed schedule definitions kept per node.
+_SPEC_CACHE = 10_000
 #: Retries of a pause or resume that lost a compare-and-set to the scheduler.
 _CAS_RETRIES = 20
 
@@ -47,6 +50,17 @@ class ScheduleService:
         self.settings = settings
         self.workflows = workflows
         self._parallel = asyncio.Semaphore(_PARALLEL)
+        #: Parsed definitions by schedule id (a schedule's definition never changes).
+        self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
+
+    def spec(self, schedule: ScheduleRecord) -> rules.ScheduleSpec:
+        """The schedule's parsed definition (cached: parsing checks the cron every time)."""
+        spec = self._specs.get(schedule.id)
+        if spec is None:
+            spec = self._specs[schedule.id] = rules.parse_spec(schedule.spec)
+            if len(self._specs) > _SPEC_CACHE:
+                self._specs.popitem(last=False)
+        return spec
 
     # ---------------------------------------------------------------- resource
 
@@ -175,7 +189,7 @@ class ScheduleService:
             return await self._settle(schedule, now)
         if schedule.next_fire_at is None:
             return False
-        spec = rules.parse_spec(schedule.spec)
+        spec = self.spec(schedule)
         decision = rules.decide(spec, schedule.next_fire_at, now, self.settings.schedule_grace_s)
         claimed = await self.store.update_schedule(
             schedule.id,
@@ -209,7 +223,7 @@ class ScheduleService:
         """Submit the pending tick (or skip or queue it per `maxConcurrent`); clear it."""
         tick = schedule.pending_tick_at
         assert tick is not None
-        spec = rules.parse_spec(schedule.spec)
+        spec = self.spec(schedule)
         if spec.max_concurrent is not None:
             running = await self._running(schedule, spec.max_concurrent, tick)
             if running >= spec.max_concurrent:
