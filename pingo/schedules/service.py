@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 from collections import OrderedDict
 from datetime import datetime, timedelta
@@ -147,6 +148,9 @@ class ScheduleService:
         due = await self.store.list_due_schedules(now, self.settings.node_id, limit=100)
         if not due:
             return False
+        # Nodes walk the due schedules in different orders, so that they mostly claim
+        # different ticks instead of all racing for the same ones first.
+        random.shuffle(due)
         progressed = await asyncio.gather(*(self._guarded(s, now) for s in due))
         return any(progressed)
 
