@@ -83,7 +83,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def wait_ready(http: aiohttp.ClientSession, server: Server, timeout_s: float = 60) -> None:
+async def wait_ready(http: aiohttp.ClientSession, server: Server, timeout_s: float = 180) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
