@@ -260,3 +260,17 @@ async def test_the_secret_is_never_echoed(tmp_path: Any, aiohttp_client: Any) ->
         response = await api.client.get(path, headers=api.auth("admin"))
         assert response.status == 200, path
         assert secret not in await response.text(), path
+
+
+async def test_a_scheduler_idempotency_key_cannot_be_taken_by_hand(api: Api) -> None:
+    response = await api.client.post(
+        "/api/v1/workflows",
+        json=dated("by-hand"),
+        headers={**api.auth("admin"), "Idempotency-Key": "schedule:sch-1:2026-01-01T00:00:00"},
+    )
+    assert response.status == 400
+    problem = await response.json()
+    assert problem["errors"][0]["pointer"] == "/Idempotency-Key"
+    assert (await api.client.get("/api/v1/workflows", headers=api.auth("admin"))).status == 200
+    listed = await (await api.client.get("/api/v1/workflows", headers=api.auth("admin"))).json()
+    assert listed["items"] == []

@@ -24,6 +24,8 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: Stripe's header, telling a client that this answer replays an earlier request.
 REPLAYED_HEADER = "Idempotent-Replayed"
 _MAX_KEY_LENGTH = 255
+#: The prefix of the idempotency keys schedules submit with (`pingo.schedules.rules`).
+SCHEDULER_KEY_PREFIX = "schedule:"
 
 
 def workflow_location(workflow_id: str) -> str:
@@ -138,9 +140,12 @@ def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is None:
         return None
-    if not key or len(key) > _MAX_KEY_LENGTH:
+    # Keys of this form are the scheduler's: one taken by hand would stand in for a tick.
+    if not key or len(key) > _MAX_KEY_LENGTH or key.startswith(SCHEDULER_KEY_PREFIX):
         issue = errors.ValidationIssue(
-            "INVALID_PARAMETER", f"1 to {_MAX_KEY_LENGTH} characters", "/Idempotency-Key"
+            "INVALID_PARAMETER",
+            f"1 to {_MAX_KEY_LENGTH} characters, not starting with {SCHEDULER_KEY_PREFIX!r}",
+            "/Idempotency-Key",
         )
         raise problems.BadRequest(f"the {IDEMPOTENCY_HEADER} header is not valid", [issue])
     return key
