@@ -767,6 +767,132 @@ def users_limits(
         typer.echo(f"{key:<22} {shown:<10} ({source})")
 
 
+schedules_app = typer.Typer(help="Recurring workflows (cron).", no_args_is_help=True)
+app.add_typer(schedules_app, name="schedules")
+
+#: `pingo schedules add`'s repeatable options (module-level defaults, as ruff's B008 asks).
+_SCHEDULE_PARAMS = typer.Option(
+    None, "--param", metavar="NAME=VALUE", help="A parameter for {param.NAME}; repeat."
+)
+_SCHEDULE_WORKFLOW = typer.Argument(
+    ..., metavar="WORKFLOW", help="The workflow document (JSON); '-' reads stdin."
+)
+_SCHEDULE_HOOKS = typer.Option(
+    None,
+    "--webhook",
+    metavar="URL",
+    help="Call URL when each run ends (signed with --webhook-secret); repeat.",
+)
+
+
+@schedules_app.command("add")
+def schedules_add(
+    name: str = typer.Argument(...),
+    cron: str = typer.Argument(..., help="5 fields, or 6 with the seconds first; quote it."),
+    file: Path = _SCHEDULE_WORKFLOW,
+    timezone: str = typer.Option("UTC", "--timezone", "--tz", help="An IANA zone name."),
+    catch_up: str = typer.Option("latest", "--catch-up", help="none, latest or all."),
+    catch_up_limit: int = typer.Option(100, "--catch-up-limit", min=1, max=1000),
+    max_concurrent: int | None = typer.Option(None, "--max-concurrent", min=1, max=50),
+    overlap: str = typer.Option("skip", "--overlap", help="skip or queue (maxConcurrent)."),
+    start: str | None = typer.Option(None, "--start", help="ISO 8601; no tick before."),
+    end: str | None = typer.Option(None, "--end", help="ISO 8601; no tick after."),
+    param: list[str] | None = _SCHEDULE_PARAMS,
+    webhook: list[str] | None = _SCHEDULE_HOOKS,
+    webhook_secret: str | None = typer.Option(
+        None, "--webhook-secret", envvar="PINGO_WEBHOOK_SECRET", help="Signs --webhook calls."
+    ),
+    paused: bool = typer.Option(False, "--paused", help="Create it paused."),
+) -> None:
+    """Create a schedule; prints its id and next fire times."""
+    try:
+        workflow = json.loads(_read_file(file))
+    except ValueError as exc:
+        typer.echo(f"error: {file} is not JSON: {exc}", err=True)
+        raise typer.Exit(2) from None
+    parameters: dict[str, str] = {}
+    for item in param or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            typer.echo(f"error: --param wants NAME=VALUE, not {item!r}", err=True)
+            raise typer.Exit(2)
+        parameters[key] = value
+    if webhook and not webhook_secret:
+        typer.echo("error: --webhook needs --webhook-secret", err=True)
+        raise typer.Exit(2)
+    body: dict[str, Any] = {
+        "name": name,
+        "cron": cron,
+        "timezone": timezone,
+        "workflow": workflow,
+        "catchUp": catch_up,
+        "catchUpLimit": catch_up_limit,
+        "maxConcurrent": max_concurrent,
+        "overlap": overlap,
+        "parameters": parameters,
+        "webhooks": [{"url": url, "secret": webhook_secret} for url in webhook or []],
+        "paused": paused,
+    }
+    body.update({k: v for k, v in (("start", start), ("end", end)) if v is not None})
+    with _api_errors():
+        schedule = _client().create_schedule(body)
+    typer.echo(schedule["id"])
+    for at in schedule["nextFireTimes"]:
+        typer.echo(f"  next {at}")
+
+
+@schedules_app.command("list")
+def schedules_list(
+    as_json: bool = typer.Option(False, "--json", help="Print the schedules as JSON."),
+) -> None:
+    """List your schedules with their next fire time."""
+    with _api_errors():
+        found = _client().schedules()
+    if as_json:
+        _print_json(found)
+        return
+    for s in found:
+        next_at = "paused" if s["paused"] else (s["nextFireAt"] or "ended")
+        typer.echo(f"{s['id']}  {s['name']:<20} {s['cron']:<20} {s['timezone']:<16} {next_at}")
+
+
+@schedules_app.command("show")
+def schedules_show(
+    schedule_id: str = typer.Argument(..., metavar="SCHEDULE"),
+    runs: int = typer.Option(10, "--runs", min=0, max=1000, help="How many recent runs."),
+) -> None:
+    """Show a schedule as JSON, with its next fire times and recent runs."""
+    with _api_errors():
+        client = _client()
+        schedule = client.schedule(schedule_id)
+        schedule["runs"] = client.schedule_runs(schedule_id, limit=runs) if runs else []
+    _print_json(schedule)
+
+
+@schedules_app.command("pause")
+def schedules_pause(schedule_id: str = typer.Argument(..., metavar="SCHEDULE")) -> None:
+    """Pause a schedule: no tick fires until it is resumed."""
+    with _api_errors():
+        schedule = _client().set_schedule_paused(schedule_id, True)
+    typer.echo(f"{schedule['id']} paused")
+
+
+@schedules_app.command("resume")
+def schedules_resume(schedule_id: str = typer.Argument(..., metavar="SCHEDULE")) -> None:
+    """Resume a schedule from its next tick (ticks due while paused are not caught up)."""
+    with _api_errors():
+        schedule = _client().set_schedule_paused(schedule_id, False)
+    typer.echo(f"{schedule['id']} resumed; next {schedule['nextFireAt']}")
+
+
+@schedules_app.command("rm")
+def schedules_rm(schedule_id: str = typer.Argument(..., metavar="SCHEDULE")) -> None:
+    """Delete a schedule (the workflows it ran stay)."""
+    with _api_errors():
+        _client().delete_schedule(schedule_id)
+    typer.echo(f"deleted {schedule_id}")
+
+
 #: `pingo validate`'s files (a module-level default, as ruff's B008 asks).
 _VALIDATE_FILES = typer.Argument(
     ..., metavar="FILE", help="Workflow documents (JSON); '-' reads stdin."

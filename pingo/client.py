@@ -395,6 +395,39 @@ class Client:
         result: dict[str, Any] = self._json("GET", "/api/v1/storage")
         return result
 
+    # ------------------------------------------------------------------ schedules
+
+    def create_schedule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a schedule; the schedule's document (with its next fire times)."""
+        result: dict[str, Any] = self._json("POST", "/api/v1/schedules", body=body)
+        return result
+
+    def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """The caller's schedules, newest first."""
+        items: list[dict[str, Any]] = self._json(
+            "GET", "/api/v1/schedules", query={"limit": limit}
+        )["items"]
+        return items
+
+    def schedule(self, schedule_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/schedules/{_q(schedule_id)}")
+        return result
+
+    def schedule_runs(self, schedule_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        """What became of the schedule's ticks, latest first."""
+        items: list[dict[str, Any]] = self._json(
+            "GET", f"/api/v1/schedules/{_q(schedule_id)}/runs", query={"limit": limit}
+        )["items"]
+        return items
+
+    def set_schedule_paused(self, schedule_id: str, paused: bool) -> dict[str, Any]:
+        verb = "pause" if paused else "resume"
+        result: dict[str, Any] = self._json("POST", f"/api/v1/schedules/{_q(schedule_id)}/{verb}")
+        return result
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        self.request("DELETE", f"/api/v1/schedules/{_q(schedule_id)}")
+
     # ---------------------------------------------------------------------- users
 
     def create_user(self, name: str, *, admin: bool = False) -> dict[str, Any]:

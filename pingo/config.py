@@ -153,6 +153,20 @@ class Settings:
     sandbox: str = "auto"
     #: `on` (default) or `off`: whether sandboxed actions reach the network.
     sandbox_network: str = "on"
+    #: How often the scheduler looks for due schedule ticks.
+    schedule_interval_s: float = 0.2
+    #: How long a node's claim on a schedule tick lasts before another node may take it over.
+    schedule_lease_s: float = 10.0
+    #: A tick later than this is missed (catch-up `none` skips it).
+    schedule_grace_s: float = 10.0
+    #: How often the webhook sender looks for due deliveries.
+    webhook_interval_s: float = 0.5
+    #: Attempts per delivery (with exponential backoff from `webhook_backoff_s`).
+    webhook_max_attempts: int = 8
+    webhook_backoff_s: float = 2.0
+    webhook_timeout_s: float = 5.0
+    #: `deny` (default) or `allow`: webhooks to loopback, private and link-local addresses.
+    webhook_private_targets: str = "deny"
 
     def __post_init__(self) -> None:
         # Defaults that derive from other fields are resolved here so every
@@ -176,6 +190,11 @@ class Settings:
         if self.sandbox_network not in ("on", "off"):
             raise errors.ConfigurationError(
                 f"PINGO_SANDBOX_NETWORK must be on or off, not {self.sandbox_network!r}"
+            )
+        if self.webhook_private_targets not in ("deny", "allow"):
+            raise errors.ConfigurationError(
+                "PINGO_WEBHOOK_PRIVATE_TARGETS must be deny or allow, "
+                f"not {self.webhook_private_targets!r}"
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
@@ -213,13 +232,15 @@ class Settings:
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
          "max_actions", "sqlite_cache_mb", "user_submission_burst",
-         "cluster_in_flight"}  # fmt: skip
+         "cluster_in_flight", "webhook_max_attempts"}  # fmt: skip
 #: Per-user limits: a positive int, or `unlimited` for None.
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "fast_poll_s", "idle_poll_s",
-           "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s"}  # fmt: skip
+           "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s", "schedule_interval_s",
+           "schedule_lease_s", "schedule_grace_s", "webhook_interval_s", "webhook_backoff_s",
+           "webhook_timeout_s"}  # fmt: skip
 
 
 def _convert(name: str, raw: str) -> Any:

@@ -45,3 +45,17 @@ DIGEST_MISMATCHES = Counter(
     ["where"],
     registry=REGISTRY,
 )
+SCHEDULE_TICKS = Counter(
+    "pingo_schedule_ticks", "Schedule ticks settled by this node.", ["outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
+SCHEDULE_FIRE_LAG = Histogram(
+    "pingo_schedule_fire_lag_seconds",
+    "Time from a schedule's tick being due to its workflow being submitted.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60),
+    registry=REGISTRY,
+)
+WEBHOOK_DELIVERIES = Counter(
+    "pingo_webhook_deliveries", "Webhook delivery attempts by this node.", ["outcome"],
+    registry=REGISTRY,
+)  # fmt: skip

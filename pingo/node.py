@@ -31,8 +31,13 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.retention import policy as retention_policy
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import RetentionPolicy
+from pingo.schedules import rules as schedule_rules
+from pingo.schedules.loop import Scheduler
+from pingo.schedules.service import ScheduleService
 from pingo.store import open_store
 from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
+from pingo.webhooks import hooks
+from pingo.webhooks.sender import WebhookSender
 from pingo.workflows.planner import KeepHook, WorkflowManager
 
 logger = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ class Node:
             settings,
             on_ready=self.scraper.wake,
             kill_action=self._kill_action,
+            on_workflow_ended=self._queue_webhooks,
         )
         # Retention's policy (with a budget): the loop evicts with it, and the planner
         # asks it whether each new intermediate is worth keeping.
@@ -176,6 +182,9 @@ class Node:
             store, settings, self.executors, self.callbacks, self.held, storage=self.storage
         )
         self.deletor = Deletor(store, self.storage, settings)
+        self.schedules = ScheduleService(store, settings, self.workflows)
+        self.scheduler = Scheduler(self.schedules)
+        self.webhooks = WebhookSender(store, settings)
         self.retention: loops.Loop | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -192,7 +201,14 @@ class Node:
         # lease will bring back: replay those steps (idempotent; planner helper).
         await self.callbacks.recover_running()
         self.retention = self._retention_loop()
-        background: list[loops.Loop] = [self.ready_watch, self.renewer, self.reaper, self.deletor]
+        background: list[loops.Loop] = [
+            self.ready_watch,
+            self.renewer,
+            self.reaper,
+            self.deletor,
+            self.scheduler,
+            self.webhooks,
+        ]
         if self.retention is not None:
             background.append(self.retention)
         self._task = asyncio.create_task(
@@ -246,7 +262,15 @@ class Node:
             if item is not None:
                 with contextlib.suppress(errors.PingoError):
                     await hand_back(self.store, self.settings.node_id, self.held, item.action)
-        for loop in (self.ready_watch, self.renewer, self.reaper, self.deletor, self.retention):
+        for loop in (
+            self.ready_watch,
+            self.scheduler,
+            self.webhooks,
+            self.renewer,
+            self.reaper,
+            self.deletor,
+            self.retention,
+        ):
             if loop is not None:
                 loop.stop()
         try:
@@ -321,6 +345,14 @@ class Node:
             polls += 1
             counts = await self.store.count_actions(workflow_id)
             read_workflow = polls % 10 == 0 or not any(counts.get(s) for s in _LEFT)
+
+    async def _queue_webhooks(self, workflow: WorkflowRecord) -> None:
+        """Queue the deliveries a workflow's end owes its webhooks (CallbackService's hook)."""
+        schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
+        deliveries = hooks.deliveries_for(workflow, schedule_id, self.store.clock())
+        if deliveries:
+            await self.store.create_deliveries(deliveries)
+            self.webhooks.wake()
 
     async def _kill_action(self, action: ActionRecord) -> None:
         """Stop an action's running work through its executor (CallbackService's hook)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from pingo import __version__, limits, states, untrusted
 from pingo.api import documents, problems
+from pingo.schedules import rules
 from pingo.store import _cursor
 from pingo.workflows import reuse
 
@@ -398,6 +399,7 @@ def _schemas() -> dict[str, Any]:
             },
         },
         "UserList": _object({"items": {"type": "array", "items": _ref("User")}}),
+        **_schedule_schemas(),
         "Status": _object({"status": {"type": "string"}}),
         "Readiness": _object(
             {
@@ -425,6 +427,220 @@ def _too_many(codes: str) -> dict[str, Any]:
     return {
         **_problem(f"Over a per-user limit ({codes}); retry after Retry-After seconds."),
         "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}},
+    }
+
+
+def _schedule_schemas() -> dict[str, Any]:
+    webhook_view = _object(
+        {
+            "url": {"type": "string"},
+            "events": {"type": "array", "items": {"type": "string"}},
+        },
+        description="A webhook as views show it: never its secret.",
+    )
+    settings = {
+        "cron": {
+            "type": "string",
+            "description": "5 fields, or 6 with the seconds first (`*/10 * * * * *`).",
+        },
+        "timezone": {"type": "string", "default": "UTC", "description": "An IANA zone name."},
+        "catchUp": {"enum": list(rules.CATCH_UP_POLICIES), "default": "latest"},
+        "catchUpLimit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": rules.MAX_CATCH_UP,
+            "default": 100,
+        },
+        "maxConcurrent": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": rules.MAX_CONCURRENT,
+        },
+        "overlap": {"enum": list(rules.OVERLAP_POLICIES), "default": "skip"},
+        "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+        "start": {"type": ["string", "null"], "format": "date-time"},
+        "end": {"type": ["string", "null"], "format": "date-time"},
+    }
+    return {
+        "ScheduleRequest": {
+            "type": "object",
+            "required": ["name", "cron", "workflow"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                **settings,
+                "workflow": {
+                    "oneOf": [
+                        _ref("Workflow"),
+                        {"type": "string", "description": "the id of a stored workflow"},
+                    ],
+                    "description": "May use {schedule.time}, {schedule.date}, {param.NAME}.",
+                },
+                "webhooks": {"type": "array", "items": {"$ref": "#/components/schemas/Webhook"}},
+                "paused": {"type": "boolean", "default": False},
+            },
+        },
+        "Webhook": dict(workflow_schema()["$defs"]["webhook"]),
+        "WebhookView": webhook_view,
+        "Schedule": _object(
+            {
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "owner": {"type": "string"},
+                **settings,
+                "paused": {"type": "boolean"},
+                "nextFireAt": _TIME_OR_NULL,
+                "nextFireTimes": {"type": "array", "items": _TIME},
+                "pendingTickAt": _TIME_OR_NULL,
+                "createdAt": _TIME,
+                "updatedAt": _TIME,
+                "webhooks": {"type": "array", "items": _ref("WebhookView")},
+                "workflow": {"type": "object", "description": "webhook secrets removed"},
+            }
+        ),
+        "ScheduleList": _object(
+            {
+                "items": {"type": "array", "items": _ref("Schedule")},
+                "next": {"type": "null"},
+            }
+        ),
+        "ScheduleRun": _object(
+            {
+                "tickAt": _TIME,
+                "workflowId": {"type": ["string", "null"]},
+                "outcome": {"enum": ["submitted", "skipped", "failed"]},
+                "reason": {"type": ["string", "null"]},
+                "recordedAt": _TIME,
+            }
+        ),
+        "ScheduleRunList": _object(
+            {
+                "items": {"type": "array", "items": _ref("ScheduleRun")},
+                "next": {"type": "null"},
+            }
+        ),
+        "Delivery": _object(
+            {
+                "id": {"type": "string"},
+                "event": {"type": "string"},
+                "url": {"type": "string"},
+                "workflowId": {"type": "string"},
+                "scheduleId": {"type": ["string", "null"]},
+                "state": {"enum": ["pending", "delivered", "failed"]},
+                "attempts": {"type": "integer", "minimum": 0},
+                "lastStatus": {"type": ["integer", "null"]},
+                "lastError": {"type": ["string", "null"]},
+                "nextAttemptAt": _TIME,
+                "createdAt": _TIME,
+                "updatedAt": _TIME,
+            }
+        ),
+        "DeliveryList": _object(
+            {
+                "items": {"type": "array", "items": _ref("Delivery")},
+                "next": {"type": "null"},
+            }
+        ),
+    }
+
+
+def _schedule_paths() -> dict[str, Any]:
+    sid = _param("scheduleId", "path", {"type": "string"}, "the schedule's id")
+    schedule_ok = _json_body(_ref("Schedule"), "The schedule.")
+    return {
+        "/api/v1/schedules": {
+            "post": _op(
+                "createSchedule",
+                "Create a schedule",
+                "schedules",
+                {
+                    "201": _json_body(_ref("Schedule"), "Created; Location names it."),
+                    "403": _SANDBOX_UNAVAILABLE,
+                    "404": _problem("`workflow` names no workflow of yours (NOT_FOUND)."),
+                    "422": _problem(
+                        "Invalid schedule or workflow; `errors` points at each issue "
+                        "(VALIDATION_FAILED, UNKNOWN_EXECUTOR)."
+                    ),
+                },
+                description="Ticks are claimed by compare-and-set in the store, so each fires "
+                "once across every node. See docs/schedules.md.",
+                request_body={
+                    "required": True,
+                    "content": {JSON: {"schema": _ref("ScheduleRequest")}},
+                },
+            ),
+            "get": _op(
+                "listSchedules",
+                "List schedules",
+                "schedules",
+                {"200": _json_body(_ref("ScheduleList"), "Yours (an admin's: everyone's).")},
+                parameters=[
+                    _LIMIT,
+                    _param("owner", "query", {"type": "string"}, "only this user's (admins)"),
+                ],
+            ),
+        },
+        "/api/v1/schedules/{scheduleId}": {
+            "get": _op(
+                "getSchedule",
+                "One schedule, with its next fire times",
+                "schedules",
+                {"200": schedule_ok, "404": _NOT_FOUND},
+                parameters=[sid],
+            ),
+            "delete": _op(
+                "deleteSchedule",
+                "Delete a schedule (its workflows stay)",
+                "schedules",
+                {"204": {"description": "Deleted."}, "404": _NOT_FOUND},
+                parameters=[sid],
+            ),
+        },
+        "/api/v1/schedules/{scheduleId}/runs": {
+            "get": _op(
+                "listScheduleRuns",
+                "What became of the schedule's ticks, latest first",
+                "schedules",
+                {"200": _json_body(_ref("ScheduleRunList"), "The runs."), "404": _NOT_FOUND},
+                parameters=[sid, _LIMIT],
+            )
+        },
+        "/api/v1/schedules/{scheduleId}/pause": {
+            "post": _op(
+                "pauseSchedule",
+                "Pause a schedule",
+                "schedules",
+                {"200": schedule_ok, "404": _NOT_FOUND, "409": _problem("Busy (CONFLICT).")},
+                parameters=[sid],
+            )
+        },
+        "/api/v1/schedules/{scheduleId}/resume": {
+            "post": _op(
+                "resumeSchedule",
+                "Resume a schedule from its next tick",
+                "schedules",
+                {"200": schedule_ok, "404": _NOT_FOUND, "409": _problem("Busy (CONFLICT).")},
+                parameters=[sid],
+            )
+        },
+        "/api/v1/schedules/{scheduleId}/deliveries": {
+            "get": _op(
+                "listScheduleDeliveries",
+                "Webhook delivery log of the schedule's runs",
+                "schedules",
+                {"200": _json_body(_ref("DeliveryList"), "Newest first."), "404": _NOT_FOUND},
+                parameters=[sid, _LIMIT],
+            )
+        },
+        "/api/v1/workflows/{workflowId}/deliveries": {
+            "get": _op(
+                "listWorkflowDeliveries",
+                "Webhook delivery log of a workflow",
+                "workflows",
+                {"200": _json_body(_ref("DeliveryList"), "Newest first."), "404": _NOT_FOUND},
+                parameters=[_WORKFLOW_ID, _LIMIT],
+            )
+        },
     }
 
 
@@ -556,6 +772,7 @@ _SANDBOX_UNAVAILABLE = _problem(
 def _paths() -> dict[str, Any]:
     workflow_ok = _json_body(_ref("WorkflowDocument"), "The workflow document.")
     return {
+        **_schedule_paths(),
         "/api/v1/workflows": {
             "post": _op(
                 "submitWorkflow",
@@ -1032,6 +1249,10 @@ def document() -> dict[str, Any]:
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
         "tags": [
             {"name": "workflows", "description": "Submit, watch, kill and re-run workflows."},
+            {
+                "name": "schedules",
+                "description": "Recurring workflows, fired once per tick across nodes.",
+            },
             {"name": "datasets", "description": "Stored datasets, their lineage and storage."},
             {"name": "callbacks", "description": "Executors report progress (signed)."},
             {"name": "users", "description": "Bearer-token users (admins)."},

@@ -93,6 +93,7 @@ class StaleCallback(errors.Conflict):
 
 
 KillAction = Callable[[protocol.ActionRecord], Awaitable[None]]
+WorkflowEnded = Callable[[protocol.WorkflowRecord], Awaitable[None]]
 
 
 class CallbackService:
@@ -106,12 +107,15 @@ class CallbackService:
         *,
         on_ready: Callable[[], None] = lambda: None,
         kill_action: KillAction | None = None,
+        on_workflow_ended: WorkflowEnded | None = None,
     ) -> None:
         self.store = store
         self.storage = storage
         self.settings = settings
         self.on_ready = on_ready
         self.kill_action = kill_action
+        #: Told of each workflow this node moved to SUCCEEDED, FAILED or KILLED (webhooks).
+        self.on_workflow_ended = on_workflow_ended
         self._on_failure_cache: dict[str, str] = {}
 
     # -------------------------------------------------------------- callbacks
@@ -233,6 +237,8 @@ class CallbackService:
                 W.KILLED,
                 protocol.WorkflowChanges(finished_at=self.store.clock(), error="killed by user"),
             )
+            if moved is not None:
+                await self._ended(moved)
             workflow = moved or await self._workflow(workflow_id)
         if workflow.state is not W.KILLED:
             raise errors.Conflict(f"workflow {workflow_id} already ended {workflow.state.value}")
@@ -554,13 +560,15 @@ class CallbackService:
             return
         # abort: the workflow fails first, so no success elsewhere can end it SUCCEEDED.
         states.ensure_transition(W.RUNNING, W.FAILED, trigger)
-        await self.store.transition_workflow(
+        failed = await self.store.transition_workflow(
             action.workflow_id,
             {W.RUNNING},
             W.FAILED,
             protocol.WorkflowChanges(finished_at=self.store.clock(), error=error),
         )
         await self._sweep(action.workflow_id, "workflow aborted", T.CALLBACK)
+        if failed is not None:
+            await self._ended(failed)
 
     async def _kill_descendants(self, action: protocol.ActionRecord) -> None:
         """onFailure "continue": what depends on the failed action can never run."""
@@ -725,6 +733,21 @@ class CallbackService:
                 workflow_id,
                 new.value,
                 extra={"event": "workflow_ended", "workflow_id": workflow_id, "state": new.value},
+            )
+            await self._ended(moved)
+
+    async def _ended(self, workflow: protocol.WorkflowRecord) -> None:
+        """Tell `on_workflow_ended`; its failure never undoes or fails the transition."""
+        if self.on_workflow_ended is None:
+            return
+        try:
+            await self.on_workflow_ended(workflow)
+        except errors.PingoError as exc:
+            logger.warning(
+                "workflow %s ended, but its notifications were not queued: %s",
+                workflow.id,
+                exc.message,
+                extra={"event": "workflow_ended_hook_failed", "workflow_id": workflow.id},
             )
 
 

@@ -31,10 +31,15 @@ from pingo.store.protocol import (
     DatasetChanges,
     DatasetPlan,
     DatasetRecord,
+    DeliveryChanges,
     EventRecord,
     Page,
+    ScheduleChanges,
+    ScheduleRecord,
+    ScheduleRunRecord,
     UserLimits,
     UserRecord,
+    WebhookDeliveryRecord,
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
@@ -151,6 +156,9 @@ class MemoryStore:
         self._events: list[EventRecord] = []
         self._users: dict[str, UserRecord] = {}
         self._token_hashes: dict[str, str] = {}
+        self._schedules: dict[str, ScheduleRecord] = {}
+        self._schedule_runs: dict[str, dict[datetime, ScheduleRunRecord]] = {}
+        self._deliveries: dict[str, WebhookDeliveryRecord] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -853,3 +861,122 @@ class MemoryStore:
             for w in self._workflows.values()
             if w.owner == owner and w.state not in states.WORKFLOW_TERMINAL
         )
+
+    # ------------------------------------------------------------------ schedules
+
+    async def create_schedule(self, schedule: ScheduleRecord) -> ScheduleRecord:
+        if schedule.id in self._schedules:
+            raise errors.Conflict(f"schedule {schedule.id!r} already exists")
+        self._schedules[schedule.id] = schedule
+        self._schedule_runs[schedule.id] = {}
+        return schedule
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        return self._schedules.get(schedule_id)
+
+    async def list_schedules(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        found = [s for s in self._schedules.values() if owner is None or s.owner == owner]
+        found.sort(key=lambda s: (s.created_at, s.id), reverse=True)
+        return found[:limit]
+
+    async def list_due_schedules(
+        self, now: datetime, node_id: str, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        def due(s: ScheduleRecord) -> bool:
+            if s.pending_tick_at is not None:
+                return s.claimed_by == node_id or is_lease_expired(s.claim_expires_at, now)
+            return not s.paused and s.next_fire_at is not None and s.next_fire_at <= now
+
+        found = [s for s in self._schedules.values() if due(s)]
+        found.sort(key=lambda s: (s.pending_tick_at or s.next_fire_at or now, s.id))
+        return found[:limit]
+
+    async def update_schedule(
+        self, schedule_id: str, expected_version: int, changes: ScheduleChanges
+    ) -> ScheduleRecord | None:
+        current = self._schedules.get(schedule_id)
+        if current is None or current.version != expected_version:
+            return None
+        updated = replace(
+            current, **dict(changes.items()), updated_at=self.clock(), version=current.version + 1
+        )
+        self._schedules[schedule_id] = updated
+        return updated
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        self._schedule_runs.pop(schedule_id, None)
+        return self._schedules.pop(schedule_id, None) is not None
+
+    async def record_schedule_run(self, run: ScheduleRunRecord) -> ScheduleRunRecord:
+        runs = self._schedule_runs.setdefault(run.schedule_id, {})
+        return runs.setdefault(run.tick_at, run)
+
+    async def list_schedule_runs(
+        self, schedule_id: str, limit: int = 100
+    ) -> list[ScheduleRunRecord]:
+        runs = self._schedule_runs.get(schedule_id, {})
+        return [runs[t] for t in sorted(runs, reverse=True)[:limit]]
+
+    # --------------------------------------------------------- webhook deliveries
+
+    async def create_deliveries(self, deliveries: Sequence[WebhookDeliveryRecord]) -> None:
+        for delivery in deliveries:
+            self._deliveries.setdefault(delivery.id, delivery)
+
+    async def claim_deliveries(
+        self, node_id: str, now: datetime, limit: int, lease_s: float
+    ) -> list[WebhookDeliveryRecord]:
+        due = sorted(
+            (
+                d
+                for d in self._deliveries.values()
+                if d.state == "pending"
+                and d.next_attempt_at <= now
+                and (d.claim_expires_at is None or d.claim_expires_at <= now)
+            ),
+            key=lambda d: (d.next_attempt_at, d.id),
+        )[:limit]
+        claimed = []
+        for d in due:
+            updated = replace(
+                d,
+                claimed_by=node_id,
+                claim_expires_at=now + timedelta(seconds=lease_s),
+                updated_at=now,
+                version=d.version + 1,
+            )
+            self._deliveries[d.id] = updated
+            claimed.append(updated)
+        return claimed
+
+    async def update_delivery(
+        self, delivery_id: str, expected_version: int, changes: DeliveryChanges
+    ) -> WebhookDeliveryRecord | None:
+        current = self._deliveries.get(delivery_id)
+        if current is None or current.version != expected_version:
+            return None
+        updated = replace(
+            current, **dict(changes.items()), updated_at=self.clock(), version=current.version + 1
+        )
+        self._deliveries[delivery_id] = updated
+        return updated
+
+    async def list_deliveries(
+        self,
+        *,
+        owner: str | None = None,
+        workflow_id: str | None = None,
+        schedule_id: str | None = None,
+        limit: int = 100,
+    ) -> list[WebhookDeliveryRecord]:
+        found = [
+            d
+            for d in self._deliveries.values()
+            if (owner is None or d.owner == owner)
+            and (workflow_id is None or d.workflow_id == workflow_id)
+            and (schedule_id is None or d.schedule_id == schedule_id)
+        ]
+        found.sort(key=lambda d: (d.created_at, d.id), reverse=True)
+        return found[:limit]

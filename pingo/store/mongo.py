@@ -35,6 +35,7 @@ array), "exactly [x]" is `$size` + `$all` (no array literals, no `$not`); no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -81,10 +82,15 @@ from pingo.store.protocol import (
     DatasetChanges,
     DatasetPlan,
     DatasetRecord,
+    DeliveryChanges,
     EventRecord,
     Page,
+    ScheduleChanges,
+    ScheduleRecord,
+    ScheduleRunRecord,
     UserLimits,
     UserRecord,
+    WebhookDeliveryRecord,
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
@@ -333,6 +339,127 @@ def _event(doc: Doc) -> EventRecord:
     )
 
 
+def _schedule_doc(record: ScheduleRecord) -> Doc:
+    return {
+        "_id": record.id,
+        "id": record.id,
+        "owner": record.owner,
+        "name": record.name,
+        "spec": _dump_json(record.spec),
+        "paused": record.paused,
+        "next_fire_at_us": _opt_us(record.next_fire_at),
+        "pending_tick_at_us": _opt_us(record.pending_tick_at),
+        "claimed_by": record.claimed_by,
+        "claim_expires_at_us": _opt_us(record.claim_expires_at) or 0,
+        "created_at_us": _us(record.created_at),
+        "updated_at_us": _us(record.updated_at),
+        "version": record.version,
+    }
+
+
+def _schedule(doc: Doc) -> ScheduleRecord:
+    return ScheduleRecord(
+        id=doc["_id"],
+        owner=doc["owner"],
+        name=doc["name"],
+        spec=_load_json(doc["spec"]),
+        paused=bool(doc["paused"]),
+        next_fire_at=_opt_at(doc.get("next_fire_at_us")),
+        pending_tick_at=_opt_at(doc.get("pending_tick_at_us")),
+        claimed_by=doc.get("claimed_by"),
+        claim_expires_at=_opt_at(doc.get("claim_expires_at_us") or None),
+        created_at=_at(doc["created_at_us"]),
+        updated_at=_at(doc["updated_at_us"]),
+        version=doc["version"],
+    )
+
+
+def _run_doc(run: ScheduleRunRecord) -> Doc:
+    tick_us = _us(run.tick_at)
+    return {
+        "_id": f"{run.schedule_id}/{tick_us}",
+        "schedule_id": run.schedule_id,
+        "tick_at_us": tick_us,
+        "outcome": run.outcome,
+        "recorded_at_us": _us(run.recorded_at),
+        "workflow_id": run.workflow_id,
+        "reason": run.reason,
+    }
+
+
+def _run(doc: Doc) -> ScheduleRunRecord:
+    return ScheduleRunRecord(
+        schedule_id=doc["schedule_id"],
+        tick_at=_at(doc["tick_at_us"]),
+        outcome=doc["outcome"],
+        recorded_at=_at(doc["recorded_at_us"]),
+        workflow_id=doc.get("workflow_id"),
+        reason=doc.get("reason"),
+    )
+
+
+def _delivery_doc(d: WebhookDeliveryRecord) -> Doc:
+    return {
+        "_id": d.id,
+        "id": d.id,
+        "owner": d.owner,
+        "workflow_id": d.workflow_id,
+        "schedule_id": d.schedule_id,
+        "url": d.url,
+        "event": d.event,
+        # Text, not binary: the body is UTF-8 JSON, and text survives every wire server.
+        "body": d.body.decode(),
+        "state": d.state,
+        "attempts": d.attempts,
+        "next_attempt_at_us": _us(d.next_attempt_at),
+        "created_at_us": _us(d.created_at),
+        "updated_at_us": _us(d.updated_at),
+        "last_status": d.last_status,
+        "last_error": d.last_error,
+        "claimed_by": d.claimed_by,
+        "claim_expires_at_us": _opt_us(d.claim_expires_at) or 0,
+        "version": d.version,
+    }
+
+
+def _delivery(doc: Doc) -> WebhookDeliveryRecord:
+    return WebhookDeliveryRecord(
+        id=doc["_id"],
+        owner=doc["owner"],
+        workflow_id=doc["workflow_id"],
+        schedule_id=doc.get("schedule_id"),
+        url=doc["url"],
+        event=doc["event"],
+        body=doc["body"].encode(),
+        state=doc["state"],
+        attempts=doc["attempts"],
+        next_attempt_at=_at(doc["next_attempt_at_us"]),
+        created_at=_at(doc["created_at_us"]),
+        updated_at=_at(doc["updated_at_us"]),
+        last_status=doc.get("last_status"),
+        last_error=doc.get("last_error"),
+        claimed_by=doc.get("claimed_by"),
+        claim_expires_at=_opt_at(doc.get("claim_expires_at_us") or None),
+        version=doc["version"],
+    )
+
+
+def _us_changes(changes: Iterable[tuple[str, Any]]) -> Doc:
+    """A `$set` document for schedule or delivery changes (times as `*_us` fields).
+
+    No claim is stored as expiry 0, not null: nx-27017 matches no null in an `$or`.
+    """
+    update: Doc = {}
+    for name, value in changes:
+        if name == "claim_expires_at":
+            update["claim_expires_at_us"] = _opt_us(value) or 0
+        elif isinstance(value, datetime) or (value is None and name.endswith("_at")):
+            update[f"{name}_us"] = _opt_us(value)
+        else:
+            update[name] = value
+    return update
+
+
 def _user_doc(record: UserRecord) -> Doc:
     return {
         "_id": record.name,
@@ -487,6 +614,9 @@ class MongoStore:
         self._events: AsyncCollection[Doc] = self._db["events"]
         self._users: AsyncCollection[Doc] = self._db["users"]
         self._counters: AsyncCollection[Doc] = self._db["counters"]
+        self._schedules: AsyncCollection[Doc] = self._db["schedules"]
+        self._schedule_runs: AsyncCollection[Doc] = self._db["schedule_runs"]
+        self._deliveries: AsyncCollection[Doc] = self._db["webhook_deliveries"]
 
     @classmethod
     def from_url(
@@ -585,6 +715,17 @@ class MongoStore:
         await self._users.create_index([("token_hash", asc)], name="token_hash", unique=True)
         await self._events.create_index([("kind", asc), ("seq", desc)], name="kind")
         await self._events.create_index([("dataset_id", asc), ("seq", desc)], name="dataset")
+        await self._schedules.create_index([("next_fire_at_us", asc)], name="next_fire")
+        await self._schedules.create_index([("pending_tick_at_us", asc)], name="pending")
+        await self._schedules.create_index([("owner", asc), *newest], name="owner_newest")
+        await self._schedule_runs.create_index(
+            [("schedule_id", asc), ("tick_at_us", desc)], name="schedule"
+        )
+        await self._deliveries.create_index(
+            [("state", asc), ("next_attempt_at_us", asc)], name="due"
+        )
+        await self._deliveries.create_index([("owner", asc), *newest], name="owner_newest")
+        await self._deliveries.create_index([("workflow_id", asc), *newest], name="workflow")
 
     def _now(self) -> tuple[datetime, int]:
         now = self.clock()
@@ -1515,6 +1656,170 @@ class MongoStore:
         return await self._workflows.count_documents(
             {"owner": owner, "state": WorkflowState.RUNNING.value}
         )
+
+    # ------------------------------------------------------------------ schedules
+
+    @_translated
+    async def create_schedule(self, schedule: ScheduleRecord) -> ScheduleRecord:
+        try:
+            await self._schedules.insert_one(_schedule_doc(schedule))
+        except DuplicateKeyError as exc:
+            raise errors.Conflict(f"schedule {schedule.id!r} already exists") from exc
+        return schedule
+
+    @_translated
+    async def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        doc = await self._schedules.find_one({"_id": schedule_id})
+        return None if doc is None else _schedule(doc)
+
+    @_translated
+    async def list_schedules(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        if limit <= 0:
+            return []
+        query: Doc = {} if owner is None else {"owner": owner}
+        found = self._schedules.find(
+            query, sort=[("created_at_us", pymongo.DESCENDING), ("id", pymongo.DESCENDING)]
+        ).limit(limit)
+        return [_schedule(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def list_due_schedules(
+        self, now: datetime, node_id: str, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        now_us = _us(now)
+        pending = self._schedules.find(
+            {
+                "pending_tick_at_us": {"$ne": None},
+                "$or": [{"claimed_by": node_id}, {"claim_expires_at_us": {"$lte": now_us}}],
+            }
+        ).limit(limit)
+        due = self._schedules.find(
+            {"next_fire_at_us": {"$lte": now_us}, "pending_tick_at_us": None, "paused": False},
+            sort=[("next_fire_at_us", pymongo.ASCENDING)],
+        ).limit(limit)
+        found = [_schedule(d) for d in await pending.to_list(None)]
+        found += [_schedule(d) for d in await due.to_list(None)]
+        return found[:limit]
+
+    @_translated
+    async def update_schedule(
+        self, schedule_id: str, expected_version: int, changes: ScheduleChanges
+    ) -> ScheduleRecord | None:
+        update = _us_changes(changes.items())
+        update["updated_at_us"] = _us(self.clock())
+        doc = await self._schedules.find_one_and_update(
+            {"_id": schedule_id, "version": expected_version},
+            {"$set": update, "$inc": {"version": 1}},
+            return_document=_AFTER,
+        )
+        return None if doc is None else _schedule(doc)
+
+    @_translated
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        result = await self._schedules.delete_one({"_id": schedule_id})
+        await self._schedule_runs.delete_many({"schedule_id": schedule_id})
+        return result.deleted_count > 0
+
+    @_translated
+    async def record_schedule_run(self, run: ScheduleRunRecord) -> ScheduleRunRecord:
+        doc = _run_doc(run)
+        try:
+            await self._schedule_runs.insert_one(doc)
+        except DuplicateKeyError:
+            existing = await self._schedule_runs.find_one({"_id": doc["_id"]})
+            if existing is not None:
+                return _run(existing)
+            raise
+        return run
+
+    @_translated
+    async def list_schedule_runs(
+        self, schedule_id: str, limit: int = 100
+    ) -> list[ScheduleRunRecord]:
+        if limit <= 0:
+            return []
+        found = self._schedule_runs.find(
+            {"schedule_id": schedule_id}, sort=[("tick_at_us", pymongo.DESCENDING)]
+        ).limit(limit)
+        return [_run(d) for d in await found.to_list(None)]
+
+    # --------------------------------------------------------- webhook deliveries
+
+    @_translated
+    async def create_deliveries(self, deliveries: Sequence[WebhookDeliveryRecord]) -> None:
+        for delivery in deliveries:
+            with contextlib.suppress(DuplicateKeyError):
+                await self._deliveries.insert_one(_delivery_doc(delivery))
+
+    @_translated
+    async def claim_deliveries(
+        self, node_id: str, now: datetime, limit: int, lease_s: float
+    ) -> list[WebhookDeliveryRecord]:
+        now_us = _us(now)
+        claimable: Doc = {
+            "state": "pending",
+            "next_attempt_at_us": {"$lte": now_us},
+            "claim_expires_at_us": {"$lte": now_us},
+        }
+        candidates = self._deliveries.find(
+            claimable, {"_id": 1}, sort=[("next_attempt_at_us", pymongo.ASCENDING)]
+        ).limit(limit)
+        claimed = []
+        for candidate in await candidates.to_list(None):
+            doc = await self._deliveries.find_one_and_update(
+                {"_id": candidate["_id"], **claimable},
+                {
+                    "$set": {
+                        "claimed_by": node_id,
+                        "claim_expires_at_us": now_us + int(lease_s * 1e6),
+                        "updated_at_us": now_us,
+                    },
+                    "$inc": {"version": 1},
+                },
+                return_document=_AFTER,
+            )
+            if doc is not None:
+                claimed.append(_delivery(doc))
+        return claimed
+
+    @_translated
+    async def update_delivery(
+        self, delivery_id: str, expected_version: int, changes: DeliveryChanges
+    ) -> WebhookDeliveryRecord | None:
+        update = _us_changes(changes.items())
+        update["updated_at_us"] = _us(self.clock())
+        doc = await self._deliveries.find_one_and_update(
+            {"_id": delivery_id, "version": expected_version},
+            {"$set": update, "$inc": {"version": 1}},
+            return_document=_AFTER,
+        )
+        return None if doc is None else _delivery(doc)
+
+    @_translated
+    async def list_deliveries(
+        self,
+        *,
+        owner: str | None = None,
+        workflow_id: str | None = None,
+        schedule_id: str | None = None,
+        limit: int = 100,
+    ) -> list[WebhookDeliveryRecord]:
+        if limit <= 0:
+            return []
+        query: Doc = {}
+        for name, value in (
+            ("owner", owner),
+            ("workflow_id", workflow_id),
+            ("schedule_id", schedule_id),
+        ):
+            if value is not None:
+                query[name] = value
+        found = self._deliveries.find(
+            query, sort=[("created_at_us", pymongo.DESCENDING), ("id", pymongo.DESCENDING)]
+        ).limit(limit)
+        return [_delivery(d) for d in await found.to_list(None)]
 
 
 #: Oldest update first; ties in the memory store's order (workflow id, then action id).

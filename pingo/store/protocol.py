@@ -183,6 +183,69 @@ class UserRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A recurring workflow (rules in `pingo.schedules`)."""
+
+    id: str
+    owner: str
+    name: str
+    #: The schedule as its owner defined it (cron, timezone, workflow, webhooks with
+    #: their secrets, …), as JSON; `pingo.schedules.parse_spec` reads it.
+    spec: Mapping[str, Any]
+    paused: bool
+    #: The next tick not yet claimed; None once the schedule ended.
+    next_fire_at: datetime | None
+    #: A tick claimed but not yet settled (submitted, skipped or failed); it blocks
+    #: further claims until then, and a node may take it over once the claim expired.
+    pending_tick_at: datetime | None
+    claimed_by: str | None
+    claim_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRunRecord:
+    """What became of one tick of a schedule."""
+
+    schedule_id: str
+    tick_at: datetime
+    #: "submitted", "skipped" or "failed".
+    outcome: str
+    recorded_at: datetime
+    workflow_id: str | None = None
+    #: Why a tick was skipped or failed.
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDeliveryRecord:
+    """One notification to send (or sent) to a webhook's URL."""
+
+    id: str
+    #: The user whose workflow or schedule named the webhook (who may read the log).
+    owner: str
+    workflow_id: str
+    schedule_id: str | None
+    url: str
+    event: str
+    #: The exact bytes that are signed and sent.
+    body: bytes
+    #: "pending", "delivered" or "failed" (attempts spent).
+    state: str
+    attempts: int
+    next_attempt_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    last_status: int | None = None
+    last_error: str | None = None
+    claimed_by: str | None = None
+    claim_expires_at: datetime | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     items: tuple[T, ...]
     #: Opaque; pass it back to get the next page. None on the last page.
@@ -267,6 +330,26 @@ class DatasetChanges(_Changes):
 class WorkflowChanges(_Changes):
     finished_at: datetime | _Keep | None = KEEP
     error: str | _Keep | None = KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleChanges(_Changes):
+    paused: bool | _Keep = KEEP
+    next_fire_at: datetime | _Keep | None = KEEP
+    pending_tick_at: datetime | _Keep | None = KEEP
+    claimed_by: str | _Keep | None = KEEP
+    claim_expires_at: datetime | _Keep | None = KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryChanges(_Changes):
+    state: str | _Keep = KEEP
+    attempts: int | _Keep = KEEP
+    next_attempt_at: datetime | _Keep = KEEP
+    last_status: int | _Keep | None = KEEP
+    last_error: str | _Keep | None = KEEP
+    claimed_by: str | _Keep | None = KEEP
+    claim_expires_at: datetime | _Keep | None = KEEP
 
 
 # -------------------------------------------------------------------------- protocol
@@ -577,6 +660,79 @@ class Store(Protocol):
 
     async def count_running_workflows(self, owner: str) -> int:
         """How many of `owner`'s workflows are RUNNING (not yet terminal)."""
+        ...
+
+    # ---- schedules
+
+    async def create_schedule(self, schedule: ScheduleRecord) -> ScheduleRecord:
+        """Persist a new schedule; raise `Conflict` if its id exists."""
+        ...
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        """The schedule, or None."""
+        ...
+
+    async def list_schedules(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        """Schedules (of `owner`, if given), newest first."""
+        ...
+
+    async def list_due_schedules(
+        self, now: datetime, node_id: str, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        """Schedules with a tick to act on, soonest first: not paused with
+        `next_fire_at <= now`, or with a pending tick whose claim expired or is
+        held by `node_id`."""
+        ...
+
+    async def update_schedule(
+        self, schedule_id: str, expected_version: int, changes: ScheduleChanges
+    ) -> ScheduleRecord | None:
+        """Compare-and-set on the version; None when another writer changed it first."""
+        ...
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        """Delete the schedule and its runs; False when there was none."""
+        ...
+
+    async def record_schedule_run(self, run: ScheduleRunRecord) -> ScheduleRunRecord:
+        """Record a tick's outcome once: the first record of a tick wins and is returned."""
+        ...
+
+    async def list_schedule_runs(
+        self, schedule_id: str, limit: int = 100
+    ) -> list[ScheduleRunRecord]:
+        """The schedule's runs, latest tick first."""
+        ...
+
+    # ---- webhook deliveries
+
+    async def create_deliveries(self, deliveries: Sequence[WebhookDeliveryRecord]) -> None:
+        """Persist new deliveries; one whose id exists is left as it is (idempotent)."""
+        ...
+
+    async def claim_deliveries(
+        self, node_id: str, now: datetime, limit: int, lease_s: float
+    ) -> list[WebhookDeliveryRecord]:
+        """Claim pending deliveries due by `now` (unclaimed or with an expired claim), by CAS."""
+        ...
+
+    async def update_delivery(
+        self, delivery_id: str, expected_version: int, changes: DeliveryChanges
+    ) -> WebhookDeliveryRecord | None:
+        """Compare-and-set on the version; None when another writer changed it first."""
+        ...
+
+    async def list_deliveries(
+        self,
+        *,
+        owner: str | None = None,
+        workflow_id: str | None = None,
+        schedule_id: str | None = None,
+        limit: int = 100,
+    ) -> list[WebhookDeliveryRecord]:
+        """Deliveries matching every filter given, newest first."""
         ...
 
 

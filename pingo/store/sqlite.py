@@ -69,10 +69,15 @@ from pingo.store.protocol import (
     DatasetChanges,
     DatasetPlan,
     DatasetRecord,
+    DeliveryChanges,
     EventRecord,
     Page,
+    ScheduleChanges,
+    ScheduleRecord,
+    ScheduleRunRecord,
     UserLimits,
     UserRecord,
+    WebhookDeliveryRecord,
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
@@ -265,6 +270,60 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX actions_ready_type ON actions (action_type, updated_at) "
         "WHERE state = 'READY'",
     ),
+    # Schedules (issue 18): recurring workflows, their ticks' outcomes, and webhook
+    # deliveries. A schedule's definition is one JSON column; only what the
+    # scheduler filters and compares-and-sets on has a column of its own.
+    (
+        """CREATE TABLE schedules (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            paused INTEGER NOT NULL,
+            next_fire_at INTEGER,
+            pending_tick_at INTEGER,
+            claimed_by TEXT,
+            claim_expires_at INTEGER,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            version INTEGER NOT NULL
+        )""",
+        "CREATE INDEX schedules_next_fire ON schedules (next_fire_at)",
+        "CREATE INDEX schedules_pending ON schedules (pending_tick_at)",
+        "CREATE INDEX schedules_owner ON schedules (owner, created_at, id)",
+        """CREATE TABLE schedule_runs (
+            schedule_id TEXT NOT NULL,
+            tick_at INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            recorded_at INTEGER NOT NULL,
+            workflow_id TEXT,
+            reason TEXT,
+            PRIMARY KEY (schedule_id, tick_at)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE webhook_deliveries (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            workflow_id TEXT NOT NULL,
+            schedule_id TEXT,
+            url TEXT NOT NULL,
+            event TEXT NOT NULL,
+            body BLOB NOT NULL,
+            state TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_error TEXT,
+            claimed_by TEXT,
+            claim_expires_at INTEGER,
+            version INTEGER NOT NULL
+        )""",
+        "CREATE INDEX deliveries_due ON webhook_deliveries (state, next_attempt_at)",
+        "CREATE INDEX deliveries_owner ON webhook_deliveries (owner, created_at)",
+        "CREATE INDEX deliveries_workflow ON webhook_deliveries (workflow_id, created_at)",
+        "CREATE INDEX deliveries_schedule ON webhook_deliveries (schedule_id, created_at)",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -298,6 +357,16 @@ _USER_COLUMNS = (
     "name, token_hash, is_admin, created_at, max_workflows, max_in_flight_actions, "
     "submissions_per_minute"
 )
+_SCHEDULE_COLUMNS = (
+    "id, owner, name, spec, paused, next_fire_at, pending_tick_at, claimed_by, "
+    "claim_expires_at, created_at, updated_at, version"
+)
+_RUN_COLUMNS = "schedule_id, tick_at, outcome, recorded_at, workflow_id, reason"
+_DELIVERY_COLUMNS = (
+    "id, owner, workflow_id, schedule_id, url, event, body, state, attempts, "
+    "next_attempt_at, created_at, updated_at, last_status, last_error, claimed_by, "
+    "claim_expires_at, version"
+)
 
 _HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
 _SPEC_INSERT = (
@@ -308,7 +377,18 @@ _DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join
 
 #: Changes fields stored as timestamps (microseconds).
 _TIME_FIELDS = frozenset(
-    {"lease_expires_at", "not_before", "started_at", "finished_at", "stored_at", "last_used_at"}
+    {
+        "lease_expires_at",
+        "not_before",
+        "started_at",
+        "finished_at",
+        "stored_at",
+        "last_used_at",
+        "next_fire_at",
+        "pending_tick_at",
+        "claim_expires_at",
+        "next_attempt_at",
+    }
 )
 
 _EPOCH = _cursor.from_micros(0)
@@ -580,6 +660,56 @@ def _user(row: Sequence[Any]) -> UserRecord:
 
 def _limit_values(limits: UserLimits) -> tuple[int | None, int | None, int | None]:
     return (limits.max_workflows, limits.max_in_flight_actions, limits.submissions_per_minute)
+
+
+def _schedule(row: Sequence[Any]) -> ScheduleRecord:
+    return ScheduleRecord(
+        id=row[0],
+        owner=row[1],
+        name=row[2],
+        spec=json.loads(row[3]),
+        paused=bool(row[4]),
+        next_fire_at=_dt(row[5]),
+        pending_tick_at=_dt(row[6]),
+        claimed_by=row[7],
+        claim_expires_at=_dt(row[8]),
+        created_at=_dt_req(row[9]),
+        updated_at=_dt_req(row[10]),
+        version=row[11],
+    )
+
+
+def _run(row: Sequence[Any]) -> ScheduleRunRecord:
+    return ScheduleRunRecord(
+        schedule_id=row[0],
+        tick_at=_dt_req(row[1]),
+        outcome=row[2],
+        recorded_at=_dt_req(row[3]),
+        workflow_id=row[4],
+        reason=row[5],
+    )
+
+
+def _delivery(row: Sequence[Any]) -> WebhookDeliveryRecord:
+    return WebhookDeliveryRecord(
+        id=row[0],
+        owner=row[1],
+        workflow_id=row[2],
+        schedule_id=row[3],
+        url=row[4],
+        event=row[5],
+        body=bytes(row[6]),
+        state=row[7],
+        attempts=row[8],
+        next_attempt_at=_dt_req(row[9]),
+        created_at=_dt_req(row[10]),
+        updated_at=_dt_req(row[11]),
+        last_status=row[12],
+        last_error=row[13],
+        claimed_by=row[14],
+        claim_expires_at=_dt(row[15]),
+        version=row[16],
+    )
 
 
 def _column_value(name: str, value: Any) -> Any:
@@ -2138,3 +2268,215 @@ class SQLiteStore:
         )
         assert row is not None
         return int(row[0])
+
+    # ------------------------------------------------------------------ schedules
+
+    async def create_schedule(self, schedule: ScheduleRecord) -> ScheduleRecord:
+        s = schedule
+        try:
+            await self._run_write(
+                self._one,
+                tuple,
+                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES ({_placeholders(12)})",
+                (
+                    s.id,
+                    s.owner,
+                    s.name,
+                    _dumps(s.spec),
+                    int(s.paused),
+                    _us_or_none(s.next_fire_at),
+                    _us_or_none(s.pending_tick_at),
+                    s.claimed_by,
+                    _us_or_none(s.claim_expires_at),
+                    _us(s.created_at),
+                    _us(s.updated_at),
+                    s.version,
+                ),
+            )
+        except errors.Conflict as exc:
+            raise errors.Conflict(f"schedule {s.id!r} already exists") from exc
+        return schedule
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        return await self._run(
+            self._one,
+            _schedule,
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE id = ?",
+            (schedule_id,),
+        )
+
+    async def list_schedules(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        where, params = ("WHERE owner = ? ", [owner]) if owner is not None else ("", [])
+        return await self._run(
+            self._all,
+            _schedule,
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules {where}"
+            "ORDER BY created_at DESC, id DESC LIMIT ?",
+            [*params, limit],
+        )
+
+    async def list_due_schedules(
+        self, now: datetime, node_id: str, limit: int = 100
+    ) -> list[ScheduleRecord]:
+        at = _us(now)
+        # Two index ranges (pending ticks, due ticks) rather than one OR over both.
+        return await self._run(
+            self._all,
+            _schedule,
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE pending_tick_at IS NOT NULL "
+            "AND (claimed_by = ? OR claim_expires_at IS NULL OR claim_expires_at <= ?) "
+            f"UNION ALL SELECT {_SCHEDULE_COLUMNS} FROM schedules "
+            "WHERE next_fire_at <= ? AND pending_tick_at IS NULL AND paused = 0 "
+            "ORDER BY 6, 1 LIMIT ?",
+            (node_id, at, at, limit),
+        )
+
+    async def update_schedule(
+        self, schedule_id: str, expected_version: int, changes: ScheduleChanges
+    ) -> ScheduleRecord | None:
+        sets, params = _set_clause(changes)
+        record = await self._run_write(
+            self._one,
+            _schedule,
+            f"UPDATE schedules SET version = version + 1, updated_at = ?{sets} "
+            f"WHERE id = ? AND version = ? RETURNING {_SCHEDULE_COLUMNS}",
+            [_us(self.clock()), *params, schedule_id, expected_version],
+        )
+        if record is None:
+            logger.debug(
+                "schedule %s not updated: lost the compare-and-set",
+                schedule_id,
+                extra={"event": "cas_lost", "schedule_id": schedule_id},
+            )
+        return record
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM schedule_runs WHERE schedule_id = ?", (schedule_id,))
+            gone = conn.execute("DELETE FROM schedules WHERE id = ?", (schedule_id,))
+            return gone.rowcount > 0
+
+        return await self._run_write(self._with_db, delete)
+
+    async def record_schedule_run(self, run: ScheduleRunRecord) -> ScheduleRunRecord:
+        def record(conn: sqlite3.Connection) -> ScheduleRunRecord:
+            conn.execute(
+                f"INSERT INTO schedule_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (schedule_id, tick_at) DO NOTHING",
+                (
+                    run.schedule_id,
+                    _us(run.tick_at),
+                    run.outcome,
+                    _us(run.recorded_at),
+                    run.workflow_id,
+                    run.reason,
+                ),
+            )
+            row = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM schedule_runs WHERE schedule_id = ? AND tick_at = ?",
+                (run.schedule_id, _us(run.tick_at)),
+            ).fetchone()
+            return _run(row)
+
+        return await self._run_write(self._with_db, record)
+
+    async def list_schedule_runs(
+        self, schedule_id: str, limit: int = 100
+    ) -> list[ScheduleRunRecord]:
+        return await self._run(
+            self._all,
+            _run,
+            f"SELECT {_RUN_COLUMNS} FROM schedule_runs WHERE schedule_id = ? "
+            "ORDER BY tick_at DESC LIMIT ?",
+            (schedule_id, limit),
+        )
+
+    # --------------------------------------------------------- webhook deliveries
+
+    async def create_deliveries(self, deliveries: Sequence[WebhookDeliveryRecord]) -> None:
+        rows = [
+            (
+                d.id,
+                d.owner,
+                d.workflow_id,
+                d.schedule_id,
+                d.url,
+                d.event,
+                d.body,
+                d.state,
+                d.attempts,
+                _us(d.next_attempt_at),
+                _us(d.created_at),
+                _us(d.updated_at),
+                d.last_status,
+                d.last_error,
+                d.claimed_by,
+                _us_or_none(d.claim_expires_at),
+                d.version,
+            )
+            for d in deliveries
+        ]
+        if not rows:
+            return
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                f"INSERT INTO webhook_deliveries ({_DELIVERY_COLUMNS}) "
+                f"VALUES ({_placeholders(17)}) ON CONFLICT (id) DO NOTHING",
+                rows,
+            )
+
+        await self._run_write(self._with_db, insert)
+
+    async def claim_deliveries(
+        self, node_id: str, now: datetime, limit: int, lease_s: float
+    ) -> list[WebhookDeliveryRecord]:
+        at = _us(now)
+        return await self._run_write(
+            self._all,
+            _delivery,
+            "UPDATE webhook_deliveries SET claimed_by = ?, claim_expires_at = ?, "
+            "updated_at = ?, version = version + 1 WHERE id IN ("
+            "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= ? "
+            "AND (claim_expires_at IS NULL OR claim_expires_at <= ?) "
+            f"ORDER BY next_attempt_at, id LIMIT ?) RETURNING {_DELIVERY_COLUMNS}",
+            (node_id, at + int(lease_s * 1e6), at, at, at, limit),
+        )
+
+    async def update_delivery(
+        self, delivery_id: str, expected_version: int, changes: DeliveryChanges
+    ) -> WebhookDeliveryRecord | None:
+        sets, params = _set_clause(changes)
+        return await self._run_write(
+            self._one,
+            _delivery,
+            f"UPDATE webhook_deliveries SET version = version + 1, updated_at = ?{sets} "
+            f"WHERE id = ? AND version = ? RETURNING {_DELIVERY_COLUMNS}",
+            [_us(self.clock()), *params, delivery_id, expected_version],
+        )
+
+    async def list_deliveries(
+        self,
+        *,
+        owner: str | None = None,
+        workflow_id: str | None = None,
+        schedule_id: str | None = None,
+        limit: int = 100,
+    ) -> list[WebhookDeliveryRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("owner", owner),
+            ("workflow_id", workflow_id),
+            ("schedule_id", schedule_id),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        return await self._run(self._all, _delivery, sql, [*params, limit])

@@ -22,6 +22,7 @@ from aiohttp import web
 from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, state
 from pingo.api.routes import datasets as dataset_routes
+from pingo.api.routes import schedules as schedule_routes
 from pingo.api.routes import workflows as workflow_routes
 from pingo.store.protocol import UserRecord
 from pingo.ui import dag
@@ -219,6 +220,22 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
 async def storage_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     return _context(user, session, storage=await dataset_routes.storage_document(request))
+
+
+@routes.get("/schedules")
+@aiohttp_jinja2.template("schedules.html")
+async def schedules_page(request: web.Request) -> dict[str, object]:
+    user, session = await _session_user(request)
+    store = state.node(request).store
+    owner = None if user.is_admin else user.name
+    found = await store.list_schedules(owner=owner, limit=200)
+    schedules = []
+    for record in found:
+        document = schedule_routes.schedule_document(record)
+        runs = await store.list_schedule_runs(record.id, limit=1)
+        document["lastRun"] = schedule_routes.run_document(runs[0]) if runs else None
+        schedules.append(document)
+    return _context(user, session, schedules=schedules)
 
 
 @routes.get("/users")

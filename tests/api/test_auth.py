@@ -31,6 +31,8 @@ class Case:
 
 # Placeholders: {wf} alice's finished workflow, {run} her running one, {ds} her LEAF
 # dataset, {mid} a STORED intermediate of it.
+SCHEDULE = {"name": "matrix", "cron": "0 3 1 1 *", "workflow": chain("matrix-schedule")}
+
 MATRIX: dict[str, Case] = {
     "submit_workflow": Case("POST", "/api/v1/workflows", 201, 201, body=chain("matrix")),
     "list_workflows": Case("GET", "/api/v1/workflows", 200, 200),
@@ -55,6 +57,15 @@ MATRIX: dict[str, Case] = {
         "PATCH", "/api/v1/users/carol", 403, 200, body={"limits": {"maxWorkflows": 1}}
     ),
     "get_me": Case("GET", "/api/v1/me", 200, 200),
+    "create_schedule": Case("POST", "/api/v1/schedules", 201, 201, body=SCHEDULE),
+    "list_schedules": Case("GET", "/api/v1/schedules", 200, 200),
+    "get_schedule": Case("GET", "/api/v1/schedules/{sch}", 404, 200),
+    "delete_schedule": Case("DELETE", "/api/v1/schedules/{sch}", 404, 204),
+    "pause_schedule": Case("POST", "/api/v1/schedules/{sch}/pause", 404, 200),
+    "resume_schedule": Case("POST", "/api/v1/schedules/{sch}/resume", 404, 200),
+    "list_schedule_runs": Case("GET", "/api/v1/schedules/{sch}/runs", 404, 200),
+    "list_schedule_deliveries": Case("GET", "/api/v1/schedules/{sch}/deliveries", 404, 200),
+    "list_workflow_deliveries": Case("GET", "/api/v1/workflows/{wf}/deliveries", 404, 200),
 }
 
 PUBLIC = {"post_callback", "get_callback", "healthz", "readyz", "metrics", "openapi", "docs"}
@@ -78,7 +89,10 @@ async def _alice_world(api: Api) -> dict[str, str]:
     assert finished["state"] == "SUCCEEDED"
     running = await api.submit(sleeper("alice"), user="alice")
     await api.wait_action(running["id"], 1, {"SUBMITTED", "RUNNING"})
+    schedule = await api.client.post("/api/v1/schedules", json=SCHEDULE, headers=api.auth("alice"))
+    assert schedule.status == 201, await schedule.text()
     return {
+        "sch": (await schedule.json())["id"],
         "wf": finished["id"],
         "run": running["id"],
         "ds": finished["endDatasetId"],

@@ -208,3 +208,22 @@ async def test_a_revoked_token_ends_the_session(users_api: Api) -> None:
     assert revoked.status == 204
     response = await users_api.client.get("/workflows", allow_redirects=False)
     assert response.headers["Location"] == "/login"
+
+
+async def test_the_schedules_page_shows_only_ones_own_escaped(users_api: Api) -> None:
+    api = users_api
+    body = {"name": SCRIPT, "cron": "0 3 * * *", "workflow": chain("ui-schedule")}
+    response = await api.client.post("/api/v1/schedules", json=body, headers=api.auth("alice"))
+    assert response.status == 201, await response.text()
+    await sign_in(api, "alice")
+    page = await (await api.client.get("/schedules")).text()
+    assert SCRIPT not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "0 3 * * *" in page
+    await api.client.post(
+        "/logout", data={"csrf": re.search(r'name="csrf" value="([^"]+)"', page).group(1)}
+    )  # type: ignore[union-attr]
+    await sign_in(api, "bob")
+    page = await (await api.client.get("/schedules")).text()
+    assert "0 3 * * *" not in page
+    assert "No schedules yet" in page

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pingo.api.routes import callbacks, datasets, system, users, workflows
+from pingo.api.routes import callbacks, datasets, schedules, system, users, workflows
 
 
 def setup_routes(app: web.Application) -> None:
     """Add every route of the API to `app`."""
-    for module in (workflows, datasets, callbacks, users, system):
+    for module in (workflows, schedules, datasets, callbacks, users, system):
         app.router.add_routes(module.routes)

@@ -17,6 +17,7 @@ from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
+from pingo.webhooks import hooks
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: Stripe's header, telling a client that this answer replays an earlier request.
 REPLAYED_HEADER = "Idempotent-Replayed"
 _MAX_KEY_LENGTH = 255
+#: The prefix of the idempotency keys schedules submit with (`pingo.schedules.rules`).
+SCHEDULER_KEY_PREFIX = "schedule:"
 
 
 def workflow_location(workflow_id: str) -> str:
@@ -119,9 +122,14 @@ def _check_sandbox(request: web.Request, document: Any) -> None:
 
 
 def check_executors(request: web.Request, document: Any) -> None:
-    """Refuse (422) a document with actions this node cannot run, with every other issue too."""
+    """Refuse (422) a document with actions this node cannot run, with every other issue too.
+
+    Also refuses webhooks whose URL may not be a target (a 422 before anything runs).
+    """
     shared = state.api_state(request)
     _check_sandbox(request, document)
+    if isinstance(document, Mapping) and "webhooks" in document:
+        hooks.parse_webhooks(document["webhooks"], "/webhooks", shared.settings)
     issues = _missing_executor_issues(document, shared.executor_types, shared.action_types)
     if not issues:
         return
@@ -137,9 +145,12 @@ def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is None:
         return None
-    if not key or len(key) > _MAX_KEY_LENGTH:
+    # Keys of this form are the scheduler's: one taken by hand would stand in for a tick.
+    if not key or len(key) > _MAX_KEY_LENGTH or key.startswith(SCHEDULER_KEY_PREFIX):
         issue = errors.ValidationIssue(
-            "INVALID_PARAMETER", f"1 to {_MAX_KEY_LENGTH} characters", "/Idempotency-Key"
+            "INVALID_PARAMETER",
+            f"1 to {_MAX_KEY_LENGTH} characters, not starting with {SCHEDULER_KEY_PREFIX!r}",
+            "/Idempotency-Key",
         )
         raise problems.BadRequest(f"the {IDEMPOTENCY_HEADER} header is not valid", [issue])
     return key

@@ -1,0 +1,450 @@
+"""A schedule's definition and the rules of its ticks.
+
+- Cron: five fields (minute to day of week), or six with the seconds FIRST
+  (`*/10 * * * * *` is every ten seconds), parsed and iterated by croniter in the
+  schedule's `zoneinfo` time zone. Ticks are stored as UTC instants. Across DST
+  changes: a local time that does not exist (spring forward) fires at the first
+  instant after the gap (croniter's choice); a local time that happens twice
+  (fall back) fires once for a job pinned to given hours, as Vixie cron does, and
+  twice for one with a wildcard hour (every real minute of the repeated hour runs).
+- Catch-up: a tick is *missed* when it is more than `grace_s` late. `none`
+  runs only the latest due tick if it is not missed; `latest` runs the latest
+  due tick however late; `all` runs every due tick, the most recent `catchUpLimit`
+  of them when more are due. Ticks not run are recorded as skipped.
+- Parameters: `{schedule.time}` (the tick, ISO 8601 in the schedule's zone),
+  `{schedule.date}` (its local date) and `{param.NAME}` (the schedule's
+  `parameters`) are replaced in every string of the workflow document before it
+  is submitted, so they are part of each action's provenance identity.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from croniter.croniter import CroniterError
+
+from pingo import errors
+from pingo.errors import ValidationIssue
+
+#: Stable error codes of schedule definitions.
+INVALID_CRON = "INVALID_CRON"
+UNKNOWN_TIMEZONE = "UNKNOWN_TIMEZONE"
+UNKNOWN_PARAMETER = "UNKNOWN_PARAMETER"
+SCHEMA_VIOLATION = "SCHEMA_VIOLATION"
+
+CATCH_UP_POLICIES = ("none", "latest", "all")
+OVERLAP_POLICIES = ("skip", "queue")
+#: The largest `catchUpLimit` and `maxConcurrent` accepted.
+MAX_CATCH_UP = 1000
+MAX_CONCURRENT = 50
+#: At most this many skipped ticks are recorded one by one per decision.
+MAX_SKIPPED_RECORDED = 100
+
+_FIELDS = frozenset(
+    {
+        "name",
+        "cron",
+        "timezone",
+        "workflow",
+        "parameters",
+        "start",
+        "end",
+        "catchUp",
+        "catchUpLimit",
+        "maxConcurrent",
+        "overlap",
+        "webhooks",
+        "paused",
+    }
+)
+_PLACEHOLDER = re.compile(r"\{(schedule\.time|schedule\.date|param\.[A-Za-z0-9_.-]+)\}")
+_PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A schedule's definition, checked."""
+
+    name: str
+    cron: str
+    timezone: str
+    workflow: Mapping[str, Any]
+    parameters: Mapping[str, str]
+    start_at: datetime | None
+    end_at: datetime | None
+    catch_up: str
+    catch_up_limit: int
+    max_concurrent: int | None
+    overlap: str
+    webhooks: tuple[Mapping[str, Any], ...]
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+# ------------------------------------------------------------------------ parsing
+
+
+def parse_spec(body: Any) -> ScheduleSpec:
+    """Check a schedule definition (the API's body); raise `ValidationFailed` with every issue.
+
+    The workflow document itself is checked by the workflow language, not here.
+    """
+    if not isinstance(body, Mapping):
+        raise _failed([ValidationIssue(SCHEMA_VIOLATION, "a schedule must be an object", "")])
+    issues = [
+        ValidationIssue(SCHEMA_VIOLATION, f"unknown field {key!r}", f"/{key}")
+        for key in body
+        if key not in _FIELDS
+    ]
+    name = _string(body, "name", issues, required=True, max_length=200)
+    cron = _string(body, "cron", issues, required=True, max_length=200)
+    timezone = _string(body, "timezone", issues, default="UTC", max_length=100)
+    zone = _zone(timezone, issues)
+    if cron and zone is not None:
+        _check_cron(cron, issues)
+    workflow = body.get("workflow")
+    if not isinstance(workflow, Mapping):
+        issues.append(
+            ValidationIssue(SCHEMA_VIOLATION, "a workflow document (object)", "/workflow")
+        )
+        workflow = {}
+    parameters = _parameters(body.get("parameters", {}), issues)
+    start_at = _instant(body, "start", zone, issues)
+    end_at = _instant(body, "end", zone, issues)
+    if start_at and end_at and end_at < start_at:
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "end is before start", "/end"))
+    catch_up = _choice(body, "catchUp", CATCH_UP_POLICIES, "latest", issues)
+    catch_up_limit = _int(body, "catchUpLimit", 100, 1, MAX_CATCH_UP, issues)
+    max_concurrent = _int(body, "maxConcurrent", None, 1, MAX_CONCURRENT, issues)
+    overlap = _choice(body, "overlap", OVERLAP_POLICIES, "skip", issues)
+    paused = body.get("paused", False)
+    if not isinstance(paused, bool):
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "true or false", "/paused"))
+    webhooks = body.get("webhooks", [])
+    if not isinstance(webhooks, list):
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "a list of webhooks", "/webhooks"))
+        webhooks = []
+    issues.extend(unknown_parameters(workflow, parameters))
+    if issues:
+        raise _failed(issues)
+    return ScheduleSpec(
+        name=name,
+        cron=cron,
+        timezone=timezone,
+        workflow=workflow,
+        parameters=parameters,
+        start_at=start_at,
+        end_at=end_at,
+        catch_up=catch_up,
+        catch_up_limit=catch_up_limit if catch_up_limit is not None else 100,
+        max_concurrent=max_concurrent,
+        overlap=overlap,
+        webhooks=tuple(w for w in webhooks if isinstance(w, Mapping)),
+    )
+
+
+def _failed(issues: list[ValidationIssue]) -> errors.ValidationFailed:
+    return errors.ValidationFailed(issues, f"the schedule is invalid: {issues[0].message}")
+
+
+def _string(
+    body: Mapping[str, Any],
+    key: str,
+    issues: list[ValidationIssue],
+    *,
+    required: bool = False,
+    default: str = "",
+    max_length: int,
+) -> str:
+    value = body.get(key)
+    if value is None and not required:
+        return default
+    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+        issues.append(
+            ValidationIssue(SCHEMA_VIOLATION, f"1 to {max_length} characters, no NUL", f"/{key}")
+        )
+        return ""
+    return value
+
+
+def _zone(name: str, issues: list[ValidationIssue]) -> ZoneInfo | None:
+    if not name:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        issues.append(ValidationIssue(UNKNOWN_TIMEZONE, f"no time zone {name!r}", "/timezone"))
+        return None
+
+
+def _check_cron(cron: str, issues: list[ValidationIssue]) -> None:
+    fields = cron.split()
+    if len(fields) not in (5, 6):
+        issues.append(
+            ValidationIssue(
+                INVALID_CRON, "5 fields, or 6 with the seconds first, separated by spaces", "/cron"
+            )
+        )
+        return
+    try:
+        _expanded(cron)
+    except (CroniterError, ValueError, KeyError, IndexError) as exc:
+        issues.append(ValidationIssue(INVALID_CRON, f"not a cron expression: {exc}", "/cron"))
+
+
+def _parameters(value: Any, issues: list[ValidationIssue]) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "an object of strings", "/parameters"))
+        return {}
+    checked: dict[str, str] = {}
+    for key, item in value.items():
+        if not _PARAMETER_NAME.match(key) or not isinstance(item, str) or "\x00" in item:
+            issues.append(
+                ValidationIssue(
+                    SCHEMA_VIOLATION,
+                    "a name of letters, digits, '_', '.', '-' and a string value",
+                    f"/parameters/{key.replace('~', '~0').replace('/', '~1')}",
+                )
+            )
+            continue
+        checked[key] = item
+    return checked
+
+
+def _instant(
+    body: Mapping[str, Any], key: str, zone: ZoneInfo | None, issues: list[ValidationIssue]
+) -> datetime | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "an ISO 8601 date and time", f"/{key}"))
+        return None
+    if at.tzinfo is None:
+        # A local time, in the schedule's zone.
+        at = at.replace(tzinfo=zone or UTC)
+    return at.astimezone(UTC)
+
+
+def _choice(
+    body: Mapping[str, Any],
+    key: str,
+    allowed: tuple[str, ...],
+    default: str,
+    issues: list[ValidationIssue],
+) -> str:
+    value = body.get(key, default)
+    if value not in allowed:
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, f"one of {', '.join(allowed)}", f"/{key}"))
+        return default
+    return str(value)
+
+
+def _int(
+    body: Mapping[str, Any],
+    key: str,
+    default: int | None,
+    minimum: int,
+    maximum: int,
+    issues: list[ValidationIssue],
+) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        issues.append(
+            ValidationIssue(SCHEMA_VIOLATION, f"an integer from {minimum} to {maximum}", f"/{key}")
+        )
+        return default
+    return value
+
+
+# -------------------------------------------------------------------------- ticks
+
+
+@functools.lru_cache(maxsize=4096)
+def _expanded(cron: str) -> croniter:
+    return croniter(cron, datetime(2000, 1, 1, tzinfo=UTC), second_at_beginning=True)
+
+
+def _iterator(cron: str, start: datetime) -> croniter:
+    """A croniter at `start`: a copy of one expanded once per expression (expanding the
+    fields is most of croniter's cost, and a per-second schedule iterates every second)."""
+    it = copy.copy(_expanded(cron))
+    it.set_current(start, force=True)
+    return it
+
+
+def next_tick(spec: ScheduleSpec, after: datetime) -> datetime | None:
+    """The first tick strictly after `after` (and at or after the start), or None past the end."""
+    if spec.start_at is not None and after < spec.start_at:
+        after = spec.start_at - timedelta(microseconds=1)
+    it = _iterator(spec.cron, after.astimezone(spec.zone))
+    tick = it.get_next(datetime).astimezone(UTC)
+    if _repeats_wall_time(spec, tick):
+        tick = it.get_next(datetime).astimezone(UTC)
+    if spec.end_at is not None and tick > spec.end_at:
+        return None
+    return tick
+
+
+def _repeats_wall_time(spec: ScheduleSpec, tick: datetime) -> bool:
+    """Whether `tick` is the second pass of a local time (fall back) for a job pinned to
+    given hours: like Vixie cron, such a job runs once; one with a wildcard hour runs
+    through the repeated hour as through any other."""
+    local = tick.astimezone(spec.zone)
+    if not local.fold:
+        return False
+    fields = spec.cron.split()
+    hour = fields[2] if len(fields) == 6 else fields[1]
+    if hour.startswith("*"):
+        return False
+    first_pass = local.replace(fold=0)
+    return first_pass.utcoffset() != local.utcoffset()
+
+
+def _ticks_back(spec: ScheduleSpec, upto: datetime) -> Iterator[datetime]:
+    """Ticks at or before `upto`, latest first (never before the start)."""
+    it = _iterator(spec.cron, (upto + timedelta(microseconds=1)).astimezone(spec.zone))
+    while True:
+        tick = it.get_prev(datetime).astimezone(UTC)
+        if spec.start_at is not None and tick < spec.start_at:
+            return
+        yield tick
+
+
+@dataclass(frozen=True, slots=True)
+class TickDecision:
+    """What to do with the due ticks of a schedule, decided in one claim."""
+
+    #: The tick to run now, or None when every due tick is skipped.
+    run: datetime | None
+    #: Due ticks not run (the latest `MAX_SKIPPED_RECORDED` of them, latest first).
+    skipped: tuple[datetime, ...]
+    #: The schedule's next tick after this decision (None once it ended).
+    next_fire_at: datetime | None
+
+
+def decide(spec: ScheduleSpec, first_due: datetime, now: datetime, grace_s: float) -> TickDecision:
+    """Which of the ticks due since `first_due` (included) to run, per the catch-up policy.
+
+    Runs at most one tick: the scheduler claims ticks one by one, so under `all`
+    the following ones are due again right after.
+    """
+    following = next_tick(spec, first_due)
+    if following is None or following > now:
+        # The common case, on time or nearly: one tick due, nothing to walk back over.
+        if spec.catch_up == "none" and (now - first_due).total_seconds() > grace_s:
+            return TickDecision(None, (first_due,), following)
+        return TickDecision(first_due, (), following)
+    end = now if spec.end_at is None else min(now, spec.end_at)
+    # The due ticks, latest first, as far back as any policy may look.
+    wanted = spec.catch_up_limit if spec.catch_up == "all" else 1
+    due: list[datetime] = []
+    for tick in _ticks_back(spec, end):
+        if tick < first_due or len(due) > wanted:
+            break
+        due.append(tick)
+    if not due:
+        return TickDecision(None, (), next_tick(spec, now))
+    latest = due[0]
+    if spec.catch_up == "all":
+        run = due[min(len(due), wanted) - 1]
+    elif spec.catch_up == "latest" or (now - latest).total_seconds() <= grace_s:
+        run = latest
+    else:
+        run = None
+    skipped = _skipped(spec, first_due, run if run is not None else latest, include=run is None)
+    return TickDecision(run, skipped, next_tick(spec, run if run is not None else latest))
+
+
+def _skipped(
+    spec: ScheduleSpec, first_due: datetime, upto: datetime, *, include: bool
+) -> tuple[datetime, ...]:
+    """Ticks from `first_due` to `upto` (`upto` itself only if `include`), latest first.
+
+    At most `MAX_SKIPPED_RECORDED`: after a long outage of a per-second cron, walking
+    back every skipped tick would take longer than the outage is worth.
+    """
+    listed: list[datetime] = []
+    for tick in _ticks_back(spec, upto):
+        if tick < first_due or len(listed) >= MAX_SKIPPED_RECORDED:
+            break
+        if tick != upto or include:
+            listed.append(tick)
+    return tuple(listed)
+
+
+# --------------------------------------------------------------------- parameters
+
+
+def unknown_parameters(
+    workflow: Mapping[str, Any], parameters: Mapping[str, str]
+) -> list[ValidationIssue]:
+    """`{param.NAME}` placeholders in the workflow naming no parameter."""
+    issues = []
+    for where, text in _strings(workflow, "/workflow"):
+        for match in _PLACEHOLDER.finditer(text):
+            token = match.group(1)
+            if token.startswith("param.") and token[6:] not in parameters:
+                issues.append(
+                    ValidationIssue(UNKNOWN_PARAMETER, f"no parameter {token[6:]!r}", where)
+                )
+    return issues
+
+
+def render(spec: ScheduleSpec, tick: datetime) -> dict[str, Any]:
+    """The workflow document to submit for `tick`, with every placeholder replaced."""
+    local = tick.astimezone(spec.zone)
+    values = {"schedule.time": local.isoformat(), "schedule.date": local.date().isoformat()}
+    values.update({f"param.{k}": v for k, v in spec.parameters.items()})
+
+    def substitute(value: Any) -> Any:
+        if isinstance(value, str):
+            return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), value)
+        if isinstance(value, list):
+            return [substitute(v) for v in value]
+        if isinstance(value, Mapping):
+            return {k: substitute(v) for k, v in value.items()}
+        return value
+
+    rendered: dict[str, Any] = substitute(dict(spec.workflow))
+    return rendered
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        if "{" in value:
+            yield where, value
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}/{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}")
+
+
+def idempotency_key(schedule_id: str, tick: datetime) -> str:
+    """The key a tick's workflow is submitted with: the same tick never makes two workflows."""
+    return f"schedule:{schedule_id}:{tick.astimezone(UTC).isoformat()}"
+
+
+def schedule_of(idempotency: str | None) -> str | None:
+    """The schedule id a workflow was submitted for, from its idempotency key."""
+    if idempotency is None or not idempotency.startswith("schedule:"):
+        return None
+    return idempotency.split(":", 2)[1]

@@ -1,0 +1,342 @@
+"""Schedules as a resource, and the settling of their ticks.
+
+Exactly once across nodes: a node *claims* a tick by a compare-and-set that
+moves the schedule's `next_fire_at` past the tick and records it as the
+`pending_tick_at`, with the node's id and a claim expiry. It then submits the
+workflow with an idempotency key made of the schedule id and the tick, records
+the run, and clears the pending tick (another compare-and-set). A node that dies
+anywhere in between leaves the pending tick in the store: once the claim
+expired, another node takes it over and submits it again, and the idempotency
+key turns that second submission into the first one's workflow. So a tick is
+never lost (it is pending until settled) and never doubled (one key, one workflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+from collections import OrderedDict
+from datetime import datetime, timedelta
+from typing import Any
+
+from pingo import errors, metrics, states
+from pingo.config import Settings
+from pingo.schedules import rules
+from pingo.store.protocol import ScheduleChanges, ScheduleRecord, ScheduleRunRecord, Store
+from pingo.webhooks import hooks
+from pingo.workflows import language
+from pingo.workflows.planner import WorkflowManager
+
+logger = logging.getLogger(__name__)
+
+#: How many schedules one scheduler pass handles at once.
+_PARALLEL = 16
+#: Parsed schedule definitions kept per node.
+_SPEC_CACHE = 10_000
+#: Retries of a pause or resume that lost a compare-and-set to the scheduler.
+_CAS_RETRIES = 20
+
+
+def new_schedule_id() -> str:
+    return f"sch-{secrets.token_hex(8)}"
+
+
+class ScheduleService:
+    """Create, pause, resume and delete schedules; claim and settle their ticks."""
+
+    def __init__(self, store: Store, settings: Settings, workflows: WorkflowManager) -> None:
+        self.store = store
+        self.settings = settings
+        self.workflows = workflows
+        self._parallel = asyncio.Semaphore(_PARALLEL)
+        #: Parsed definitions by schedule id (a schedule's definition never changes).
+        self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
+
+    def spec(self, schedule: ScheduleRecord) -> rules.ScheduleSpec:
+        """The schedule's parsed definition (cached: parsing checks the cron every time)."""
+        spec = self._specs.get(schedule.id)
+        if spec is None:
+            spec = self._specs[schedule.id] = rules.parse_spec(schedule.spec)
+            if len(self._specs) > _SPEC_CACHE:
+                self._specs.popitem(last=False)
+        return spec
+
+    # ---------------------------------------------------------------- resource
+
+    async def create(self, body: Any, *, owner: str) -> ScheduleRecord:
+        """Check the definition (and its workflow, as a tick would submit it) and store it."""
+        spec = rules.parse_spec(body)
+        now = self.store.clock()
+        self.check_workflow(spec, now)
+        hooks.parse_webhooks(spec.webhooks, "/webhooks", self.settings)
+        record = ScheduleRecord(
+            id=new_schedule_id(),
+            owner=owner,
+            name=spec.name,
+            spec=dict(body),
+            paused=bool(body.get("paused", False)),
+            next_fire_at=rules.next_tick(spec, now),
+            pending_tick_at=None,
+            claimed_by=None,
+            claim_expires_at=None,
+            created_at=now,
+            updated_at=now,
+        )
+        created = await self.store.create_schedule(record)
+        logger.info(
+            "schedule %s (%s) created for %s: %s in %s, next at %s",
+            created.id,
+            created.name,
+            owner,
+            spec.cron,
+            spec.timezone,
+            created.next_fire_at,
+            extra={"event": "schedule_created", "schedule_id": created.id},
+        )
+        return created
+
+    def check_workflow(self, spec: rules.ScheduleSpec, now: datetime) -> None:
+        """Validate the workflow document as a tick at `now` would submit it."""
+        issues = language.validate(rules.render(spec, now), max_actions=self.settings.max_actions)
+        hooks.parse_webhooks(spec.workflow.get("webhooks", []), "/workflow/webhooks", self.settings)
+        if issues:
+            raise errors.ValidationFailed(
+                [errors.ValidationIssue(i.code, i.message, "/workflow" + i.pointer) for i in issues]
+            )
+
+    async def set_paused(self, schedule_id: str, paused: bool) -> ScheduleRecord:
+        """Pause (no tick is claimed), or resume from the next tick after now (none caught up)."""
+        for _ in range(_CAS_RETRIES):
+            current = await self.store.get_schedule(schedule_id)
+            if current is None:
+                raise errors.NotFound(f"no schedule {schedule_id!r}")
+            if current.paused == paused:
+                return current
+            changes = ScheduleChanges(paused=paused)
+            if not paused:
+                spec = rules.parse_spec(current.spec)
+                changes = ScheduleChanges(
+                    paused=False, next_fire_at=rules.next_tick(spec, self.store.clock())
+                )
+            updated = await self.store.update_schedule(schedule_id, current.version, changes)
+            if updated is not None:
+                logger.info(
+                    "schedule %s %s",
+                    schedule_id,
+                    "paused" if paused else "resumed",
+                    extra={"event": "schedule_paused" if paused else "schedule_resumed"},
+                )
+                return updated
+        raise errors.Conflict(f"schedule {schedule_id!r} kept changing; try again")
+
+    async def delete(self, schedule_id: str) -> None:
+        if not await self.store.delete_schedule(schedule_id):
+            raise errors.NotFound(f"no schedule {schedule_id!r}")
+        logger.info(
+            "schedule %s deleted",
+            schedule_id,
+            extra={"event": "schedule_deleted", "schedule_id": schedule_id},
+        )
+
+    # ------------------------------------------------------------------- ticks
+
+    async def fire_due(self) -> bool:
+        """One scheduler pass: act on every due schedule; True when more may be due now."""
+        now = self.store.clock()
+        due = await self.store.list_due_schedules(now, self.settings.node_id, limit=100)
+        if not due:
+            return False
+        # Nodes walk the due schedules in different orders, so that they mostly claim
+        # different ticks instead of all racing for the same ones first.
+        random.shuffle(due)
+        progressed = await asyncio.gather(*(self._guarded(s, now) for s in due))
+        return any(progressed)
+
+    async def _guarded(self, schedule: ScheduleRecord, now: datetime) -> bool:
+        async with self._parallel:
+            try:
+                return await self._advance(schedule, now)
+            except errors.StoreUnavailable:
+                raise
+            except errors.PingoError as exc:
+                logger.warning(
+                    "schedule %s: %s",
+                    schedule.id,
+                    exc.message,
+                    extra={"event": "schedule_tick_error", "schedule_id": schedule.id},
+                )
+                return False
+
+    async def _advance(self, schedule: ScheduleRecord, now: datetime) -> bool:
+        """Claim the schedule's next tick, or take over its pending one; then settle it."""
+        node_id = self.settings.node_id
+        lease = now + timedelta(seconds=self.settings.schedule_lease_s)
+        if schedule.pending_tick_at is not None:
+            if schedule.claimed_by != node_id:
+                taken = await self.store.update_schedule(
+                    schedule.id,
+                    schedule.version,
+                    ScheduleChanges(claimed_by=node_id, claim_expires_at=lease),
+                )
+                if taken is None:
+                    return False
+                logger.info(
+                    "schedule %s: took over tick %s from %s",
+                    schedule.id,
+                    schedule.pending_tick_at,
+                    schedule.claimed_by,
+                    extra={"event": "schedule_tick_taken_over", "schedule_id": schedule.id},
+                )
+                schedule = taken
+            return await self._settle(schedule, now)
+        if schedule.next_fire_at is None:
+            return False
+        spec = self.spec(schedule)
+        decision = rules.decide(spec, schedule.next_fire_at, now, self.settings.schedule_grace_s)
+        claimed = await self.store.update_schedule(
+            schedule.id,
+            schedule.version,
+            ScheduleChanges(
+                next_fire_at=decision.next_fire_at,
+                pending_tick_at=decision.run,
+                claimed_by=node_id if decision.run is not None else None,
+                claim_expires_at=lease if decision.run is not None else None,
+            ),
+        )
+        if claimed is None:
+            return False  # another node claimed it first
+        for tick in decision.skipped:
+            await self._record(claimed, tick, "skipped", reason=f"catch-up {spec.catch_up}")
+        if decision.skipped:
+            metrics.SCHEDULE_TICKS.labels(outcome="skipped").inc(len(decision.skipped))
+            logger.info(
+                "schedule %s: skipped %d tick(s) up to %s (catch-up %s)",
+                schedule.id,
+                len(decision.skipped),
+                decision.skipped[0],
+                spec.catch_up,
+                extra={"event": "schedule_ticks_skipped", "schedule_id": schedule.id},
+            )
+        if decision.run is None:
+            return True
+        return await self._settle(claimed, now)
+
+    async def _settle(self, schedule: ScheduleRecord, now: datetime) -> bool:
+        """Submit the pending tick (or skip or queue it per `maxConcurrent`); clear it."""
+        tick = schedule.pending_tick_at
+        assert tick is not None
+        spec = self.spec(schedule)
+        if spec.max_concurrent is not None:
+            running = await self._running(schedule, spec.max_concurrent, tick)
+            if running >= spec.max_concurrent:
+                if spec.overlap == "queue":
+                    # Keep the tick pending (and the claim alive) until a run ends.
+                    await self.store.update_schedule(
+                        schedule.id,
+                        schedule.version,
+                        ScheduleChanges(
+                            claim_expires_at=now + timedelta(seconds=self.settings.schedule_lease_s)
+                        ),
+                    )
+                    return False
+                await self._record(schedule, tick, "skipped", reason="maxConcurrent")
+                metrics.SCHEDULE_TICKS.labels(outcome="skipped").inc()
+                return await self._clear(schedule)
+        owner = await self.store.get_user(schedule.owner)
+        if owner is None:
+            await self._record(schedule, tick, "failed", reason="the owner no longer exists")
+            return await self._clear(schedule)
+        document = self.with_schedule_webhooks(spec, rules.render(spec, tick))
+        try:
+            workflow = await self.workflows.submit(
+                document,
+                owner=schedule.owner,
+                idempotency_key=rules.idempotency_key(schedule.id, tick),
+            )
+        except errors.StoreUnavailable:
+            raise
+        except errors.PingoError as exc:
+            # The document was valid when the schedule was made; an executor may have
+            # gone since. The tick is settled as failed rather than retried forever.
+            await self._record(schedule, tick, "failed", reason=exc.message)
+            metrics.SCHEDULE_TICKS.labels(outcome="failed").inc()
+            return await self._clear(schedule)
+        await self._record(schedule, tick, "submitted", workflow_id=workflow.id)
+        metrics.SCHEDULE_TICKS.labels(outcome="submitted").inc()
+        metrics.SCHEDULE_FIRE_LAG.observe(max(0.0, (self.store.clock() - tick).total_seconds()))
+        logger.info(
+            "schedule %s: tick %s submitted as workflow %s",
+            schedule.id,
+            tick.isoformat(),
+            workflow.id,
+            extra={
+                "event": "schedule_tick_submitted",
+                "schedule_id": schedule.id,
+                "workflow_id": workflow.id,
+            },
+        )
+        return await self._clear(schedule)
+
+    @staticmethod
+    def with_schedule_webhooks(
+        spec: rules.ScheduleSpec, document: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The document with the schedule's webhooks added to its own."""
+        if not spec.webhooks:
+            return document
+        own = document.get("webhooks", [])
+        document["webhooks"] = [*(own if isinstance(own, list) else []), *spec.webhooks]
+        return document
+
+    async def _running(self, schedule: ScheduleRecord, limit: int, tick: datetime) -> int:
+        """How many of the schedule's recent runs are still RUNNING."""
+        runs = await self.store.list_schedule_runs(schedule.id, limit=2 * limit + 20)
+        ids = [r.workflow_id for r in runs if r.workflow_id is not None and r.tick_at != tick]
+        found = await asyncio.gather(*(self.store.get_workflow(i) for i in ids))
+        return sum(1 for w in found if w is not None and w.state is states.WorkflowState.RUNNING)
+
+    async def _record(
+        self,
+        schedule: ScheduleRecord,
+        tick: datetime,
+        outcome: str,
+        *,
+        workflow_id: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        await self.store.record_schedule_run(
+            ScheduleRunRecord(
+                schedule_id=schedule.id,
+                tick_at=tick,
+                outcome=outcome,
+                recorded_at=self.store.clock(),
+                workflow_id=workflow_id,
+                reason=reason,
+            )
+        )
+
+    async def _clear(self, schedule: ScheduleRecord) -> bool:
+        cleared = await self.store.update_schedule(
+            schedule.id,
+            schedule.version,
+            ScheduleChanges(pending_tick_at=None, claimed_by=None, claim_expires_at=None),
+        )
+        # Losing this race is harmless: the node that took the tick over settles it
+        # again with the same idempotency key, hence the same workflow.
+        return cleared is not None
+
+
+def next_fire_times(record: ScheduleRecord, count: int) -> list[datetime]:
+    """The schedule's next `count` ticks from its `next_fire_at` (none while paused)."""
+    if record.paused or record.next_fire_at is None:
+        return []
+    spec = rules.parse_spec(record.spec)
+    times = [record.next_fire_at]
+    while len(times) < count:
+        following = rules.next_tick(spec, times[-1])
+        if following is None:
+            break
+        times.append(following)
+    return times

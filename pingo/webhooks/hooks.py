@@ -1,0 +1,229 @@
+"""Webhook definitions, deliveries and their signature; which targets are allowed.
+
+A webhook is `{"url", "secret", "events"}` in a workflow document or a schedule.
+Each event a workflow's end matches becomes one delivery: a POST of a JSON body
+with the header `X-Pingo-Signature: sha256=<hex HMAC-SHA256 of the body>`, keyed
+with the webhook's secret (as GitHub signs its webhooks). A delivery's id is
+derived from the workflow, the webhook's position and the event, so that two
+nodes ending the same workflow queue it once.
+
+The URL is hostile: only http and https, and unless the server allows private
+targets (`PINGO_WEBHOOK_PRIVATE_TARGETS=allow`), no loopback, private,
+link-local, multicast, reserved or unspecified address, checked on the address
+the sender resolved and then connects to (so DNS cannot swap it in between).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from pingo import errors
+from pingo.config import Settings
+from pingo.errors import ValidationIssue
+from pingo.store.protocol import WebhookDeliveryRecord, WorkflowRecord
+
+SIGNATURE_HEADER = "X-Pingo-Signature"
+EVENT_HEADER = "X-Pingo-Event"
+DELIVERY_HEADER = "X-Pingo-Delivery"
+
+WORKFLOW_FINISHED = "workflow.finished"
+#: Every event a webhook may ask for; `workflow.finished` is any end.
+EVENTS = (WORKFLOW_FINISHED, "workflow.succeeded", "workflow.failed", "workflow.killed")
+INVALID_WEBHOOK = "INVALID_WEBHOOK"
+MAX_WEBHOOKS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    url: str
+    secret: str
+    events: tuple[str, ...]
+
+
+def parse_webhooks(value: Any, pointer: str, settings: Settings) -> tuple[Webhook, ...]:
+    """Check a list of webhook definitions; raise `ValidationFailed` with every issue."""
+    if value is None:
+        return ()
+    issues: list[ValidationIssue] = []
+    hooks: list[Webhook] = []
+    if not isinstance(value, list | tuple) or len(value) > MAX_WEBHOOKS:
+        raise errors.ValidationFailed(
+            [ValidationIssue(INVALID_WEBHOOK, f"a list of at most {MAX_WEBHOOKS}", pointer)]
+        )
+    for index, item in enumerate(value):
+        where = f"{pointer}/{index}"
+        if not isinstance(item, Mapping) or set(item) - {"url", "secret", "events"}:
+            issues.append(ValidationIssue(INVALID_WEBHOOK, "{url, secret, events}", where))
+            continue
+        url, secret = item.get("url"), item.get("secret")
+        events = item.get("events", [WORKFLOW_FINISHED])
+        problem = url_problem(url, settings)
+        if problem is not None:
+            issues.append(ValidationIssue(INVALID_WEBHOOK, problem, f"{where}/url"))
+        if not isinstance(secret, str) or not 1 <= len(secret) <= 500:
+            issues.append(
+                ValidationIssue(INVALID_WEBHOOK, "1 to 500 characters", f"{where}/secret")
+            )
+        if not isinstance(events, list) or not events or any(e not in EVENTS for e in events):
+            issues.append(
+                ValidationIssue(
+                    INVALID_WEBHOOK, f"a list of {', '.join(EVENTS)}", f"{where}/events"
+                )
+            )
+        if not issues:
+            hooks.append(Webhook(str(url), str(secret), tuple(dict.fromkeys(events))))
+    if issues:
+        raise errors.ValidationFailed(issues)
+    return tuple(hooks)
+
+
+def url_problem(url: Any, settings: Settings) -> str | None:
+    """Why `url` may not be a webhook target (judged without resolving it), or None."""
+    if not isinstance(url, str) or not 1 <= len(url) <= 2000:
+        return "a URL of 1 to 2000 characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "an http or https URL with a host"
+    if parts.username or parts.password:
+        return "credentials in the URL are not allowed (sign with the secret instead)"
+    if port == 0 or any(c in url for c in "\r\n\t\x00 "):
+        return "not a valid URL"
+    try:
+        literal = ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        # Names are judged when the sender resolves them; these need no resolver.
+        host = parts.hostname.lower().rstrip(".")
+        if host != "localhost" and not host.endswith(".localhost"):
+            return None
+        literal = ipaddress.ip_address("127.0.0.1")
+    return address_problem(literal, settings)
+
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def address_problem(address: Address, settings: Settings) -> str | None:
+    """Why a resolved address may not be connected to, or None."""
+    if settings.webhook_private_targets == "allow":
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if (
+        address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
+    ):
+        return f"{address} is not a public address (see PINGO_WEBHOOK_PRIVATE_TARGETS)"
+    return None
+
+
+def redact(webhooks: Any) -> list[dict[str, Any]]:
+    """Webhooks as views show them: never the secret."""
+    if not isinstance(webhooks, list):
+        return []
+    return [
+        {"url": w.get("url"), "events": w.get("events", [WORKFLOW_FINISHED])}
+        for w in webhooks
+        if isinstance(w, Mapping)
+    ]
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The `X-Pingo-Signature` value of `body`."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def events_for(state: str) -> tuple[str, ...]:
+    """The events a workflow's end in `state` raises."""
+    return (WORKFLOW_FINISHED, f"workflow.{state.lower()}")
+
+
+def delivery_id(workflow_id: str, index: int, event: str) -> str:
+    digest = hashlib.sha256(f"{workflow_id}\n{index}\n{event}".encode()).hexdigest()
+    return f"dl-{digest[:32]}"
+
+
+def deliveries_for(
+    workflow: WorkflowRecord, schedule_id: str | None, now: datetime
+) -> list[WebhookDeliveryRecord]:
+    """The deliveries a workflow's end queues (its document's webhooks, schedule's included)."""
+    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    if not isinstance(raw, list) or not raw:
+        return []
+    raised = events_for(workflow.state.value)
+    deliveries = []
+    for index, hook in enumerate(raw):
+        if not isinstance(hook, Mapping) or not isinstance(hook.get("url"), str):
+            continue
+        for event in hook.get("events", [WORKFLOW_FINISHED]):
+            if event not in raised:
+                continue
+            the_id = delivery_id(workflow.id, index, event)
+            body = _body(workflow, schedule_id, event, the_id)
+            deliveries.append(
+                WebhookDeliveryRecord(
+                    id=the_id,
+                    owner=workflow.owner,
+                    workflow_id=workflow.id,
+                    schedule_id=schedule_id,
+                    url=hook["url"],
+                    event=event,
+                    body=body,
+                    state="pending",
+                    attempts=0,
+                    next_attempt_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    return deliveries
+
+
+def secret_for(workflow: WorkflowRecord, delivery: WebhookDeliveryRecord) -> str | None:
+    """The secret that signs `delivery`: read from the workflow, never stored beside it."""
+    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    if not isinstance(raw, Sequence):
+        return None
+    for index, hook in enumerate(raw):
+        if isinstance(hook, Mapping) and any(
+            delivery_id(workflow.id, index, e) == delivery.id
+            for e in hook.get("events", [WORKFLOW_FINISHED])
+        ):
+            secret = hook.get("secret")
+            return secret if isinstance(secret, str) else None
+    return None
+
+
+def _body(workflow: WorkflowRecord, schedule_id: str | None, event: str, the_id: str) -> bytes:
+    def stamp(at: datetime | None) -> str | None:
+        return None if at is None else at.isoformat().replace("+00:00", "Z")
+
+    document = {
+        "event": event,
+        "deliveryId": the_id,
+        "workflowId": workflow.id,
+        "name": workflow.name,
+        "owner": workflow.owner,
+        "state": workflow.state.value,
+        "scheduleId": schedule_id,
+        "createdAt": stamp(workflow.created_at),
+        "finishedAt": stamp(workflow.finished_at),
+        "error": workflow.error,
+    }
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,230 @@
+"""Webhooks over real HTTP: a receiver on 127.0.0.1 (the server allows private targets
+for it), signed deliveries, retries with backoff, the owner's delivery log, and the
+targets refused by default."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from pingo.api.app import create_app
+from pingo.config import Settings
+from pingo.webhooks import hooks
+from pingo.webhooks.sender import TargetRefused, _CheckingResolver
+
+from .conftest import ADMIN_TOKEN, AiohttpClient, Api, chain, command_workflow, make_settings
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = "whsec-test-secret"
+
+
+@dataclass
+class Receiver:
+    url: str
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    #: Statuses to answer with, in order; 204 once they run out.
+    statuses: list[int] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    app = web.Application()
+    box: list[Receiver] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        rec = box[0]
+        rec.received.append((dict(request.headers), await request.read()))
+        rec.arrived.set()
+        status = rec.statuses.pop(0) if rec.statuses else 204
+        if status == 302:
+            raise web.HTTPFound("/elsewhere")
+        return web.Response(status=status)
+
+    app.router.add_post("/hook", hook)
+    app.router.add_post("/elsewhere", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    box.append(Receiver(url=f"http://127.0.0.1:{port}/hook"))
+    yield box[0]
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def open_api(aiohttp_client: AiohttpClient, tmp_path: Path) -> Api:
+    settings = make_settings(
+        tmp_path, webhook_private_targets="allow", webhook_backoff_s=0.05, webhook_interval_s=0.05
+    )
+    client = await aiohttp_client(create_app(settings))
+    api = Api(client=client, app=client.app, tokens={"admin": ADMIN_TOKEN})
+    await api.add_user("alice")
+    await api.add_user("bob")
+    return api
+
+
+async def deliveries(api: Api, workflow_id: str, user: str = "alice") -> list[dict[str, Any]]:
+    response = await api.client.get(
+        f"/api/v1/workflows/{workflow_id}/deliveries", headers=api.auth(user)
+    )
+    assert response.status == 200, await response.text()
+    items: list[dict[str, Any]] = (await response.json())["items"]
+    return items
+
+
+async def settled(api: Api, workflow_id: str, count: int = 1) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:
+        found = await deliveries(api, workflow_id)
+        if len(found) >= count and all(d["state"] != "pending" for d in found):
+            return found
+        assert loop.time() < deadline, found
+        await asyncio.sleep(0.05)
+
+
+async def test_a_finished_workflow_posts_a_signed_summary(
+    open_api: Api, receiver: Receiver
+) -> None:
+    api = open_api
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.finished"]}
+    workflow = await api.submit({**chain("hooked"), "webhooks": [hook]}, user="alice")
+    await api.wait(workflow["id"])
+    [delivery] = await settled(api, workflow["id"])
+    assert delivery["state"] == "delivered"
+    assert delivery["attempts"] == 1
+    assert delivery["lastStatus"] == 204
+    [(headers, body)] = receiver.received
+    expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    assert headers["X-Pingo-Signature"] == expected
+    assert headers["X-Pingo-Delivery"] == delivery["id"]
+    document = json.loads(body)
+    assert document["event"] == "workflow.finished"
+    assert document["workflowId"] == workflow["id"]
+    assert document["state"] == "SUCCEEDED"
+    assert SECRET.encode() not in body
+    assert SECRET not in json.dumps(delivery)
+    # The log is the owner's: another user gets a 404 like for the workflow itself.
+    response = await api.client.get(
+        f"/api/v1/workflows/{workflow['id']}/deliveries", headers=api.auth("bob")
+    )
+    assert response.status == 404
+
+
+async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
+    open_api: Api, receiver: Receiver
+) -> None:
+    api = open_api
+    receiver.statuses = [500, 302]
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.failed"]}
+    failing = command_workflow({1: ["sh", "-c", "exit 3"]}, extra={1: {"maxAttempts": 1}})
+    workflow = await api.submit({**failing, "webhooks": [hook]}, user="alice")
+    assert (await api.wait(workflow["id"]))["state"] == "FAILED"
+    [delivery] = await settled(api, workflow["id"])
+    assert delivery["state"] == "delivered"
+    assert delivery["attempts"] == 3
+    # The 302 was an answer, not an instruction: /elsewhere was never called by it.
+    assert len(receiver.received) == 3
+    assert json.loads(receiver.received[0][1])["state"] == "FAILED"
+    bodies = {body for _, body in receiver.received}
+    assert len(bodies) == 1  # every attempt sends the same signed bytes
+
+
+async def test_events_not_asked_for_are_not_sent(open_api: Api, receiver: Receiver) -> None:
+    api = open_api
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.failed"]}
+    workflow = await api.submit({**chain("fine"), "webhooks": [hook]}, user="alice")
+    await api.wait(workflow["id"])
+    await asyncio.sleep(0.5)
+    assert await deliveries(api, workflow["id"]) == []
+    assert receiver.received == []
+
+
+async def test_private_targets_are_refused_by_default(api: Api) -> None:
+    for url in (
+        "http://127.0.0.1:8080/hook",
+        "http://10.1.2.3/hook",
+        "http://[::1]/hook",
+        "http://169.254.169.254/",
+        "http://localhost./hook",
+        "http://0.0.0.0/",
+    ):
+        hook = {"url": url, "secret": "s"}
+        response = await api.client.post(
+            "/api/v1/workflows", json={**chain("x"), "webhooks": [hook]}, headers=api.auth("admin")
+        )
+        assert response.status == 422, url
+        problem = await response.json()
+        assert problem["errors"][0]["pointer"] == "/webhooks/0/url"
+
+
+async def test_names_that_resolve_to_private_addresses_are_refused(tmp_path: Path) -> None:
+    resolver = _CheckingResolver(Settings(home=tmp_path))
+    # A name the static check cannot judge (no literal address), resolving to loopback.
+    with pytest.raises(TargetRefused):
+        await resolver.resolve("localhost", 80)
+    await resolver.close()
+    allowed = _CheckingResolver(Settings(home=tmp_path, webhook_private_targets="allow"))
+    assert await allowed.resolve("localhost", 80)
+    await allowed.close()
+
+
+def test_address_rules(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert hooks.url_problem("https://example.org/hook", settings) is None
+    assert hooks.url_problem("https://93.184.216.34/", settings) is None
+    for bad in (
+        "http://[::ffff:127.0.0.1]/",
+        "http://100.64.0.1/",  # carrier-grade NAT
+        "http://[fe80::1]/",
+        "http://224.0.0.1/",
+        "gopher://example.org/",
+        "http://example.org:0/",
+        "http://exa mple.org/",
+        "",
+    ):
+        assert hooks.url_problem(bad, settings) is not None, bad
+
+
+async def test_a_schedules_webhooks_are_called_for_each_of_its_runs(
+    open_api: Api, receiver: Receiver
+) -> None:
+    api = open_api
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.finished"]}
+    body = {
+        "name": "hooked",
+        "cron": "* * * * * *",
+        "timezone": "UTC",
+        "workflow": command_workflow(
+            {1: ["sh", "-c", 'echo "$1" > "$PINGO_OUTPUT"', "x", "{schedule.time}"]}
+        ),
+        "catchUp": "none",
+        "maxConcurrent": 1,
+        "webhooks": [hook],
+    }
+    response = await api.client.post("/api/v1/schedules", json=body, headers=api.auth("alice"))
+    assert response.status == 201, await response.text()
+    sid = (await response.json())["id"]
+    await asyncio.wait_for(receiver.arrived.wait(), 20)
+    headers, raw = receiver.received[0]
+    document = json.loads(raw)
+    assert document["scheduleId"] == sid
+    assert document["state"] == "SUCCEEDED"
+    expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    assert headers["X-Pingo-Signature"] == expected
+    await api.client.post(f"/api/v1/schedules/{sid}/pause", headers=api.auth("alice"))
+    log = await api.client.get(f"/api/v1/schedules/{sid}/deliveries", headers=api.auth("alice"))
+    items = (await log.json())["items"]
+    assert items and all(d["scheduleId"] == sid for d in items)
+    assert SECRET not in json.dumps(items)

@@ -1,0 +1,302 @@
+"""Schedule rules (cron with seconds, time zones and DST, catch-up) and the settling of
+ticks on a real SQLite store with a clock the test moves: a node that dies after
+claiming a tick, or after submitting it, loses nothing and doubles nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo import errors, states
+from pingo.config import Settings
+from pingo.node import Node
+from pingo.schedules import rules
+from pingo.store import open_store
+from pingo.store.protocol import Store, UserRecord
+from tests.contract.conftest import FakeClock
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def spec(**overrides: Any) -> rules.ScheduleSpec:
+    body = {"name": "s", "cron": "* * * * * *", "workflow": workflow(), **overrides}
+    return rules.parse_spec(body)
+
+
+def workflow(arg: str = "{schedule.time}") -> dict[str, Any]:
+    return {
+        "name": "scheduled",
+        "startActionId": 1,
+        "endActionId": 1,
+        "actions": [
+            {"id": 1, "name": "a", "type": "command-line", "command": ["echo", arg]},
+        ],
+    }
+
+
+# ------------------------------------------------------------------------ rules
+
+
+def test_six_fields_put_the_seconds_first() -> None:
+    every_ten = spec(cron="*/10 * * * * *")
+    assert rules.next_tick(every_ten, START) == START + timedelta(seconds=10)
+    minutely = spec(cron="* * * * *")
+    assert rules.next_tick(minutely, START) == START + timedelta(minutes=1)
+
+
+def test_time_zones_and_daylight_saving() -> None:
+    daily = spec(cron="30 2 * * *", timezone="America/New_York")
+    # 2:30 does not exist on 2026-03-08 (spring forward): it fires at 3:00 local.
+    ticks = []
+    at = datetime(2026, 3, 7, 8, tzinfo=UTC)
+    for _ in range(3):
+        tick = rules.next_tick(daily, at)
+        assert tick is not None
+        ticks.append(tick.astimezone(daily.zone).strftime("%d %H:%M %z"))
+        at = tick
+    assert ticks == ["08 03:00 -0400", "09 02:30 -0400", "10 02:30 -0400"]
+    # 1:30 happens twice on 2026-11-01 (fall back): it fires once.
+    night = spec(cron="30 1 * * *", timezone="America/New_York")
+    at = datetime(2026, 10, 31, 12, tzinfo=UTC)
+    fired = []
+    for _ in range(2):
+        tick = rules.next_tick(night, at)
+        assert tick is not None
+        fired.append(tick)
+        at = tick
+    assert fired[1] - fired[0] >= timedelta(hours=24)
+
+
+def test_start_and_end_bound_the_ticks() -> None:
+    bounded = spec(start="2026-01-01T00:00:05+00:00", end="2026-01-01T00:00:07+00:00")
+    assert rules.next_tick(bounded, START) == START + timedelta(seconds=5)
+    assert rules.next_tick(bounded, START + timedelta(seconds=6)) == START + timedelta(seconds=7)
+    assert rules.next_tick(bounded, START + timedelta(seconds=7)) is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "limit", "run", "skipped"),
+    [
+        ("none", 100, None, 10),  # every due tick is over 2 s late: all missed
+        ("latest", 100, 10, 9),
+        ("all", 100, 1, 0),
+        ("all", 3, 8, 7),
+    ],
+)
+def test_catch_up_after_ten_ticks_were_missed(
+    policy: str, limit: int, run: int | None, skipped: int
+) -> None:
+    # Ticks 1..10 (it ends at 10) are due at 12.5 s; the latest is 2.5 s late (grace 2 s).
+    s = spec(catchUp=policy, catchUpLimit=limit, end="2026-01-01T00:00:10+00:00")
+    first = START + timedelta(seconds=1)
+    decision = rules.decide(s, first, START + timedelta(seconds=12.5), 2.0)
+    expected_run = None if run is None else START + timedelta(seconds=run)
+    assert decision.run == expected_run
+    assert len(decision.skipped) == skipped
+    assert len(set(decision.skipped)) == skipped
+    if expected_run is not None:
+        assert all(t < expected_run for t in decision.skipped)
+        following = expected_run + timedelta(seconds=1)
+        assert decision.next_fire_at == (following if run != 10 else None)
+
+
+def test_none_runs_a_tick_that_is_on_time() -> None:
+    s = spec(catchUp="none")
+    first = START + timedelta(seconds=1)
+    decision = rules.decide(s, first, START + timedelta(seconds=1, milliseconds=300), 2.0)
+    assert decision.run == first
+    assert decision.skipped == ()
+
+
+def test_render_replaces_placeholders_everywhere_but_leaves_others() -> None:
+    s = spec(
+        timezone="Europe/Paris",
+        parameters={"region": "eu"},
+        workflow=workflow("{schedule.date}/{param.region}/{schedule.time}/{output}"),
+    )
+    document = rules.render(s, datetime(2026, 6, 30, 22, 30, tzinfo=UTC))
+    assert document["actions"][0]["command"][1] == (
+        "2026-07-01/eu/2026-07-01T00:30:00+02:00/{output}"
+    )
+
+
+def test_idempotency_keys_name_their_schedule() -> None:
+    key = rules.idempotency_key("sch-1", START)
+    assert rules.schedule_of(key) == "sch-1"
+    assert rules.schedule_of("user-key") is None
+    assert rules.schedule_of(None) is None
+
+
+# -------------------------------------------------------------- settling ticks
+
+
+class Crash(BaseException):
+    """Stands for the process dying at that point (nothing after it runs)."""
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Store]:
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}", clock=clock) as opened:
+        await opened.create_user(UserRecord("alice", "hash", False, START))
+        yield opened
+
+
+def make_node(tmp_path: Path, store: Store, name: str) -> Node:
+    settings = Settings(
+        home=tmp_path / name,
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        data_root=str(tmp_path / "data"),
+        node_id=name,
+        schedule_lease_s=5.0,
+        schedule_grace_s=2.0,
+    )
+    return Node(settings, store, executors={}, secret=b"x" * 32)
+
+
+async def workflows_of(store: Store) -> list[Any]:
+    return list((await store.list_workflows(owner="alice", limit=1000)).items)
+
+
+async def test_a_node_dying_between_claim_and_submit_loses_nothing(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    a, b = make_node(tmp_path, store, "a"), make_node(tmp_path, store, "b")
+    created = await a.schedules.create(
+        {"name": "s", "cron": "* * * * * *", "workflow": workflow()}, owner="alice"
+    )
+    clock.advance(1)
+
+    async def die(*args: Any, **kwargs: Any) -> Any:
+        raise Crash
+
+    a.workflows.submit = die  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await a.schedules.fire_due()
+    pending = await store.get_schedule(created.id)
+    assert pending is not None and pending.pending_tick_at == created.next_fire_at
+    assert pending.claimed_by == "a"
+    # The claim holds: b neither submits nor claims the next tick meanwhile.
+    clock.advance(2)
+    await b.schedules.fire_due()
+    assert await workflows_of(store) == []
+    # Once it expired, b takes the tick over and submits it.
+    clock.advance(4)
+    await b.schedules.fire_due()
+    runs = await store.list_schedule_runs(created.id)
+    assert created.next_fire_at in {r.tick_at for r in runs}
+    assert [r.outcome for r in runs if r.tick_at == created.next_fire_at] == ["submitted"]
+    submitted = await workflows_of(store)
+    keys = [w.idempotency_key for w in submitted]
+    assert len(keys) == len(set(keys)) == len(runs)
+
+
+async def test_a_node_dying_after_submitting_never_doubles_the_run(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    a, b = make_node(tmp_path, store, "a"), make_node(tmp_path, store, "b")
+    created = await a.schedules.create(
+        {"name": "s", "cron": "* * * * * *", "workflow": workflow(), "catchUp": "all"},
+        owner="alice",
+    )
+    clock.advance(1)
+
+    async def die(*args: Any, **kwargs: Any) -> None:
+        raise Crash
+
+    a.schedules._record = die  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await a.schedules.fire_due()
+    [first] = await workflows_of(store)
+    assert await store.list_schedule_runs(created.id) == []
+    clock.advance(6)
+    while await b.schedules.fire_due():
+        pass
+    runs = {r.tick_at: r for r in await store.list_schedule_runs(created.id)}
+    assert runs[created.next_fire_at].workflow_id == first.id
+    submitted = await workflows_of(store)
+    assert len(submitted) == len(runs)  # the takeover made no second workflow
+    assert sorted(r.workflow_id or "" for r in runs.values()) == sorted(w.id for w in submitted)
+
+
+async def test_two_nodes_racing_on_every_tick_submit_each_once(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    nodes = [make_node(tmp_path, store, f"n{i}") for i in range(3)]
+    created = await nodes[0].schedules.create(
+        {"name": "s", "cron": "* * * * * *", "workflow": workflow(), "catchUp": "all"},
+        owner="alice",
+    )
+    for _ in range(5):
+        clock.advance(1)
+        await asyncio.gather(*(n.schedules.fire_due() for n in nodes))
+    runs = await store.list_schedule_runs(created.id)
+    assert [r.tick_at for r in reversed(runs)] == [
+        START + timedelta(seconds=i) for i in range(1, 6)
+    ]
+    assert len(await workflows_of(store)) == 5
+
+
+async def test_max_concurrent_skips_or_queues(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    node = make_node(tmp_path, store, "a")  # not started: submitted workflows stay RUNNING
+    skip = await node.schedules.create(
+        {"name": "skip", "cron": "* * * * * *", "workflow": workflow("skip {schedule.time}"),
+         "maxConcurrent": 1},
+        owner="alice",
+    )  # fmt: skip
+    queue = await node.schedules.create(
+        {"name": "queue", "cron": "* * * * * *", "workflow": workflow("queue {schedule.time}"),
+         "maxConcurrent": 1, "overlap": "queue"},
+        owner="alice",
+    )  # fmt: skip
+    for _ in range(3):
+        clock.advance(1)
+        await node.schedules.fire_due()
+    skipped = await store.list_schedule_runs(skip.id)
+    assert [r.outcome for r in reversed(skipped)] == ["submitted", "skipped", "skipped"]
+    assert skipped[0].reason == "maxConcurrent"
+    queued = await store.get_schedule(queue.id)
+    assert queued is not None and queued.pending_tick_at == START + timedelta(seconds=2)
+    [running] = [r for r in await store.list_schedule_runs(queue.id)]
+    assert running.workflow_id is not None
+    await node.callbacks.kill_workflow(running.workflow_id)
+    clock.advance(0.1)
+    await node.schedules.fire_due()
+    after = await store.list_schedule_runs(queue.id)
+    assert after[0].tick_at == START + timedelta(seconds=2)
+    assert after[0].outcome == "submitted"
+
+
+async def test_pause_resume_and_a_deleted_owner(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    node = make_node(tmp_path, store, "a")
+    created = await node.schedules.create(
+        {"name": "s", "cron": "* * * * * *", "workflow": workflow()}, owner="alice"
+    )
+    paused = await node.schedules.set_paused(created.id, True)
+    assert paused.paused
+    clock.advance(5)
+    await node.schedules.fire_due()
+    assert await store.list_schedule_runs(created.id) == []
+    resumed = await node.schedules.set_paused(created.id, False)
+    assert resumed.next_fire_at == clock() + timedelta(seconds=1)  # nothing caught up
+    await store.delete_user("alice")
+    clock.advance(1)
+    await node.schedules.fire_due()
+    [run] = await store.list_schedule_runs(created.id)
+    assert run.outcome == "failed"
+    with pytest.raises(errors.NotFound):
+        await node.schedules.set_paused("sch-missing", True)
+    assert states.WorkflowState.RUNNING  # the enum the service counts on
