@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from pingo import states
 from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
+
+#: Actions per call of the JSON encoder in `encode_workflow_document`.
+_ENCODE_CHUNK = 1000
+
+
+def encode(data: Any) -> bytes:
+    """Compact UTF-8 JSON: how every document leaves the server."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def timestamp(at: datetime | None) -> str | None:
@@ -67,6 +76,30 @@ def workflow_summary(workflow: WorkflowRecord) -> dict[str, Any]:
 def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> dict[str, Any]:
     """The workflow document: every action of the definition, in ascending action id."""
     ordered = sorted(actions, key=lambda a: a.action_id)
+    return {**_workflow_head(workflow, ordered), "actions": [action_summary(a) for a in ordered]}
+
+
+def encode_workflow_document(workflow: WorkflowRecord, actions: Sequence[ActionRecord]) -> bytes:
+    """`encode(workflow_document(...))`, the same bytes, a thousand actions per encoder call.
+
+    One call of the C encoder over a 100,000-action document holds the GIL for
+    most of a second; in slices, a worker thread doing this lets the event loop
+    run in between (issue 13).
+    """
+    ordered = sorted(actions, key=lambda a: a.action_id)
+    head = encode(_workflow_head(workflow, ordered))
+    parts = [head[:-1], b',"actions":[']
+    for start in range(0, len(ordered), _ENCODE_CHUNK):
+        chunk = encode([action_summary(a) for a in ordered[start : start + _ENCODE_CHUNK]])
+        if start:
+            parts.append(b",")
+        parts.append(chunk[1:-1])
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
+def _workflow_head(workflow: WorkflowRecord, ordered: list[ActionRecord]) -> dict[str, Any]:
+    """The workflow document but its `actions`, which come last."""
     summary = workflow_summary(workflow)
     return {
         "id": summary["id"],
@@ -77,7 +110,6 @@ def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> 
         "finishedAt": summary["finishedAt"],
         "counts": counts(ordered),
         "endDatasetId": summary["endDatasetId"],
-        "actions": [action_summary(a) for a in ordered],
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,9 +40,16 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
     return record
 
 
-async def _document(request: web.Request, record: WorkflowRecord) -> dict[str, Any]:
+#: Workflows with more actions than this have their document encoded in a worker thread.
+_INLINE_ACTIONS = 2_000
+
+
+async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
+    """The workflow document, serialized; a big one off the event loop (issue 13)."""
     actions = await state.node(request).store.list_actions(record.id)
-    return documents.workflow_document(record, actions)
+    if len(actions) <= _INLINE_ACTIONS:
+        return documents.encode_workflow_document(record, actions)
+    return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
@@ -55,7 +63,7 @@ async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
         cached = cache.get(record.id)
         if cached is not None:
             return cached.body
-    body = bodies.encode_json(await _document(request, record))
+    body = await _encoded_document(request, record)
     if succeeded:
         cache.put(record.id, state.CachedDocument(owner=record.owner, body=body))
     return body
@@ -220,7 +228,7 @@ async def kill_workflow(request: web.Request) -> web.Response:
     """Kill a running workflow: its running actions are stopped, waiting ones never start."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
     killed = await state.node(request).workflows.kill(record.id)
-    return bodies.json_response(await _document(request, killed))
+    return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
 def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) -> frozenset[int]:
