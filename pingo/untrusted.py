@@ -12,7 +12,7 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 #: Ids and counters are signed 64-bit integers: SQLite's INTEGER and MongoDB's int64.
@@ -91,6 +91,58 @@ def loads(text: str | bytes | bytearray, *, max_depth: int | None = None) -> Any
     if max_depth is not None and depth_exceeds(text, max_depth):
         raise _too_deep(max_depth)
     return value
+
+
+def stored_object(text: str) -> Mapping[str, Any]:
+    """A JSON object read back from a store: decoded now when short, on first use when long.
+
+    Reading a 100,000-action workflow's record (for its owner or its state) must
+    not decode its 10 MB document every time; most readers never look at it.
+    """
+    if len(text) > PIECEWISE_CHARS:
+        return LazyObject(text)
+    value = loads(text)
+    if not isinstance(value, Mapping):
+        raise MalformedJSON("the stored document is not a JSON object")
+    return value
+
+
+class LazyObject(Mapping[str, Any]):
+    """A JSON object kept as its text until something reads it, then decoded (strictly)."""
+
+    __slots__ = ("_text", "_value")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._value: Mapping[str, Any] | None = None
+
+    def decoded(self) -> Mapping[str, Any]:
+        """The object itself (decoding it on the first call)."""
+        if self._value is None:
+            value = loads(self._text)
+            if not isinstance(value, Mapping):
+                raise MalformedJSON("the stored document is not a JSON object")
+            self._value, self._text = value, ""
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self.decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.decoded())
+
+    def __len__(self) -> int:
+        return len(self.decoded())
+
+    def __repr__(self) -> str:
+        if self._value is None:
+            return f"LazyObject(<{len(self._text)} characters of JSON>)"
+        return f"LazyObject({self._value!r})"
+
+
+def plain(document: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`document` decoded if it is a `LazyObject` (slow for a big one: call it off-loop)."""
+    return document.decoded() if isinstance(document, LazyObject) else document
 
 
 def utf8(raw: bytes | bytearray) -> str:

@@ -187,7 +187,7 @@ def _workflow(doc: Doc) -> WorkflowRecord:
         name=doc["name"],
         owner=doc["owner"],
         state=WorkflowState(doc["state"]),
-        document=_load_json(doc["document"]),
+        document=untrusted.stored_object(doc["document"]),
         scope=doc["scope"],
         on_failure=doc["on_failure"],
         end_dataset_id=doc.get("end_dataset_id"),

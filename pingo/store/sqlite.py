@@ -1001,14 +1001,17 @@ class SQLiteStore:
             # Over: nothing polls it any more, so the process keeps nothing of it (memory
             # stays flat however many workflows have finished).
             cached = self._forget_document(row[0])
-            return _workflow(row, cached if cached is not None else json.loads(row[4]))
+            if cached is None:
+                cached = untrusted.stored_object(row[4])
+            return _workflow(row, cached)
         cached_entry = self._documents.get(row[0])
         if cached_entry is not None:
             self._documents.move_to_end(row[0])
             return _workflow(row, cached_entry[0])
         text: str = row[4]
-        # Strict, like every JSON the server reads: a NaN must not come back out.
-        document: Mapping[str, Any] = untrusted.loads(text)
+        # Strict, like every JSON the server reads: a NaN must not come back out. One
+        # too big to cache is left undecoded until read (see `untrusted.stored_object`).
+        document = untrusted.stored_object(text)
         self._cache_document(row[0], document, len(text))
         return _workflow(row, document)
 

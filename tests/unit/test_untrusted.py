@@ -150,3 +150,20 @@ def test_a_long_workflow_decodes_piece_by_piece() -> None:
     text = json.dumps(document)
     assert len(text) > untrusted.PIECEWISE_CHARS
     assert untrusted.loads(text.encode(), max_depth=64) == document
+
+
+def test_a_long_stored_object_is_decoded_on_first_read_only() -> None:
+    document = {"name": "long", "actions": [{"id": i} for i in range(40_000)]}
+    text = json.dumps(document)
+    assert len(text) > untrusted.PIECEWISE_CHARS
+    lazy = untrusted.stored_object(text)
+    assert isinstance(lazy, untrusted.LazyObject)
+    assert "characters of JSON" in repr(lazy)
+    assert lazy["name"] == "long"
+    assert lazy == document and len(lazy) == 2 and list(lazy) == ["name", "actions"]
+    assert untrusted.plain(lazy) == document and type(untrusted.plain(lazy)) is dict
+    assert untrusted.stored_object('{"a": 1}') == {"a": 1}
+    with pytest.raises(untrusted.MalformedJSON):
+        untrusted.stored_object("[1, 2]")
+    with pytest.raises(untrusted.MalformedJSON):
+        untrusted.stored_object("[" + "0, " * untrusted.PIECEWISE_CHARS + "NaN]")["a"]

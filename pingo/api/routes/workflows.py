@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pingo import errors, states
+from pingo import errors, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
@@ -49,7 +49,11 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
     actions = await state.node(request).store.list_actions(record.id)
     if len(actions) <= _INLINE_ACTIONS:
         return documents.encode_workflow_document(record, actions)
-    return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
+    try:
+        return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
+    finally:
+        # Hundreds of MiB came and go with a document this big: give them back after.
+        state.api_state(request).trimmer.soon()
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
@@ -295,13 +299,15 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     """
     record = await visible_workflow(request, request.match_info["workflow_id"])
     body = await bodies.read_json(request, optional=True)
-    raw_actions = record.document.get("actions", [])
+    # A big workflow's stored document is decoded only now, and off the loop.
+    document = await asyncio.to_thread(untrusted.plain, record.document)
+    raw_actions = document.get("actions", [])
     force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
-    check_executors(request, record.document)
+    check_executors(request, document)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
     rerun = await state.node(request).workflows.submit(
-        record.document, owner=record.owner, force=force, rerun_of=record.id
+        document, owner=record.owner, force=force, rerun_of=record.id
     )
     return bodies.raw_json_response(
         await _document_body(request, rerun),

@@ -1,0 +1,50 @@
+"""Trimming the heap after a big workflow: it runs on glibc, once per burst, after a delay."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+
+import pytest
+
+from pingo import heap
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_trim_runs_on_glibc() -> None:
+    assert heap.trim() is True
+
+
+async def test_a_burst_of_requests_trims_once_after_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trimmed = asyncio.Event()
+    calls: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def counting_trim() -> bool:
+        calls.append(loop.time())
+        loop.call_soon_threadsafe(trimmed.set)
+        return True
+
+    monkeypatch.setattr(heap, "trim", counting_trim)
+    trimmer = heap.Trimmer(delay_s=0.2)
+    first = loop.time()
+    for _ in range(5):
+        trimmer.soon()
+        await asyncio.sleep(0.05)
+    last = loop.time()
+    await asyncio.wait_for(trimmed.wait(), timeout=30)
+    await trimmer.close()
+    assert len(calls) == 1
+    assert calls[0] >= last + 0.15 > first + 0.2
+
+
+async def test_closing_cancels_a_pending_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "trim", lambda: calls.append(1) or True)
+    trimmer = heap.Trimmer(delay_s=0.05)
+    trimmer.soon()
+    await trimmer.close()
+    await asyncio.sleep(0.2)
+    assert calls == []
