@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import platform
 
 import pytest
@@ -49,3 +50,17 @@ async def test_closing_cancels_a_pending_trim(monkeypatch: pytest.MonkeyPatch) -
     await trimmer.close()
     await asyncio.sleep(0.2)
     assert calls == []
+
+
+def test_full_collections_are_deferred_until_the_last_holder_leaves() -> None:
+    before = gc.get_threshold()
+    with heap.full_collections_deferred():
+        deferred = gc.get_threshold()
+        with heap.full_collections_deferred():
+            assert gc.get_threshold() == deferred
+        assert gc.get_threshold() == deferred
+    assert deferred[:2] == before[:2] and deferred[2] > 10**6
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), heap.full_collections_deferred():
+        raise RuntimeError("the threshold comes back anyway")
+    assert gc.get_threshold() == before

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pingo import errors, states, untrusted
+from pingo import errors, heap, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors.sandbox import COMMAND_LINE
 from pingo.api import auth, bodies, documents, problems, state
@@ -50,7 +50,8 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
     if len(actions) <= _INLINE_ACTIONS:
         return documents.encode_workflow_document(record, actions)
     try:
-        return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
+        with heap.full_collections_deferred():
+            return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
     finally:
         # Hundreds of MiB came and go with a document this big: give them back after.
         state.api_state(request).trimmer.soon()
@@ -159,6 +160,15 @@ def _idempotency_key(request: web.Request) -> str | None:
 @routes.post(PREFIX + "/workflows", name="submit_workflow")
 async def submit_workflow(request: web.Request) -> web.Response:
     """Submit a workflow (201 + Location), or plan it without running (`?dryRun=true`, 200)."""
+    size = request.content_length or 0
+    if size <= untrusted.PIECEWISE_CHARS:
+        return await _submit_workflow(request)
+    # Hundreds of thousands of objects live until the answer: no full GC pass over them.
+    with heap.full_collections_deferred():
+        return await _submit_workflow(request)
+
+
+async def _submit_workflow(request: web.Request) -> web.Response:
     user = auth.current_user(request)
     node = state.node(request)
     dry_run = bodies.query_bool(request, "dryRun")
@@ -236,7 +246,8 @@ async def get_workflow(request: web.Request) -> web.Response:
 async def kill_workflow(request: web.Request) -> web.Response:
     """Kill a running workflow: its running actions are stopped, waiting ones never start."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
-    killed = await state.node(request).workflows.kill(record.id)
+    with heap.full_collections_deferred():
+        killed = await state.node(request).workflows.kill(record.id)
     return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
