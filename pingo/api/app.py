@@ -76,18 +76,21 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
     app[state.STATE_KEY] = state.ApiState(settings=settings)
 
     async def engine(app: web.Application) -> AsyncIterator[None]:
-        if node is not None:
-            await _attach(app, node)
-            yield
-            return
-        from pingo.node import running_node
-
-        async with running_node(settings) as own:
-            try:
-                await _attach(app, own)
+        try:
+            if node is not None:
+                await _attach(app, node)
                 yield
-            finally:
-                app[state.STATE_KEY].node = None
+                return
+            from pingo.node import running_node
+
+            async with running_node(settings) as own:
+                try:
+                    await _attach(app, own)
+                    yield
+                finally:
+                    app[state.STATE_KEY].node = None
+        finally:
+            await app[state.STATE_KEY].trimmer.close()
 
     app.cleanup_ctx.append(engine)
     setup_routes(app)

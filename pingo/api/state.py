@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pingo import errors, limits
+from pingo import errors, heap, limits
 from pingo.config import Settings
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ class ApiState:
     action_types: frozenset[str] = field(default_factory=frozenset)
     #: Serialized documents of SUCCEEDED workflows (which never change again), by id.
     finished_documents: DocumentCache = field(default_factory=lambda: DocumentCache())
+    #: Hands the heap back to the system after a big workflow's document was built.
+    trimmer: heap.Trimmer = field(default_factory=heap.Trimmer)
     #: Each user's submission rate, on this node (see `pingo.limits`).
     submission_rate: limits.SubmissionRate = field(init=False)
 

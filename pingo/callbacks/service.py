@@ -60,6 +60,8 @@ REPLACING_REASONS: frozenset[str] = frozenset({"forced", integrity.MISMATCH_REAS
 _CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.
 _DELETION_POLL_S = 0.05
+#: Actions killed per store call when a workflow is killed or aborted.
+_KILL_BATCH = 1000
 
 
 P = ParamSpec("P")
@@ -590,16 +592,21 @@ class CallbackService:
         """Kill every unfinished action of the workflow; stop running ones through executors."""
         for state in _NOT_STARTED:
             states.ensure_transition(state, A.KILLED, trigger)
-        now = self.store.clock()
-        killed = await self.store.transition_actions(
-            workflow_id,
-            _NOT_STARTED,
-            A.KILLED,
-            protocol.ActionChanges(finished_at=now, error=error, owner=None, lease_expires_at=None),
+        for computing in states.DATASET_COMPUTING:
+            states.ensure_transition(computing, D.DELETED, T.CALLBACK)
+        changes = protocol.ActionChanges(
+            finished_at=self.store.clock(), error=error, owner=None, lease_expires_at=None
         )
-        if killed:
-            metrics.ACTION_TRANSITIONS.labels(state=A.KILLED.value).inc(len(killed))
-        await asyncio.gather(*(self._discard(a) for a in killed))
+        # Bounded batches, each one store call (claims and datasets included): a
+        # 100,000-action workflow never holds the store, nor this loop, for long.
+        while True:
+            killed = await self.store.kill_actions(
+                workflow_id, _NOT_STARTED, changes, limit=_KILL_BATCH
+            )
+            if killed:
+                metrics.ACTION_TRANSITIONS.labels(state=A.KILLED.value).inc(len(killed))
+            if len(killed) < _KILL_BATCH:
+                break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
         running = [a for a in await self.store.list_actions(workflow_id) if a.state in _EXECUTING]
         await asyncio.gather(*(self._stop_running(a, error, trigger) for a in running))

@@ -484,6 +484,48 @@ class MemoryStore:
                 moved.append(record)
         return moved
 
+    async def kill_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        # No await from here on: the batch is one atomic step under asyncio.
+        killed: list[ActionRecord] = []
+        for action_id in self._actions_by_workflow.get(workflow_id, ()):
+            if len(killed) >= limit:
+                break
+            current = self._actions.get((workflow_id, action_id))
+            if current is None or current.state not in expected:
+                continue
+            record = self._transition_action(
+                workflow_id, action_id, expected, ActionState.KILLED, changes
+            )
+            if record is not None:
+                killed.append(record)
+        for record in killed:
+            claim = claim_key(workflow_id, record.action_id)
+            for dataset_id in dict.fromkeys(record.inputs.values()):
+                self._remove_dataset_claim(dataset_id, claim)
+            dataset = self._datasets.get(record.dataset_id)
+            if (
+                dataset is not None
+                and dataset.state in states.DATASET_COMPUTING
+                and (dataset.producer_workflow_id, dataset.producer_action_id) == record.key
+            ):
+                self._put_dataset(
+                    dataset,
+                    replace(
+                        dataset,
+                        state=DatasetState.DELETED,
+                        updated_at=self.clock(),
+                        version=dataset.version + 1,
+                    ),
+                )
+        return killed
+
     async def claim_actions(
         self,
         node_id: str,

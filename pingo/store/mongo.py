@@ -197,7 +197,7 @@ def _workflow(doc: Doc) -> WorkflowRecord:
         name=doc["name"],
         owner=doc["owner"],
         state=WorkflowState(doc["state"]),
-        document=_load_json(doc["document"]),
+        document=untrusted.stored_object(doc["document"]),
         scope=doc["scope"],
         on_failure=doc["on_failure"],
         end_dataset_id=doc.get("end_dataset_id"),
@@ -1051,6 +1051,65 @@ class MongoStore:
             if record is not None:
                 moved.append(record)
         return moved
+
+    @_translated
+    async def kill_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        """Ordered steps (no multi-document transactions): the compare-and-sets, then claims
+        and datasets, one update_many each. A node that dies in between leaves claims that
+        `CallbackService.recover_workflow` and the deletor's orphan-claim sweep drop, and
+        datasets the next kill of the (KILLED) workflow gives up."""
+        if not expected or limit <= 0:
+            return []
+        found = await self._actions.find(
+            {"workflow_id": workflow_id, "state": {"$in": _values(expected)}},
+            {"action_id": 1, "_id": 0},
+            sort=[("action_id", 1)],
+            limit=limit,
+        ).to_list(None)
+        moved = await asyncio.gather(
+            *(
+                self._transition_action(
+                    workflow_id, doc["action_id"], expected, ActionState.KILLED, changes
+                )
+                for doc in found
+            )
+        )
+        killed = sorted((r for r in moved if r is not None), key=lambda a: a.action_id)
+        if not killed:
+            return killed
+        _, now_us = self._now()
+        stamp = {"$set": {"updated_at_us": now_us}, "$inc": {"version": 1}}
+        # Whole-batch updates (each document atomically): pulling every killed action's
+        # claim key from every input of the batch removes exactly their claims.
+        keys = [claim_key(a.workflow_id, a.action_id) for a in killed]
+        inputs = sorted({ds for a in killed for ds in a.inputs.values()})
+        if inputs:
+            await self._datasets.update_many(
+                {"_id": {"$in": inputs}, "claims": {"$in": keys}},
+                {"$pull": {"claims": {"$in": keys}}, **stamp},
+            )
+        # A producer computes its own dataset, so "produced by a killed action" is
+        # "the dataset of a killed action, whose producer is one of them".
+        await self._datasets.update_many(
+            {
+                "_id": {"$in": sorted({a.dataset_id for a in killed})},
+                "state": {"$in": _values(states.DATASET_COMPUTING)},
+                "producer_workflow_id": workflow_id,
+                "producer_action_id": {"$in": [a.action_id for a in killed]},
+            },
+            {
+                "$set": {"state": DatasetState.DELETED.value, "updated_at_us": now_us},
+                "$inc": {"version": 1},
+            },
+        )
+        return killed
 
     @_translated
     async def claim_actions(

@@ -471,6 +471,28 @@ class Store(Protocol):
         """Move every action of the workflow in `expected` to `new`, each by its own CAS."""
         ...
 
+    async def kill_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        changes: ActionChanges = ActionChanges(),
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        """Kill up to `limit` of the workflow's actions in `expected`, lowest ids first.
+
+        Each action is its own compare-and-set to KILLED. For every action killed,
+        in the same call: its claim (`claim_key`) is removed from each dataset in
+        its `inputs`, and the dataset it was computing (in a `DATASET_COMPUTING`
+        state, with this action as its producer) becomes DELETED. Returns the
+        killed records in ascending action id; fewer than `limit` means none was
+        left. A big workflow is killed by calling it until then: one bounded
+        batch per call, so no call holds the store (or the caller) for long. The
+        memory and SQLite backends do each batch atomically (one transaction);
+        MongoDB as ordered steps, the compare-and-sets first.
+        """
+        ...
+
     async def claim_actions(
         self,
         node_id: str,

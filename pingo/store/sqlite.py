@@ -1174,14 +1174,17 @@ class SQLiteStore:
             # Over: nothing polls it any more, so the process keeps nothing of it (memory
             # stays flat however many workflows have finished).
             cached = self._forget_document(row[0])
-            return _workflow(row, cached if cached is not None else json.loads(row[4]))
+            if cached is None:
+                cached = untrusted.stored_object(row[4])
+            return _workflow(row, cached)
         cached_entry = self._documents.get(row[0])
         if cached_entry is not None:
             self._documents.move_to_end(row[0])
             return _workflow(row, cached_entry[0])
         text: str = row[4]
-        # Strict, like every JSON the server reads: a NaN must not come back out.
-        document: Mapping[str, Any] = untrusted.loads(text)
+        # Strict, like every JSON the server reads: a NaN must not come back out. One
+        # too big to cache is left undecoded until read (see `untrusted.stored_object`).
+        document = untrusted.stored_object(text)
         self._cache_document(row[0], document, len(text))
         return _workflow(row, document)
 
@@ -1643,6 +1646,54 @@ class SQLiteStore:
         moved = await self._run_write(self._all_hot, sql, args)
         return sorted(moved, key=lambda a: a.action_id)
 
+    async def kill_actions(
+        self,
+        workflow_id: str,
+        expected: Collection[ActionState],
+        changes: ActionChanges = _NO_ACTION_CHANGES,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if not expected or limit <= 0:
+            return []
+        now = _us(self.clock())
+        sets, params = _set_clause(changes)
+        in_expected = _placeholders(len(expected))
+        # Each row is its own compare-and-set on its state; the batch is one transaction.
+        sql = (
+            f"UPDATE actions SET state = ?, updated_at = ?, version = version + 1{sets} "
+            f"WHERE workflow_id = ? AND state IN ({in_expected}) AND action_id IN ("
+            f"SELECT action_id FROM actions WHERE workflow_id = ? AND state IN ({in_expected}) "
+            f"ORDER BY action_id LIMIT ?) RETURNING {_HOT_COLUMNS}"
+        )
+        values = [s.value for s in expected]
+        args = [ActionState.KILLED.value, now, *params, workflow_id, *values]
+        args += [workflow_id, *values, limit]
+        killed: list[ActionRecord] = await self._run_write(
+            self._with_db, lambda conn: self._kill_actions(conn, sql, args, now)
+        )
+        return killed
+
+    def _kill_actions(
+        self, conn: sqlite3.Connection, sql: str, args: list[Any], now: int
+    ) -> list[ActionRecord]:
+        killed = sorted(self._all_hot(sql, args), key=lambda a: a.action_id)
+        gone: dict[str, set[str]] = {}
+        for action in killed:
+            claim = claim_key(action.workflow_id, action.action_id)
+            for dataset_id in action.inputs.values():
+                gone.setdefault(dataset_id, set()).add(claim)
+        for dataset_id, claims in gone.items():
+            self._drop_claims(conn, dataset_id, claims, now)
+        computing = [s.value for s in states.DATASET_COMPUTING]
+        conn.executemany(
+            "UPDATE datasets SET state = ?, updated_at = ?, version = version + 1 "
+            f"WHERE id = ? AND state IN ({_placeholders(len(computing))}) "
+            "AND producer_workflow_id = ? AND producer_action_id = ?",
+            [(DatasetState.DELETED.value, now, a.dataset_id, *computing, *a.key) for a in killed],
+        )
+        return killed
+
     async def claim_actions(
         self,
         node_id: str,
@@ -1957,7 +2008,14 @@ class SQLiteStore:
 
     @staticmethod
     def _drop_claim(conn: sqlite3.Connection, dataset_id: str, claim: str, now: int) -> None:
-        """`_remove_dataset_claim` for a caller that needs no record back (finish_action).
+        """`_remove_dataset_claim` for a caller that needs no record back (finish_action)."""
+        SQLiteStore._drop_claims(conn, dataset_id, (claim,), now)
+
+    @staticmethod
+    def _drop_claims(
+        conn: sqlite3.Connection, dataset_id: str, gone: Collection[str], now: int
+    ) -> None:
+        """Remove the claims `gone` from one dataset, with no record back.
 
         Reads and writes the claims alone: it runs for every input of every finished
         action, on the worker thread whose Python time the event loop waits for.
@@ -1966,12 +2024,12 @@ class SQLiteStore:
         if row is None:
             return
         claims: list[str] = json.loads(row[0])
-        if claim not in claims:
+        kept = [c for c in claims if c not in gone]
+        if len(kept) == len(claims):
             return
-        claims.remove(claim)
         conn.execute(
             "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 WHERE id = ?",
-            (_dumps(claims), now, dataset_id),
+            (_dumps(kept), now, dataset_id),
         )
 
     # ------------------------------------------------------------------- datasets

@@ -187,6 +187,38 @@ class _Decision:
     state: states.DatasetState | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Identified:
+    """A parsed, validated workflow with its dataset ids and its shape (worked out off-loop)."""
+
+    definition: WorkflowDefinition
+    dataset_ids: dict[int, str]
+    children: dict[int, tuple[int, ...]]
+    generations: list[list[int]]
+
+    def planning(
+        self, workflow_id: str, records: Mapping[str, protocol.DatasetRecord]
+    ) -> _Planning:
+        return _Planning(
+            workflow_id,
+            self.definition,
+            self.dataset_ids,
+            records,
+            children=self.children,
+            generations=self.generations,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """What the log and the metrics say about a persisted plan."""
+
+    computing: int
+    ready: int
+    #: Dataset ids reused (each once).
+    reused: list[str]
+
+
 @dataclass(slots=True)
 class _Planning:
     """The working state of one planning pass."""
@@ -196,6 +228,8 @@ class _Planning:
     dataset_ids: Mapping[int, str]
     records: Mapping[str, protocol.DatasetRecord]
     children: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    #: `reverse_generations` of the definition.
+    generations: list[list[int]] = field(default_factory=list)
     decisions: dict[int, _Decision] = field(default_factory=dict)
     #: (dataset id, claim key) added to the store, to release if persisting fails.
     claims: list[tuple[str, str]] = field(default_factory=list)
@@ -203,6 +237,8 @@ class _Planning:
     def __post_init__(self) -> None:
         if not self.children:
             self.children = children_map(self.definition)
+        if not self.generations:
+            self.generations = reverse_generations(self.definition, self.children)
 
     def is_leaf(self, action_id: int) -> bool:
         return not self.children[action_id]
@@ -287,17 +323,19 @@ class WorkflowManager:
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
-                return self._replay(existing, document), True
+                return await self._replay(existing, document), True
         scope = scope_for(self.settings, owner)
-        definition, dataset_ids = await self._identify(document, scope)
-        forced = _forced(definition, force)
+        identified = await self._identify(document, scope)
+        forced = _forced(identified.definition, force)
         now = self.store.clock()
         workflow_id = new_workflow_id(now)
-        records = await self.store.get_datasets(set(dataset_ids.values()))
-        planning = _Planning(workflow_id, definition, dataset_ids, records)
+        records = await self.store.get_datasets(set(identified.dataset_ids.values()))
+        planning = identified.planning(workflow_id, records)
         try:
             await self._plan(planning, forced, live=True)
-            plan = await self._workflow_plan(planning, owner, scope, now, idempotency_key, rerun_of)
+            plan, tally = await self._workflow_plan(
+                planning, owner, scope, now, idempotency_key, rerun_of
+            )
             try:
                 record = await self.store.create_workflow(plan)
             except errors.Conflict:
@@ -307,18 +345,13 @@ class WorkflowManager:
                 if existing is None:
                     raise
                 await self._release(planning.claims)
-                return self._replay(existing, definition.document), True
+                return await self._replay(existing, identified.definition.document), True
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
-        # One use per dataset per workflow, however many of its actions reuse it.
-        reused = sorted(
-            {dataset_ids[aid] for aid, d in planning.decisions.items() if d.reason == "reused"}
-        )
+        reused, computing, ready = tally.reused, tally.computing, tally.ready
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
-        computing = sum(1 for d in planning.decisions.values() if d.compute)
-        ready = sum(1 for a in plan.actions if a.state is A.READY)
         metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
         if ready:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(ready)
@@ -340,12 +373,11 @@ class WorkflowManager:
         )
         return record, False
 
-    def _replay(
+    async def _replay(
         self, existing: protocol.WorkflowRecord, document: bytes | str | Mapping[str, Any]
     ) -> protocol.WorkflowRecord:
         """The earlier workflow submitted with the same key, if it was the same document."""
-        sent = document if isinstance(document, Mapping) else untrusted.loads(document)
-        if existing.document != sent:
+        if await asyncio.to_thread(_differs, existing.document, document):
             issue = errors.ValidationIssue(
                 "IDEMPOTENCY_KEY_REUSED",
                 f"this key was used for workflow {existing.id} with a different document",
@@ -365,10 +397,10 @@ class WorkflowManager:
         force: Collection[int] = (),
     ) -> Plan:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
-        definition, dataset_ids = await self._identify(document, scope_for(self.settings, owner))
-        records = await self.store.get_datasets(set(dataset_ids.values()))
-        planning = _Planning(new_workflow_id(self.store.clock()), definition, dataset_ids, records)
-        await self._plan(planning, _forced(definition, force), live=False)
+        identified = await self._identify(document, scope_for(self.settings, owner))
+        records = await self.store.get_datasets(set(identified.dataset_ids.values()))
+        planning = identified.planning(new_workflow_id(self.store.clock()), records)
+        await self._plan(planning, _forced(identified.definition, force), live=False)
         return _to_plan(planning)
 
     async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
@@ -383,14 +415,12 @@ class WorkflowManager:
 
     # ---------------------------------------------------------------- planning
 
-    async def _identify(
-        self, document: bytes | str | Mapping[str, Any], scope: str
-    ) -> tuple[WorkflowDefinition, dict[int, str]]:
-        """Parse and validate `document` and compute its dataset ids, off the event loop.
+    async def _identify(self, document: bytes | str | Mapping[str, Any], scope: str) -> _Identified:
+        """Parse and validate `document`, compute its dataset ids and shape, off the event loop.
 
-        Both are pure CPU work linear in the actions (seconds for 100,000); in a
-        worker thread they share the GIL with the loop in short slices instead of
-        stopping every other request until they are done.
+        All of it is pure CPU work linear in the actions (seconds for 100,000); in a
+        worker thread it shares the GIL with the loop in short slices instead of
+        stopping every other request until it is done.
         """
         try:
             return await asyncio.to_thread(self._identify_sync, document, scope)
@@ -398,18 +428,22 @@ class WorkflowManager:
             metrics.SUBMISSIONS.labels(outcome="invalid").inc()
             raise
 
-    def _identify_sync(
-        self, document: bytes | str | Mapping[str, Any], scope: str
-    ) -> tuple[WorkflowDefinition, dict[int, str]]:
+    def _identify_sync(self, document: bytes | str | Mapping[str, Any], scope: str) -> _Identified:
         definition = language.parse(document, max_actions=self.settings.max_actions)
-        return definition, provenance.dataset_ids(definition, scope)
+        children = children_map(definition)
+        return _Identified(
+            definition,
+            provenance.dataset_ids(definition, scope),
+            children,
+            reverse_generations(definition, children),
+        )
 
     async def _plan(self, planning: _Planning, forced: frozenset[int], *, live: bool) -> None:
         """Fill `planning.decisions` for every action, adding claims when `live`."""
         definition = planning.definition
         decisions = planning.decisions
         decided = 0
-        for generation in reverse_generations(definition, planning.children):
+        for generation in planning.generations:
             reusing: list[int] = []
             for aid in generation:
                 decided += 1
@@ -545,15 +579,35 @@ class WorkflowManager:
         now: datetime,
         idempotency_key: str | None,
         rerun_of: str | None,
-    ) -> protocol.WorkflowPlan:
-        """The records to persist: the workflow, every action, every dataset to compute."""
+    ) -> tuple[protocol.WorkflowPlan, _Tally]:
+        """The records to persist: the workflow, every action, every dataset to compute.
+
+        Building them is CPU work linear in the actions: a big workflow's goes to a
+        worker thread, so the loop keeps serving other requests meanwhile.
+        """
+        decisions = planning.decisions
+        computing = [aid for aid in sorted(planning.definition.actions) if decisions[aid].compute]
+        keep = await self._keep_decisions(planning, owner, scope, computing)
+        build = (planning, owner, scope, now, idempotency_key, rerun_of, computing, keep)
+        if len(planning.definition.actions) <= _PLAN_CHUNK:
+            return self._build_plan(*build)
+        return await asyncio.to_thread(self._build_plan, *build)
+
+    def _build_plan(
+        self,
+        planning: _Planning,
+        owner: str,
+        scope: str,
+        now: datetime,
+        idempotency_key: str | None,
+        rerun_of: str | None,
+        computing: list[int],
+        keep: Mapping[int, bool],
+    ) -> tuple[protocol.WorkflowPlan, _Tally]:
         definition = planning.definition
         wf = planning.workflow_id
         ids = planning.dataset_ids
         decisions = planning.decisions
-        computing = [aid for aid in sorted(definition.actions) if decisions[aid].compute]
-        keep = await self._keep_decisions(planning, owner, scope, computing)
-
         actions: list[protocol.ActionRecord] = []
         datasets: dict[str, protocol.DatasetPlan] = {}
         order = sorted(definition.actions)
@@ -642,7 +696,13 @@ class WorkflowManager:
             idempotency_key=idempotency_key,
             rerun_of=rerun_of,
         )
-        return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values()))
+        tally = _Tally(
+            computing=len(computing),
+            ready=sum(1 for a in actions if a.state is A.READY),
+            # One use per dataset per workflow, however many of its actions reuse it.
+            reused=sorted({ids[aid] for aid, d in decisions.items() if d.reason == "reused"}),
+        )
+        return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values())), tally
 
     async def _keep_decisions(
         self, planning: _Planning, owner: str, scope: str, computing: Sequence[int]
@@ -724,3 +784,9 @@ def _to_plan(planning: _Planning) -> Plan:
             for aid in sorted(planning.definition.actions)
         ),
     )
+
+
+def _differs(stored: Mapping[str, Any], sent: bytes | str | Mapping[str, Any]) -> bool:
+    """Whether a stored document and a submitted one differ (decoding both: call off-loop)."""
+    submitted = sent if isinstance(sent, Mapping) else untrusted.loads(sent)
+    return bool(untrusted.plain(stored) != submitted)

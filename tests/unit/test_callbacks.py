@@ -437,6 +437,37 @@ async def test_submit_failed_and_release_lost(
 # ------------------------------------------------------------------------- kill
 
 
+async def test_a_big_chain_submits_and_kills_in_batches(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: CallbackService,
+    manager: planner.WorkflowManager,
+    killer: Killer,
+) -> None:
+    """Past every chunk size: the body is decoded piece by piece, the plan is built in a
+    thread, and the kill takes several batches."""
+    if isinstance(store, MongoStore):
+        # Over 90 s for 1,200 actions. tests/contract/test_kill_actions.py kills in
+        # batches on MongoDB (mongomock and the wire server).
+        pytest.skip("mongomock is an in-process stand-in, orders of magnitude slower")
+    length = 2_500
+    chain = {i: [i - 1] if i > 1 else [] for i in range(1, length + 1)}
+    body = json.dumps(workflow(chain, tag="t" * 80)).encode()
+    record = await manager.submit(body, owner="ann")
+    assert await store.count_actions(record.id) == {A.READY: 1, A.WAITING: length - 1}
+    running = await start_attempt(store, record.id, 1)
+
+    killed = await manager.kill(record.id)
+
+    assert killed.state is W.KILLED
+    assert killer.killed == [running.key]
+    assert await store.count_actions(record.id) == {A.KILLED: length}
+    actions = await store.list_actions(record.id)
+    datasets = await store.get_datasets({a.dataset_id for a in actions})
+    assert len(datasets) == length
+    assert all(d.state is D.DELETED and d.claims == () for d in datasets.values())
+
+
 async def test_kill_workflow(
     store: protocol.Store,
     storage: DatasetStorage,

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pingo import errors, limits, states
+from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
@@ -47,9 +47,21 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
     return await lookup.workflow(state.node(request).store, workflow_id, owner=owner)
 
 
-async def _document(request: web.Request, record: WorkflowRecord) -> dict[str, Any]:
+#: Workflows with more actions than this have their document encoded in a worker thread.
+_INLINE_ACTIONS = 2_000
+
+
+async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
+    """The workflow document, serialized; a big one off the event loop (issue 13)."""
     actions = await state.node(request).store.list_actions(record.id)
-    return documents.workflow_document(record, actions)
+    if len(actions) <= _INLINE_ACTIONS:
+        return documents.encode_workflow_document(record, actions)
+    try:
+        with heap.full_collections_deferred():
+            return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
+    finally:
+        # Hundreds of MiB came and go with a document this big: give them back after.
+        state.api_state(request).trimmer.soon()
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
@@ -63,7 +75,7 @@ async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
         cached = cache.get(record.id)
         if cached is not None:
             return cached.body
-    body = bodies.encode_json(await _document(request, record))
+    body = await _encoded_document(request, record)
     if succeeded:
         cache.put(record.id, state.CachedDocument(owner=record.owner, body=body))
     return body
@@ -178,6 +190,15 @@ async def check_workflow_cap(request: web.Request, owner: str) -> None:
 @routes.post(PREFIX + "/workflows", name="submit_workflow")
 async def submit_workflow(request: web.Request) -> web.Response:
     """Submit a workflow (201 + Location), or plan it without running (`?dryRun=true`, 200)."""
+    size = request.content_length or 0
+    if size <= untrusted.PIECEWISE_CHARS:
+        return await _submit_workflow(request)
+    # Hundreds of thousands of objects live until the answer: no full GC pass over them.
+    with heap.full_collections_deferred():
+        return await _submit_workflow(request)
+
+
+async def _submit_workflow(request: web.Request) -> web.Response:
     user = auth.current_user(request)
     node = state.node(request)
     dry_run = bodies.query_bool(request, "dryRun")
@@ -247,8 +268,9 @@ async def get_workflow(request: web.Request) -> web.Response:
 async def kill_workflow(request: web.Request) -> web.Response:
     """Kill a running workflow: its running actions are stopped, waiting ones never start."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
-    killed = await state.node(request).workflows.kill(record.id)
-    return bodies.json_response(await _document(request, killed))
+    with heap.full_collections_deferred():
+        killed = await state.node(request).workflows.kill(record.id)
+    return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
 def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) -> frozenset[int]:
@@ -316,14 +338,16 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     record = await visible_workflow(request, request.match_info["workflow_id"])
     take_submission(request, auth.current_user(request))
     body = await bodies.read_json(request, optional=True)
-    raw_actions = record.document.get("actions", [])
+    # A big workflow's stored document is decoded only now, and off the loop.
+    document = await asyncio.to_thread(untrusted.plain, record.document)
+    raw_actions = document.get("actions", [])
     force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
-    check_executors(request, record.document)
+    check_executors(request, document)
     await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
     rerun = await state.node(request).workflows.submit(
-        record.document, owner=record.owner, force=force, rerun_of=record.id
+        document, owner=record.owner, force=force, rerun_of=record.id
     )
     return bodies.raw_json_response(
         await _document_body(request, rerun),

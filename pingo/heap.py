@@ -1,0 +1,132 @@
+"""Giving memory back to the system after a big workflow has come and gone (issue 13).
+
+A 100,000-action workflow makes the server allocate hundreds of MiB of small
+objects, from the event loop's thread and from worker threads (the SQLite
+worker, planning and encoding threads). When they are freed, glibc keeps the
+free pages inside its arenas (one per thread that allocated), so the process's
+resident memory stays near its peak long after the workflow is gone.
+`malloc_trim(0)` hands every whole free page of every arena back with
+`madvise`; bench/README.md ("Stall") measures what it changes.
+
+Elsewhere (musl, macOS) there is no `malloc_trim`, and trimming does nothing.
+
+While such a workflow is alive, Python's full garbage collections are the other
+cost: `full_collections_deferred` holds them off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+#: How long after the last big piece of work the heap is trimmed: long enough for its
+#: response to be sent and its objects freed, and one trim for a burst of them.
+TRIM_DELAY_S = 1.0
+
+
+#: A generation-2 threshold no workload reaches: that many generation-1 collections.
+_NEVER = 1 << 30
+
+_deferrals = 0
+_deferrals_lock = threading.Lock()
+_saved_threshold: tuple[int, int, int] | None = None
+
+
+@contextlib.contextmanager
+def full_collections_deferred() -> Iterator[None]:
+    """Hold off full (generation-2) garbage collections while a big workflow is handled.
+
+    A full collection walks every tracked object with the GIL held, so no thread runs
+    meanwhile: with a 100,000-action workflow's objects alive that is seconds (parsing
+    one on the loaded VM triggered 8, the longest 4.4 s). Young collections go on; the
+    next full one comes after, once the workflow's objects are gone. Nestable and
+    thread-safe: the threshold is restored when the last holder leaves.
+    """
+    global _deferrals, _saved_threshold
+    with _deferrals_lock:
+        if _deferrals == 0:
+            _saved_threshold = gc.get_threshold()
+            gc.set_threshold(_saved_threshold[0], _saved_threshold[1], _NEVER)
+        _deferrals += 1
+    try:
+        yield
+    finally:
+        with _deferrals_lock:
+            _deferrals -= 1
+            if _deferrals == 0 and _saved_threshold is not None:
+                gc.set_threshold(*_saved_threshold)
+                _saved_threshold = None
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        function = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    # A ctypes CDLL call releases the GIL: the loop runs while glibc walks its arenas.
+    trim: Callable[[int], int] = function
+    return trim
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def trim() -> bool:
+    """Return free heap pages to the system now; False where the C library cannot."""
+    if _malloc_trim is None:
+        return False
+    started = time.perf_counter()
+    released = bool(_malloc_trim(0))
+    logger.debug(
+        "heap trimmed in %.1f ms (%s)",
+        (time.perf_counter() - started) * 1000,
+        "pages released" if released else "nothing to release",
+        extra={"event": "heap_trimmed"},
+    )
+    return True
+
+
+class Trimmer:
+    """Trims the heap once, `delay_s` after the last of a burst of `soon()` calls."""
+
+    def __init__(self, delay_s: float = TRIM_DELAY_S) -> None:
+        self.delay_s = delay_s
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[bool] | None = None
+
+    def soon(self) -> None:
+        """Ask for a trim once the current big work is over (call from the event loop)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(trim), name="heap-trim"
+            )
+
+    async def close(self) -> None:
+        """Cancel a pending trim and wait for a running one (at shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,112 @@
+"""One user's big workflow does not stop the server answering others (issue 13).
+
+Not timed (bench/bench_stall.py measures the gaps): these check that /healthz keeps
+answering while a workflow past every chunk size is submitted and killed over HTTP,
+and that the submission and the kill are right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from pingo import untrusted
+
+from .conftest import Api, command_workflow
+
+#: Past the piecewise body size, the off-loop planning and encoding sizes, and three
+#: kill batches.
+ACTIONS = 2_500
+
+
+def _big_chain() -> dict[str, Any]:
+    """A chain whose first action sleeps, so nothing past it runs before the kill."""
+    commands = {1: ["sh", "-c", 'sleep 60; echo > "$PINGO_OUTPUT"']}
+    commands.update({i: ["true", f"big-{i}"] for i in range(2, ACTIONS + 1)})
+    return command_workflow(commands, {i: [i - 1] for i in range(2, ACTIONS + 1)}, name="big")
+
+
+class _Poller:
+    """/healthz back to back, counting the answers."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.answers = 0
+        self.answered = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            response = await self.api.client.get("/healthz")
+            assert response.status == 200
+            await response.read()
+            self.answers += 1
+            self.answered.set()
+            await asyncio.sleep(0)
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        self._stop.set()
+        await task
+
+
+async def test_healthz_answers_while_a_big_workflow_is_submitted_and_killed(api: Api) -> None:
+    body = json.dumps(_big_chain()).encode()
+    assert len(body) > untrusted.PIECEWISE_CHARS
+    poller = _Poller(api)
+    polling = asyncio.create_task(poller.run())
+    await asyncio.wait_for(poller.answered.wait(), timeout=30)
+
+    before = poller.answers
+    response = await api.client.post(
+        "/api/v1/workflows",
+        data=body,
+        headers={**api.auth("admin"), "Content-Type": "application/json"},
+    )
+    assert response.status == 201, await response.text()
+    submitted = await response.json()
+    during_submission = poller.answers - before
+    assert [a["actionId"] for a in submitted["actions"]] == list(range(1, ACTIONS + 1))
+    assert submitted["counts"]["WAITING"] + submitted["counts"]["READY"] >= ACTIONS - 1
+    await api.wait_action(submitted["id"], 1, {"SUBMITTED", "RUNNING"}, timeout_s=60)
+
+    before = poller.answers
+    response = await api.client.post(
+        f"/api/v1/workflows/{submitted['id']}/kill", headers=api.auth("admin")
+    )
+    assert response.status == 200, await response.text()
+    killed = await response.json()
+    during_kill = poller.answers - before
+    await poller.stop(polling)
+
+    assert during_submission > 0 and during_kill > 0
+    assert killed["state"] == "KILLED"
+    assert killed["counts"]["KILLED"] == ACTIONS
+    again = await api.workflow(submitted["id"])
+    assert again["counts"]["KILLED"] == ACTIONS
+    # Its datasets were given up, all of them.
+    node = api.node
+    actions = await node.store.list_actions(submitted["id"])
+    datasets = await node.store.get_datasets({a.dataset_id for a in actions})
+    assert {d.state.value for d in datasets.values()} == {"DELETED"}
+
+
+async def test_a_big_workflow_reruns(api: Api) -> None:
+    document = _big_chain()
+    submitted = await api.submit(document)
+    await api.wait_action(submitted["id"], 1, {"SUBMITTED", "RUNNING"}, timeout_s=60)
+    response = await api.client.post(
+        f"/api/v1/workflows/{submitted['id']}/kill", headers=api.auth("admin")
+    )
+    assert response.status == 200
+    # The stored document (too big to keep decoded) is read back for the re-run.
+    response = await api.client.post(
+        f"/api/v1/workflows/{submitted['id']}/rerun", headers=api.auth("admin")
+    )
+    assert response.status == 201, await response.text()
+    rerun = await response.json()
+    assert len(rerun["actions"]) == ACTIONS
+    response = await api.client.post(
+        f"/api/v1/workflows/{rerun['id']}/kill", headers=api.auth("admin")
+    )
+    assert response.status == 200
