@@ -409,9 +409,14 @@ class Lineage:
         self._superseded.pop(dataset.dataset_id, None)
         return True
 
+    #: The prior on the reuse rate of superseded datasets: one reuse in ten, as if
+    #: observed ten times (so ten reuses among the first datasets turn the tier off).
+    PRIOR_REUSES, PRIOR_WEIGHT = 1.0, 10.0
+
     def reuse_rate(self) -> float:
-        """Learned share of superseded datasets reused after all (Laplace-smoothed)."""
-        return (self.superseded_reused + 1) / (self.superseded_reused + self.superseded_evicted + 2)
+        """Learned share of superseded datasets reused after all (the prior, updated)."""
+        observed = self.superseded_reused + self.superseded_evicted
+        return (self.superseded_reused + self.PRIOR_REUSES) / (observed + self.PRIOR_WEIGHT)
 
     def _learn(self, candidates: Sequence[Candidate]) -> None:
         for c in candidates:
