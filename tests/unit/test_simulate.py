@@ -210,7 +210,11 @@ async def test_study_is_deterministic_for_a_seed(small_traces: list[Path]) -> No
         assert row["computeSeconds"] <= row["noReuseComputeSeconds"]
         assert row["unlimitedComputeSeconds"] <= row["oracleComputeSeconds"]
     summary = simulate.summarize(
-        [r for r in (await simulate.study(small_traces, submissions=25, seeds=[11])).results]
+        (
+            await simulate.study(
+                small_traces, submissions=25, seeds=[11], policies=["lru", "gdsf"], capacities=[0.1]
+            )
+        ).results
     )
     lru_rows = [r for r in summary if r.policy == "lru"]
     assert all(r.vs_lru == pytest.approx(1.0) for r in lru_rows)
