@@ -966,11 +966,12 @@ def validate(
 
 #: `pingo simulate`'s repeatable options (module-level defaults, as ruff's B008 asks).
 _SIM_TRACES = typer.Option(
-    ...,
+    None,
     "--trace",
     metavar="FILE",
-    help="A workflow trace: a document from make_workloads.py wfcommons, or a raw WfCommons "
-    "instance. Repeat for several families.",
+    help="A workflow trace: a WfCommons instance (.json or .json.gz) or a document from "
+    "make_workloads.py wfcommons. Repeat for several families [the seven WfCommons traces "
+    "shipped with Pingo].",
 )
 _SIM_SEEDS = typer.Option(
     None, "--seed", help="Seed of the submission sequence; repeat to average over seeds [1]."
@@ -978,7 +979,8 @@ _SIM_SEEDS = typer.Option(
 _SIM_POLICIES = typer.Option(
     None,
     "--policy",
-    help="Retention policy to replay; repeat (default: lru, lfu, cost-benefit, gdsf).",
+    help="Retention policy to replay, with options as name:key=value; repeat "
+    "(default: lru, lfu, cost-benefit, gdsf, most-used, adaptive, lineage).",
 )
 _SIM_CAPACITIES = typer.Option(
     None,
@@ -986,13 +988,16 @@ _SIM_CAPACITIES = typer.Option(
     help="Storage capacity as a fraction of the working set; repeat [0.05, 0.1, 0.2, 0.5].",
 )
 _SIM_PLOT = typer.Option(
-    None, "--plot", metavar="FILE.png", help="Write compute-vs-capacity curves (PNG)."
+    None,
+    "--plot",
+    metavar="FILE.svg",
+    help="Write compute-vs-capacity curves (SVG), the lower bound drawn as the floor.",
 )
 
 
 @app.command()
 def simulate(
-    trace: list[Path] = _SIM_TRACES,
+    trace: list[Path] | None = _SIM_TRACES,
     submissions: int = typer.Option(200, "--submissions", min=1, help="Workflows submitted."),
     seed: list[int] | None = _SIM_SEEDS,
     policy: list[str] | None = _SIM_POLICIES,
@@ -1021,6 +1026,7 @@ def simulate(
 
     from pingo import errors as pingo_errors
     from pingo.retention import simulate as simulation
+    from pingo.retention.traces import shipped_traces
 
     configure_logging("WARNING")
     err = Console(stderr=True)
@@ -1034,7 +1040,7 @@ def simulate(
     try:
         study = asyncio.run(
             simulation.study(
-                trace,
+                trace or shipped_traces(),
                 submissions=submissions,
                 seeds=seed or [1],
                 policies=policy or list(simulation.DEFAULT_POLICIES),

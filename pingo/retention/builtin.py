@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from pingo import errors
@@ -34,6 +35,14 @@ def take_until_freed(ranked: Iterable[tuple[Candidate, str]], bytes_to_free: int
 
 def _seconds(later: datetime, earlier: datetime) -> float:
     return max((later - earlier).total_seconds(), 0.0)
+
+
+def _idle(candidate: Candidate, now: datetime) -> str:
+    """How long the dataset has not been used, and what its last use was: for reasons."""
+    idle = f"idle {_seconds(now, candidate.last_touched_at):.0f}s"
+    if candidate.last_used_at is not None and candidate.last_used_at >= candidate.last_touched_at:
+        return f"{idle} since its last reuse"
+    return f"{idle} since it was stored, never reused since"
 
 
 class KeepAll:
@@ -62,7 +71,7 @@ class LRU:
             return []
         ranked = sorted(candidates, key=lambda c: (c.last_touched_at, c.dataset_id))
         return take_until_freed(
-            ((c, f"lru: idle {_seconds(now, c.last_touched_at):.0f}s") for c in ranked),
+            ((c, f"lru: {_idle(c, now)}") for c in ranked),
             bytes_to_free,
         )
 
@@ -82,7 +91,9 @@ class LFU:
         if bytes_to_free <= 0:
             return []
         ranked = sorted(candidates, key=lambda c: (c.use_count, c.last_touched_at, c.dataset_id))
-        return take_until_freed(((c, f"lfu: {c.use_count} uses") for c in ranked), bytes_to_free)
+        return take_until_freed(
+            ((c, f"lfu: {c.use_count} uses, {_idle(c, now)}") for c in ranked), bytes_to_free
+        )
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         return True
@@ -167,16 +178,16 @@ class GDSF:
         ranked = sorted(
             ((self.priority(c), c) for c in candidates), key=lambda hc: (hc[0], hc[1].dataset_id)
         )
-        # Forget datasets that are no longer candidates (evicted, deleted, claimed):
-        # one that comes back is treated as freshly used, which it just was.
-        present = {c.dataset_id for c in candidates}
-        for dataset_id in [d for d in self._priority if d not in present]:
-            del self._priority[dataset_id]
+        self.forget_absent({c.dataset_id for c in candidates})
         if bytes_to_free <= 0:
             return []
         evictions = take_until_freed(
             (
-                (c, f"gdsf: H {h:.3g} (L {self.inflation:.3g}, {c.use_count} uses)")
+                (
+                    c,
+                    f"gdsf: H {h:.3g} (L {self.inflation:.3g}; {c.use_count + 1} uses * "
+                    f"recompute {c.recompute_cost_s:.1f}s / {c.size_bytes} B)",
+                )
                 for h, c in ranked
             ),
             bytes_to_free,
@@ -185,8 +196,19 @@ class GDSF:
         for h, c in ranked:
             if c.dataset_id in chosen:
                 self.inflation = max(self.inflation, h)
-                del self._priority[c.dataset_id]
+                self.drop(c.dataset_id)
         return evictions
+
+    def forget_absent(self, present: Collection[str]) -> None:
+        """Forget datasets that are no longer candidates (evicted, deleted, claimed).
+
+        One that comes back is treated as freshly used, which it just was.
+        """
+        for dataset_id in [d for d in self._priority if d not in present]:
+            del self._priority[dataset_id]
+
+    def drop(self, dataset_id: str) -> None:
+        self._priority.pop(dataset_id, None)
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         return True
@@ -319,6 +341,139 @@ class Adaptive(_WindowedUse):
         return self.window()
 
 
+@dataclass(slots=True)
+class _Supersession:
+    """An older version of a workflow step, replaced at planning time by a newer one."""
+
+    step: tuple[str, ...]
+    at: datetime
+    by: str
+
+
+class Lineage:
+    """Pingo's own policy: GDSF, after the datasets a newer version of their step replaced.
+
+    It learns from the planner what the other policies cannot see. Every new
+    intermediate passes through `keep_new`; when a workflow plans a new dataset
+    for a step (same owner, scope, action id, name and type) that already had
+    one, the step was edited, and the old dataset (and, as the planner reaches
+    them, its descendants) is *superseded*: only a resubmission of the old
+    version could read it again. Superseded datasets are evicted first.
+
+    How often a superseded dataset is reused anyway is learned online: the
+    policy counts the superseded datasets it saw reused after their
+    supersession. A step whose old version came back (two workflows sharing a
+    step name, a user going back to an older version) is no longer trusted,
+    and when the learned reuse rate exceeds `max_reuse_rate` the policy falls
+    back to plain GDSF. Among the rest, and within each tier, the order is
+    GDSF's (recompute cost with the missing ancestors' cascade, frequency,
+    size, aging).
+
+    State lives in the instance: a node learns supersessions from the
+    workflows it plans; what another node planned it ranks by GDSF alone.
+    """
+
+    name = "lineage"
+
+    def __init__(self, max_reuse_rate: float | str = 0.2) -> None:
+        try:
+            self.max_reuse_rate = float(max_reuse_rate)
+        except ValueError:
+            raise errors.ConfigurationError(
+                f"max_reuse_rate must be a number, not {max_reuse_rate!r}"
+            ) from None
+        if not 0.0 <= self.max_reuse_rate <= 1.0:
+            raise errors.ConfigurationError(
+                f"max_reuse_rate must be between 0 and 1, not {self.max_reuse_rate}"
+            )
+        self.gdsf = GDSF()
+        self._latest: dict[tuple[str, ...], str] = {}
+        self._superseded: dict[str, _Supersession] = {}
+        self._untrusted: set[tuple[str, ...]] = set()
+        #: Superseded datasets whose fate is known: reused after all, or evicted unused.
+        self.superseded_reused = 0
+        self.superseded_evicted = 0
+
+    @staticmethod
+    def step_key(dataset: NewDatasetInfo) -> tuple[str, ...]:
+        action = dataset.action
+        return (dataset.owner, dataset.scope, action.type, str(action.id), action.name)
+
+    def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
+        step = self.step_key(dataset)
+        previous = self._latest.get(step)
+        if previous is not None and previous != dataset.dataset_id:
+            self._superseded[previous] = _Supersession(step, now, dataset.dataset_id)
+        self._latest[step] = dataset.dataset_id
+        # A dataset planned again (recomputed after an eviction) is current again.
+        self._superseded.pop(dataset.dataset_id, None)
+        return True
+
+    #: The prior on the reuse rate of superseded datasets: one reuse in ten, as if
+    #: observed ten times (so ten reuses among the first datasets turn the tier off).
+    PRIOR_REUSES, PRIOR_WEIGHT = 1.0, 10.0
+
+    def reuse_rate(self) -> float:
+        """Learned share of superseded datasets reused after all (the prior, updated)."""
+        observed = self.superseded_reused + self.superseded_evicted
+        return (self.superseded_reused + self.PRIOR_REUSES) / (observed + self.PRIOR_WEIGHT)
+
+    def _learn(self, candidates: Sequence[Candidate]) -> None:
+        for c in candidates:
+            known = self._superseded.get(c.dataset_id)
+            if known is not None and c.last_used_at is not None and c.last_used_at > known.at:
+                self.superseded_reused += 1
+                self._untrusted.add(known.step)
+                del self._superseded[c.dataset_id]
+
+    def _dead(self, candidate: Candidate) -> _Supersession | None:
+        known = self._superseded.get(candidate.dataset_id)
+        if known is None or known.step in self._untrusted:
+            return None
+        return known
+
+    def select_evictions(
+        self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
+    ) -> list[Eviction]:
+        self._learn(candidates)
+        trust = self.reuse_rate() <= self.max_reuse_rate
+        ranked = sorted(
+            ((0 if trust and self._dead(c) else 1, self.gdsf.priority(c), c) for c in candidates),
+            key=lambda thc: (thc[0], thc[1], thc[2].dataset_id),
+        )
+        present = {c.dataset_id for c in candidates}
+        self.gdsf.forget_absent(present)
+        if bytes_to_free <= 0:
+            return []
+        evictions = take_until_freed(
+            ((c, self._reason(tier, h, c)) for tier, h, c in ranked), bytes_to_free
+        )
+        chosen = {e.dataset_id for e in evictions}
+        for tier, h, c in ranked:
+            if c.dataset_id not in chosen:
+                continue
+            if tier == 0:
+                self.superseded_evicted += 1
+                del self._superseded[c.dataset_id]
+            else:
+                self.gdsf.inflation = max(self.gdsf.inflation, h)
+            self.gdsf.drop(c.dataset_id)
+        return evictions
+
+    def _reason(self, tier: int, h: float, c: Candidate) -> str:
+        if tier == 0:
+            known = self._superseded[c.dataset_id]
+            return (
+                f"lineage: step {known.step[4]!r} has a newer version ({known.by}); "
+                f"superseded datasets reused so far: {self.superseded_reused} of "
+                f"{self.superseded_reused + self.superseded_evicted}"
+            )
+        return (
+            f"lineage: H {h:.3g} (recompute {c.recompute_cost_s:.1f}s with missing "
+            f"ancestors, {c.use_count} uses, {c.size_bytes} B, L {self.gdsf.inflation:.3g})"
+        )
+
+
 #: Name → factory, also registered as entry points in pyproject.toml.
 BUILTINS: dict[str, PolicyFactory] = {
     KeepAll.name: KeepAll,
@@ -328,4 +483,5 @@ BUILTINS: dict[str, PolicyFactory] = {
     GDSF.name: GDSF,
     MostUsed.name: MostUsed,
     Adaptive.name: Adaptive,
+    Lineage.name: Lineage,
 }

@@ -77,8 +77,19 @@ class Candidate:
 
     @property
     def last_touched_at(self) -> datetime:
-        """Last reuse, or creation when never reused."""
-        return self.last_used_at or self.created_at
+        """When the data was last used: its latest reuse, or when it was written.
+
+        A dataset is created (planned) when its workflow is submitted but only
+        written when its action ends, possibly hours later, and a recomputed
+        dataset keeps its first creation time: so the latest of the reuse, the
+        storing and the creation is when anything last touched the data.
+        """
+        moments = [self.created_at]
+        if self.stored_at is not None:
+            moments.append(self.stored_at)
+        if self.last_used_at is not None:
+            moments.append(self.last_used_at)
+        return max(moments)
 
     @property
     def evictable(self) -> bool:

@@ -29,9 +29,11 @@ import csv
 import dataclasses
 import functools
 import heapq
+import html
 import io
 import itertools
 import logging
+import math
 import multiprocessing
 import statistics
 import time
@@ -60,7 +62,7 @@ A = states.ActionState
 #: Where the virtual clock starts.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 #: The default policies compared (keep-all ignores the budget: it is the unlimited reference).
-DEFAULT_POLICIES = ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive")
+DEFAULT_POLICIES = ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive", "lineage")
 DEFAULT_CAPACITIES = (0.05, 0.10, 0.20, 0.50)
 _NODE = "simulator"
 _OWNER = "simulation"
@@ -663,18 +665,22 @@ def summarize(results: Sequence[Result]) -> list[Row]:
     return rows
 
 
-def plot(results: Sequence[Result], path: str | Path, *, title: str | None = None) -> None:
-    """Compute-vs-capacity curves, each seed's compute divided by its unlimited-storage compute.
+#: Line colours of the policies in `plot` (Tableau 10), reused in turn.
+_PALETTE = (
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+)  # fmt: skip
 
-    Seeds differ in scale (a different family is the most popular in each), so
-    curves show the ratio to unlimited storage: the mean over seeds, with the
-    min-max band. The oracle is dashed; 1.0 is unlimited storage.
-    """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    label: str
+    points: list[tuple[float, float]]
+    style: str
+
+
+def _curves(results: Sequence[Result]) -> tuple[list[_Curve], float]:
+    """Each policy's mean ratio to unlimited storage per capacity, the references, no reuse."""
 
     def ratio(r: Result, compute_s: float) -> float:
         return compute_s / max(r.unlimited_compute_s, 1e-9)
@@ -683,52 +689,120 @@ def plot(results: Sequence[Result], path: str | Path, *, title: str | None = Non
     for r in results:
         cells.setdefault((r.policy, r.capacity_fraction), []).append(r)
     fractions = sorted({f for _, f in cells})
-    xs = [100 * f for f in fractions]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for policy in sorted({p for p, _ in cells}):
+    policies = sorted({p for p, _ in cells})
+    curves: list[_Curve] = []
+    for n, policy in enumerate(policies):
         groups = [cells.get((policy, f), []) for f in fractions]
-        if not all(groups):
-            continue
-        values = [[ratio(r, r.compute_s) for r in g] for g in groups]
-        ax.plot(xs, [statistics.fmean(v) for v in values], marker="o", label=policy)
-        ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], alpha=0.12)
-    # The oracle and no reuse do not depend on the policy: take any policy's rows.
-    any_policy = sorted({p for p, _ in cells})[0]
-    refs = [cells[(any_policy, f)] for f in fractions]
-    oracle_values = [[ratio(r, r.oracle_compute_s) for r in g] for g in refs]
-    ax.plot(
-        xs,
-        [statistics.fmean(v) for v in oracle_values],
-        "k--",
-        marker="x",
-        label="oracle (offline)",
+        points = [
+            (100 * f, statistics.fmean(ratio(r, r.compute_s) for r in g))
+            for f, g in zip(fractions, groups, strict=True)
+            if g
+        ]
+        style = f'stroke="{_PALETTE[n % len(_PALETTE)]}" stroke-width="2"'
+        curves.append(_Curve(policy, points, style))
+    # The references do not depend on the policy: take any policy's rows.
+    refs = [(f, cells[(policies[0], f)]) for f in fractions if (policies[0], f) in cells]
+    curves.append(
+        _Curve(
+            "oracle (offline)",
+            [(100 * f, statistics.fmean(ratio(r, r.oracle_compute_s) for r in g)) for f, g in refs],
+            'stroke="black" stroke-width="1.5" stroke-dasharray="6 4"',
+        )
     )
-    bound_values = [[ratio(r, r.bound_compute_s) for r in g] for g in refs]
-    ax.plot(
-        xs,
-        [statistics.fmean(v) for v in bound_values],
-        color="black",
-        lw=2,
-        label="lower bound (LP)",
+    curves.append(
+        _Curve(
+            "lower bound (LP): the floor",
+            [(100 * f, statistics.fmean(ratio(r, r.bound_compute_s) for r in g)) for f, g in refs],
+            'stroke="black" stroke-width="3"',
+        )
     )
-    ax.axhline(1.0, color="green", ls=":", label="unlimited storage")
-    no_reuse = statistics.fmean(ratio(r, r.no_reuse_compute_s) for g in refs for r in g)
-    ax.set_xscale("log")
-    ax.set_xticks(xs, [f"{x:g}%" for x in xs])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("storage capacity (share of the working set)")
-    ax.set_ylabel("compute executed / compute with unlimited storage")
+    no_reuse = statistics.fmean(ratio(r, r.no_reuse_compute_s) for _, g in refs for r in g)
+    return curves, no_reuse
+
+
+def plot_svg(results: Sequence[Result], *, title: str | None = None) -> str:
+    """Compute-vs-capacity curves as an SVG document, the lower bound drawn as the floor.
+
+    Each seed's compute is divided by its compute with unlimited storage
+    (seeds differ in scale), and the curves are the means over seeds; the
+    capacity axis is logarithmic. SVG is written directly: a few lines and
+    polylines need no plotting library, so `--plot` works from any install.
+    """
+    curves, no_reuse = _curves(results)
+    width, height, left, right, top, bottom = 820, 500, 70, 220, 40, 50
+    xs = sorted({x for c in curves for x, _ in c.points})
+    ys = [y for c in curves for _, y in c.points]
+    if not xs:
+        raise errors.ConfigurationError("nothing to plot: no results")
+    x_lo, x_hi = math.log10(xs[0]), math.log10(xs[-1])
+    y_lo, y_hi = min(0.9, *ys), max(1.1, *ys) * 1.03
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def sx(x: float) -> float:
+        span = x_hi - x_lo
+        return left + (plot_w * (math.log10(x) - x_lo) / span if span else plot_w / 2)
+
+    def sy(y: float) -> float:
+        return top + plot_h * (1 - (y - y_lo) / (y_hi - y_lo))
+
     seeds = len({r.seed for r in results})
-    ax.set_title(
-        title
-        or f"Compute vs capacity: mean of {seeds} seed(s), min-max band (no reuse: x{no_reuse:.1f})"
+    heading = title or (f"Compute vs capacity: mean of {seeds} seed(s) (no reuse: x{no_reuse:.1f})")
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="14">'
+        f"{html.escape(heading)}</text>",
+        f'<line x1="{left}" y1="{sy(1.0):.1f}" x2="{left + plot_w}" y2="{sy(1.0):.1f}" '
+        'stroke="green" stroke-dasharray="2 3"/>',
+        f'<text x="{left + plot_w - 4}" y="{sy(1.0) - 4:.1f}" text-anchor="end" fill="green">'
+        "unlimited storage</text>",
+    ]
+    for tick in _ticks(y_lo, y_hi):
+        parts.append(
+            f'<line x1="{left}" y1="{sy(tick):.1f}" x2="{left + plot_w}" y2="{sy(tick):.1f}" '
+            'stroke="#ddd"/>'
+            f'<text x="{left - 6}" y="{sy(tick) + 4:.1f}" text-anchor="end">{tick:g}</text>'
+        )
+    for x in xs:
+        parts.append(
+            f'<line x1="{sx(x):.1f}" y1="{top}" x2="{sx(x):.1f}" y2="{top + plot_h}" '
+            'stroke="#eee"/>'
+            f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{x:g}%</text>'
+        )
+    parts.append(
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+        'stroke="#333"/>'
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 10}" text-anchor="middle">'
+        "storage capacity (share of the working set, log scale)</text>"
+        f'<text transform="translate(16 {top + plot_h / 2:.0f}) rotate(-90)" '
+        'text-anchor="middle">compute executed / compute with unlimited storage</text>'
     )
-    ax.set_ylim(bottom=0.9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    for n, curve in enumerate(curves):
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in curve.points)
+        legend_y = top + 10 + 18 * n
+        parts.append(
+            f'<polyline fill="none" {curve.style} points="{points}"/>'
+            f'<line x1="{width - right + 12}" y1="{legend_y}" x2="{width - right + 40}" '
+            f'y2="{legend_y}" {curve.style}/>'
+            f'<text x="{width - right + 46}" y="{legend_y + 4}">{html.escape(curve.label)}</text>'
+        )
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    """About six round values between `lo` and `hi`."""
+    raw = (hi - lo) / 6
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(lo / step) * step
+    return [round(first + k * step, 10) for k in range(int((hi - first) / step) + 1)]
+
+
+def plot(results: Sequence[Result], path: str | Path, *, title: str | None = None) -> None:
+    """Write `plot_svg` to `path`."""
+    Path(path).write_text(plot_svg(results, title=title), encoding="utf-8")
 
 
 def _gb(n: float) -> str:

@@ -14,6 +14,7 @@ families never share a dataset by accident.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,15 +109,32 @@ def mark_tasks(document: Mapping[str, Any], family: str) -> dict[str, Any]:
     return {**document, "actions": actions}
 
 
+#: The seven WfCommons instances shipped with Pingo (gzipped package data).
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+
+
+def shipped_traces() -> list[Path]:
+    """The traces shipped as package data, sorted by name (the order of `--trace` in docs)."""
+    return sorted(SHIPPED_DIR.glob("*.json.gz"))
+
+
+def trace_stem(path: str | Path) -> str:
+    """The family name a trace file gives: its name without `.json` or `.json.gz`."""
+    name = Path(path).name
+    for suffix in (".gz", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def load_family(path: str | Path, name: str | None = None) -> Family:
-    """A family from a Pingo document or a raw WfCommons instance file."""
+    """A family from a Pingo document or a raw WfCommons instance file (`.gz` read as gzip)."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as f:
             raw = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise errors.ConfigurationError(f"cannot read trace {path}: {exc}") from exc
-    family = name or path.stem
+    family = name or trace_stem(path)
     if isinstance(raw, dict) and "actions" in raw:
         document: dict[str, Any] = raw
     elif isinstance(raw, dict) and "workflow" in raw:
@@ -133,7 +151,7 @@ def load_families(paths: Sequence[str | Path]) -> list[Family]:
     families: list[Family] = []
     seen: dict[str, int] = {}
     for path in paths:
-        stem = Path(path).stem
+        stem = trace_stem(path)
         seen[stem] = seen.get(stem, 0) + 1
         name = stem if seen[stem] == 1 else f"{stem}#{seen[stem]}"
         families.append(load_family(path, name))

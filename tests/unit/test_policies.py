@@ -606,3 +606,108 @@ def test_the_worked_example_in_the_docs_is_a_working_plugin(
         assert plugin.keep_new(info, T0) is False
     finally:
         sys.modules.pop("cheapest_first", None)
+
+
+# ---------------------------------------------------------------------- lineage policy
+
+
+def planned(dataset_id: str, step: int, *, owner: str = "ann", name: str = "") -> Any:
+    """What the planner tells the keep hook about a new dataset of step `step`."""
+    from pingo.workflows.definition import ActionDefinition
+
+    action = ActionDefinition(
+        id=step,
+        name=name or f"step{step}",
+        type="command-line",
+        parents=(),
+        force_computation=False,
+        is_managed=True,
+        output_path=None,
+        timeout_s=None,
+        max_attempts=None,
+        metadata={},
+        spec={"command": ["true"]},
+        raw={},
+    )
+    return policy_api.NewDatasetInfo(
+        dataset_id=dataset_id,
+        workflow_id="wf",
+        owner=owner,
+        scope="server",
+        action=action,
+        parents=(),
+        previous=None,
+    )
+
+
+def test_lineage_evicts_superseded_versions_first_then_ranks_like_gdsf() -> None:
+    policy = policy_api.load_policy("lineage")
+    assert isinstance(policy, builtin.Lineage)
+    for info in (planned("a1", 1), planned("b1", 2), planned("c1", 3)):
+        assert policy.keep_new(info, at(0))
+    # A new version of step 1 (and of nothing else): a1 is superseded. Another
+    # user's step 2 supersedes nothing of ann's.
+    assert policy.keep_new(planned("a2", 1), at(10))
+    assert policy.keep_new(planned("b9", 2, owner="bob"), at(10))
+    candidates = [
+        # a1 is the most valuable by GDSF (costly, small), and still goes first.
+        cand("a1", recompute_cost_s=1000.0, size_bytes=10),
+        cand("a2", recompute_cost_s=1000.0, size_bytes=10),
+        cand("b1", recompute_cost_s=5.0, size_bytes=100),
+        cand("c1", recompute_cost_s=50.0, size_bytes=100),
+    ]
+    evictions = policy.select_evictions(candidates, 100, at(20))
+    assert chosen(evictions) == ["a1", "b1"]
+    assert "newer version" in evictions[0].reason and "a2" in evictions[0].reason
+    assert "recompute 5.0s" in evictions[1].reason and "100 B" in evictions[1].reason
+    assert policy.superseded_evicted == 1
+
+
+def test_lineage_learns_that_a_superseded_step_came_back_and_stops_trusting_it() -> None:
+    policy = builtin.Lineage()
+    policy.keep_new(planned("old", 1), at(0))
+    policy.keep_new(planned("new", 1), at(10))
+    policy.keep_new(planned("other", 2), at(10))
+    # The old version was reused after its supersession: someone went back to it.
+    reused = cand("old", use_count=1, last_used_at=at(15), recompute_cost_s=100.0, size_bytes=10)
+    cheap = cand("other", recompute_cost_s=1.0, size_bytes=100)
+    evictions = policy.select_evictions([reused, cheap], 50, at(20))
+    assert chosen(evictions) == ["other"]
+    assert policy.superseded_reused == 1
+    # Learned online: once superseded datasets keep coming back, the tier is dropped.
+    policy.superseded_reused += 2
+    assert policy.reuse_rate() > policy.max_reuse_rate
+    policy.keep_new(planned("x1", 3), at(30))
+    policy.keep_new(planned("x2", 3), at(31))
+    costly_old = cand("x1", recompute_cost_s=1000.0, size_bytes=10)
+    evictions = policy.select_evictions([costly_old, cheap], 50, at(40))
+    assert chosen(evictions) == ["other"]
+
+
+def test_lineage_options_are_checked() -> None:
+    assert policy_api.load_policy("lineage:max_reuse_rate=0.5").max_reuse_rate == 0.5  # type: ignore[attr-defined]
+    for bad in ("lineage:max_reuse_rate=x", "lineage:max_reuse_rate=2", "lineage:window=3"):
+        with pytest.raises(errors.ConfigurationError):
+            policy_api.load_policy(bad)
+
+
+async def test_live_reasons_measure_idle_time_from_the_last_use_or_store(
+    store: MemoryStore, make_dataset: MakeDataset, clock: Clock
+) -> None:
+    # Planned at 0 but written at 500 (a long action): idle since 500, not since 0.
+    slow = await make_dataset("slow", size=100)
+    assert slow.created_at == T0
+    await store.transition_dataset(
+        "slow", {D.STORED}, D.STORED, protocol.DatasetChanges(stored_at=at(500))
+    )
+    clock.advance(200)
+    await make_dataset("reused", size=100)
+    clock.advance(100)
+    await store.record_dataset_use("reused")  # reused at 300
+    clock.advance(900)  # now: 1200
+    evicted = await RetentionLoop(store, settings(100, low_water=0.01), builtin.LRU()).enforce()
+    reasons = {e.dataset_id: e.reason for e in evicted}
+    assert reasons["reused"] == "lru: idle 900s since its last reuse"
+    assert reasons["slow"] == "lru: idle 700s since it was stored, never reused since"
+    decisions = await policy_api.recent_decisions(store)
+    assert {d["reason"] for d in decisions} == set(reasons.values())

@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from typer.testing import CliRunner
@@ -209,7 +210,11 @@ async def test_study_is_deterministic_for_a_seed(small_traces: list[Path]) -> No
         assert row["computeSeconds"] <= row["noReuseComputeSeconds"]
         assert row["unlimitedComputeSeconds"] <= row["oracleComputeSeconds"]
     summary = simulate.summarize(
-        [r for r in (await simulate.study(small_traces, submissions=25, seeds=[11])).results]
+        (
+            await simulate.study(
+                small_traces, submissions=25, seeds=[11], policies=["lru", "gdsf"], capacities=[0.1]
+            )
+        ).results
     )
     lru_rows = [r for r in summary if r.policy == "lru"]
     assert all(r.vs_lru == pytest.approx(1.0) for r in lru_rows)
@@ -218,7 +223,7 @@ async def test_study_is_deterministic_for_a_seed(small_traces: list[Path]) -> No
 def test_cli_simulate_prints_json_and_writes_a_plot(
     small_traces: list[Path], tmp_path: Path
 ) -> None:
-    plot = tmp_path / "curves.png"
+    plot = tmp_path / "curves.svg"
     args = ["simulate", "--submissions", "12", "--seed", "3", "--policy", "lru"]
     for trace in small_traces[:2]:
         args += ["--trace", str(trace)]
@@ -239,7 +244,9 @@ def test_cli_simulate_prints_json_and_writes_a_plot(
     }
     assert len(document["results"]) == 4
     assert all(keys <= set(row) for row in document["results"])
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = ElementTree.fromstring(plot.read_text())
+    labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert {"gdsf", "lru", "oracle (offline)", "lower bound (LP): the floor"} <= set(labels)
     # A saved --json run can be summarized again.
     rows = [simulate.Result.from_json(r) for r in document["results"]]
     assert [r.to_json() for r in rows] == document["results"]
@@ -317,3 +324,53 @@ def test_cli_simulate_warns_when_nothing_is_reused(small_traces: list[Path]) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "warning: no submission reuses" in result.stderr
+
+
+def test_the_shipped_traces_are_the_shared_ones(shared_dir: Path) -> None:
+    shipped = traces.shipped_traces()
+    shared = sorted((shared_dir / "traces").glob("*.json"))
+    assert [traces.trace_stem(p) for p in shipped] == [p.stem for p in shared]
+    # Same families, same marks: a study on either gives the same sequence.
+    assert traces.load_families(shipped) == traces.load_families(shared)
+
+
+def test_the_plot_draws_the_bound_as_the_floor_and_escapes_names() -> None:
+    def row(policy: str, fraction: float, compute: float) -> simulate.Result:
+        return simulate.Result(
+            seed=1, policy=policy, capacity_fraction=fraction, capacity_bytes=1000,
+            compute_s=compute, no_reuse_compute_s=600.0, unlimited_compute_s=100.0,
+            oracle_compute_s=130.0, bound_compute_s=110.0, evictions=0, oracle_evictions=0,
+            peak_bytes=0, executed_actions=0, dropped_new=0, working_set_bytes=0,
+            reusable_bytes=0, wall_s=0.0,
+        )  # fmt: skip
+
+    evil = "<script>alert(1)</script>&"
+    rows = [row(p, f, c) for p in ("lru", evil) for f, c in ((0.05, 200.0), (0.5, 120.0))]
+    document = simulate.plot_svg(rows)
+    svg = ElementTree.fromstring(document)  # well-formed, whatever the names
+    assert "<script>" not in document and evil in [t.text for t in svg.iter(f"{{{SVG}}}text")]
+    lines = {
+        label: [tuple(map(float, p.split(","))) for p in poly.attrib["points"].split()]
+        for label, poly in zip(
+            [t.text for t in svg.iter(f"{{{SVG}}}text")][-4:],
+            svg.iter(f"{{{SVG}}}polyline"),
+            strict=True,
+        )
+    }
+    floor = lines["lower bound (LP): the floor"]
+    for label, points in lines.items():
+        # SVG's y grows downwards: nothing is drawn under the floor.
+        assert all(y <= fy for (_, y), (_, fy) in zip(points, floor, strict=True)), label
+
+
+SVG = "http://www.w3.org/2000/svg"
+
+
+def test_cli_simulate_runs_on_the_shipped_traces_by_default() -> None:
+    result = _pingo(
+        "simulate", "--submissions", "3", "--seed", "2", "--capacity", "0.5",
+        "--policy", "lineage", "--format", "csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [r["policy"] for r in rows] == ["lineage"]
