@@ -277,6 +277,18 @@ def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) ->
     return frozenset(chosen)
 
 
+async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
+    """Submit `record`'s document again as a new workflow, forcing what `body` names."""
+    raw_actions = record.document.get("actions", [])
+    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
+    check_executors(request, record.document)
+    # The re-run belongs to the original owner: in per-user sharing scopes the
+    # owner is part of every dataset id, so this keeps the same provenance.
+    return await state.node(request).workflows.submit(
+        record.document, owner=record.owner, force=force, rerun_of=record.id
+    )
+
+
 @routes.post(PREFIX + "/workflows/{workflow_id}/rerun", name="rerun_workflow")
 async def rerun_workflow(request: web.Request) -> web.Response:
     """Submit the same document again as a NEW workflow, forcing the named actions.
@@ -286,15 +298,7 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     chosen actions even when their datasets exist.
     """
     record = await visible_workflow(request, request.match_info["workflow_id"])
-    body = await bodies.read_json(request, optional=True)
-    raw_actions = record.document.get("actions", [])
-    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
-    check_executors(request, record.document)
-    # The re-run belongs to the original owner: in per-user sharing scopes the
-    # owner is part of every dataset id, so this keeps the same provenance.
-    rerun = await state.node(request).workflows.submit(
-        record.document, owner=record.owner, force=force, rerun_of=record.id
-    )
+    rerun = await start_rerun(request, record, await bodies.read_json(request, optional=True))
     return bodies.raw_json_response(
         await _document_body(request, rerun),
         status=201,
