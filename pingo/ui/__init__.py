@@ -445,13 +445,15 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
 
 
 def _usage_bars(storage: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The storage chart: one bar segment per dataset state, as a share of capacity (or use)."""
-    total = storage["capacityBytes"] or storage["usedBytes"] or 1
+    """The storage chart: a segment per on-disk dataset state, as a share of capacity (or use)."""
+    on_disk = {s.value for s in states.DATASET_ON_DISK}
+    total = max(storage["capacityBytes"] or 0, storage["usedBytes"], 1)
     bars, x = [], 0.0
     for name, size in sorted(storage["bytesByState"].items()):
-        width = 100.0 * size / max(total, storage["usedBytes"] or 1)
-        bars.append({"state": name, "bytes": size, "x": round(x, 2), "width": round(width, 2)})
-        x += width
+        if name in on_disk:
+            width = 100.0 * size / total
+            bars.append({"state": name, "bytes": size, "x": round(x, 2), "width": round(width, 2)})
+            x += width
     return bars
 
 
@@ -460,7 +462,8 @@ def _usage_bars(storage: Mapping[str, Any]) -> list[dict[str, Any]]:
 async def storage_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     storage = await dataset_routes.storage_document(request)
-    return _context(user, session, storage=storage, bars=_usage_bars(storage))
+    on_disk = sorted(s.value for s in states.DATASET_ON_DISK)
+    return _context(user, session, storage=storage, bars=_usage_bars(storage), on_disk=on_disk)
 
 
 @routes.get("/storage/decisions/{seq}")

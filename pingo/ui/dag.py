@@ -142,6 +142,5 @@ def layout(actions: list[ActionRecord]) -> Layout:
         for u, v in graph.edges
         if u in at and v in at
     )
-    return Layout(
-        nodes, edges, 2 * MARGIN + max(widest - 1, 0) * X_STEP, 2 * MARGIN + len(layers) * Y_STEP
-    )
+    # A whole X_STEP beyond the widest layer: the last column's labels sit right of it.
+    return Layout(nodes, edges, 2 * MARGIN + widest * X_STEP, 2 * MARGIN + len(layers) * Y_STEP)
