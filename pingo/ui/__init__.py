@@ -39,7 +39,7 @@ SESSION_TTL_S = 8 * 3600.0
 LOG_TAIL_BYTES = 64 * 1024
 #: Rows per page of the workflows and datasets lists.
 PAGE_SIZE = 50
-#: Datasets the id-prefix search looks through (newest first) when no state narrows it.
+#: Datasets one page of a dataset search looks through at most (newest first).
 DATASET_SEARCH_LIMIT = 1000
 #: Every UI answer carries these: no inline script or style runs, nothing frames the UI,
 #: forms post only to this origin.

@@ -6,7 +6,8 @@
   var box = document.getElementById("live");
   if (!box) { return; }
   var etag = null;
-  var delayMs = 1000;
+  // A list (many workflows, a store read each) asks less often than one workflow.
+  var delayMs = Number(box.dataset.intervalMs) || 1000;
   function running() { return box.querySelector('[data-running="yes"]') !== null; }
   function poll() {
     var headers = etag ? { "If-None-Match": etag } : {};
