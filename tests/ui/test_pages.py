@@ -362,3 +362,12 @@ async def test_an_unknown_retention_decision_is_not_found(users_api: Api) -> Non
     response = await users_api.client.get("/storage/decisions/12345")
     assert response.status == 404
     assert response.content_type == "text/html"
+
+
+async def test_signing_in_drops_expired_sessions(users_api: Api) -> None:
+    sessions = users_api.app[ui.SESSIONS_KEY]
+    stale_id, stale = sessions.open("no-such-hash")
+    sessions.by_id[stale_id] = dataclasses.replace(stale, expires_at=time.time() - 1)
+    await sign_in(users_api, "alice")
+    assert stale_id not in sessions.by_id
+    assert len(sessions.by_id) == 1
