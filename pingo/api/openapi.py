@@ -337,7 +337,22 @@ def _schemas() -> dict[str, Any]:
                 "usedBytes": {"type": "integer"},
                 "bytesByState": {"type": "object", "additionalProperties": {"type": "integer"}},
                 "policy": {"type": "string"},
-                "decisions": {"type": "array", "items": {"type": "object"}},
+                "decisions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "seq": {"type": "integer"},
+                            "at": {"type": "string", "format": "date-time"},
+                            "datasetId": {"type": ["string", "null"]},
+                            "policy": {"type": ["string", "null"]},
+                            "reason": {"type": ["string", "null"]},
+                            "sizeBytes": {"type": ["integer", "null"]},
+                            "computeSeconds": {"type": ["number", "null"]},
+                            "recomputeCostSeconds": {"type": ["number", "null"]},
+                        },
+                    },
+                },
             }
         ),
         "CallbackBody": {

@@ -147,6 +147,8 @@ class RetentionLoop(Loop):
                 "policy": self.policy.name,
                 "reason": reason,
                 "sizeBytes": candidate.size_bytes,
+                "computeSeconds": candidate.compute_s,
+                "recomputeCostSeconds": candidate.recompute_cost_s,
             },
         )
         metrics.RETENTION_EVICTIONS.labels(policy=self.policy.name).inc()

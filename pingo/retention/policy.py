@@ -359,11 +359,15 @@ async def recent_decisions(store: Store, limit: int = 20) -> list[dict[str, Any]
         payload = dict(event.payload or {})
         decisions.append(
             {
+                "seq": event.seq,
                 "at": event.at.isoformat(),
                 "datasetId": event.dataset_id,
                 "policy": payload.get("policy"),
                 "reason": payload.get("reason"),
                 "sizeBytes": payload.get("sizeBytes"),
+                # Recorded since the UI's decision page; older events have none.
+                "computeSeconds": payload.get("computeSeconds"),
+                "recomputeCostSeconds": payload.get("recomputeCostSeconds"),
             }
         )
     return decisions

@@ -12,19 +12,24 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
+from pingo import errors, states
 from pingo.actions.executors import base as executors_base
-from pingo.api import auth, bodies, documents, state
+from pingo.api import auth, bodies, documents, problems, state
 from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import schedules as schedule_routes
 from pingo.api.routes import workflows as workflow_routes
-from pingo.store.protocol import UserRecord
+from pingo.store.protocol import ActionRecord, UserRecord
 from pingo.ui import dag
 
 logger = logging.getLogger(__name__)
@@ -33,6 +38,21 @@ COOKIE = "pingo_session"
 SESSION_TTL_S = 8 * 3600.0
 #: Only the tail of a long log is shown in the page.
 LOG_TAIL_BYTES = 64 * 1024
+#: Rows per page of the workflows and datasets lists.
+PAGE_SIZE = 50
+#: Datasets one page of a dataset search looks through at most (newest first).
+DATASET_SEARCH_LIMIT = 1000
+#: Every UI answer carries these: no inline script or style runs, nothing frames the UI,
+#: forms post only to this origin.
+SECURITY_HEADERS: Mapping[str, str] = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,7 @@ class Sessions:
     by_id: dict[str, Session] = field(default_factory=dict)
 
     def open(self, token_hash: str) -> tuple[str, Session]:
+        self._drop_expired()
         session_id = secrets.token_urlsafe(32)
         session = Session(token_hash, secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
         self.by_id[session_id] = session
@@ -60,6 +81,12 @@ class Sessions:
             del self.by_id[session_id or ""]
             return None
         return session
+
+    def _drop_expired(self) -> None:
+        # Sessions never looked up again (a closed browser) would otherwise stay forever.
+        now = time.time()
+        for session_id in [k for k, v in self.by_id.items() if v.expires_at < now]:
+            del self.by_id[session_id]
 
 
 STATIC_PREFIX = "/ui/static"
@@ -80,16 +107,72 @@ async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
     raise web.HTTPSeeOther("/login")
 
 
-async def _check_csrf(request: web.Request, session: Session) -> None:
+async def _check_csrf(request: web.Request, session: Session) -> dict[str, str]:
+    """The posted form, once its CSRF token matched the session's (403 otherwise)."""
     form = await request.post()
     sent = form.get("csrf")
     if not isinstance(sent, str) or not secrets.compare_digest(sent, session.csrf):
         raise web.HTTPForbidden(text="missing or wrong CSRF token")
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+def _same_origin(request: web.Request) -> bool:
+    """Whether a form post comes from a page of this server (or from no browser at all).
+
+    Browsers send Sec-Fetch-Site (or at least Origin) with every form post and no
+    page can forge them; clients that send neither (curl, scripts) are no CSRF
+    vector. This is what protects the login form, which has no session yet.
+    """
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site in ("same-origin", "none")
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    return origin != "null" and urlsplit(origin).netloc == request.host
 
 
 def _context(user: UserRecord, session: Session, **values: object) -> dict[str, object]:
     """A page's template context: what every page shows (user, CSRF token) and its own values."""
     return {"user": user, "csrf": session.csrf, **values}
+
+
+def _query_enum(request: web.Request, enum_type: type[bodies.E]) -> bodies.E | None:
+    """The `state` filter of a list page; an empty one (the form's "any") means none."""
+    raw = request.query.get("state") or None
+    if raw is None:
+        return None
+    try:
+        return enum_type(raw.upper())
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"unknown state {raw!r}") from None
+
+
+def _page_link(path: str, filters: Mapping[str, str], cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    return f"{path}?{urlencode({**{k: v for k, v in filters.items() if v}, 'cursor': cursor})}"
+
+
+def _etag(value: object) -> str:
+    return '"' + hashlib.sha256(bodies.encode_json(value)).hexdigest()[:32] + '"'
+
+
+def _fragment(
+    request: web.Request, template: str, context: dict[str, object], etag: str
+) -> web.Response:
+    """A live fragment polled by `live.js`: 304 when unchanged since the poller's ETag.
+
+    A conditional poll costs a store read and no rendering or transfer while
+    nothing moves, and holds no connection open between polls, so many open
+    tabs stay cheap; SSE would hold a connection per tab.
+    """
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers={"ETag": etag})
+    response = aiohttp_jinja2.render_template(template, request, context)
+    response.headers["ETag"] = etag
+    response.headers["Cache-Control"] = "no-cache"
+    return response
 
 
 @routes.get("/")
@@ -140,13 +223,60 @@ async def logout(request: web.Request) -> web.Response:
     raise response
 
 
+async def _workflows_context(request: web.Request) -> dict[str, object]:
+    """The workflows list: the user's (everyone's for admins), filtered, one page, newest first."""
+    user, session = await _session_user(request)
+    wanted = _query_enum(request, states.WorkflowState)
+    filters = {
+        "state": wanted.value if wanted else "",
+        "name": request.query.get("name", "").strip(),
+        "owner": request.query.get("owner", "").strip() if user.is_admin else "",
+    }
+    store = state.node(request).store
+    found = await store.list_workflows(
+        owner=(filters["owner"] or None) if user.is_admin else user.name,
+        state=wanted,
+        name=filters["name"] or None,
+        limit=PAGE_SIZE,
+        cursor=request.query.get("cursor") or None,
+    )
+    rows = []
+    for record in found.items:
+        by_state = await store.count_actions(record.id)
+        rows.append(
+            {
+                **documents.workflow_summary(record),
+                "actions": sum(by_state.values()),
+                "finished": by_state.get(states.ActionState.FINISHED, 0),
+                "failed": by_state.get(states.ActionState.FAILED, 0),
+            }
+        )
+    return _context(
+        user,
+        session,
+        workflows=rows,
+        filters=filters,
+        states=[s.value for s in states.WorkflowState],
+        running=any(r["state"] == "RUNNING" for r in rows),
+        next_page=_page_link("/workflows", filters, found.next_cursor),
+        live_url="/workflows/live?" + request.query_string,
+    )
+
+
 @routes.get("/workflows")
 @aiohttp_jinja2.template("workflows.html")
 async def workflows_page(request: web.Request) -> dict[str, object]:
-    user, session = await _session_user(request)
-    owner = None if user.is_admin else user.name
-    found = await state.node(request).store.list_workflows(owner=owner, limit=200)
-    return _context(user, session, workflows=[documents.workflow_summary(w) for w in found.items])
+    return await _workflows_context(request)
+
+
+# Registered before /workflows/{workflow_id}: "live" is never a workflow id.
+@routes.get("/workflows/live")
+async def workflows_live(request: web.Request) -> web.Response:
+    """The workflows table, polled by the list page while one of its workflows runs."""
+    context = await _workflows_context(request)
+    return _fragment(
+        request, "workflows_table.html", context, _etag([context["workflows"], context["csrf"]])
+    )
 
 
 @routes.get("/workflows/{workflow_id}")
@@ -163,6 +293,47 @@ async def kill_workflow(request: web.Request) -> web.Response:
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     await state.node(request).workflows.kill(record.id)
     raise web.HTTPSeeOther(f"/workflows/{record.id}")
+
+
+def _force_list(text: str) -> list[int | str]:
+    """The rerun form's force field: comma-separated action ids or names."""
+    items = [item.strip() for item in text.split(",")]
+    return [int(item) if item.isdigit() else item for item in items if item]
+
+
+@routes.post("/workflows/{workflow_id}/rerun")
+async def rerun_workflow(request: web.Request) -> web.Response:
+    """Submit the workflow again (forcing the actions named in `force`); go to the new one."""
+    user, session = await _session_user(request)
+    form = await _check_csrf(request, session)
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
+    workflow_routes.take_submission(request, user)
+    rerun = await workflow_routes.start_rerun(
+        request, record, {"force": _force_list(form.get("force", ""))}
+    )
+    raise web.HTTPSeeOther(f"/workflows/{rerun.id}")
+
+
+@routes.get("/workflows/{workflow_id}/definition.json")
+async def download_definition(request: web.Request) -> web.Response:
+    """The workflow as it was submitted, as a JSON file (to edit and submit again)."""
+    await _session_user(request)
+    record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
+    return bodies.raw_json_response(
+        bodies.encode_json(dict(record.document)),
+        headers={"Content-Disposition": f'attachment; filename="{record.id}.json"'},
+    )
+
+
+@routes.get("/workflows/{workflow_id}/status.json")
+async def download_status(request: web.Request) -> web.StreamResponse:
+    """The API's workflow document (state, counts, every action), as a JSON file."""
+    await _session_user(request)
+    response = await workflow_routes.get_workflow(request)
+    response.headers["Content-Disposition"] = (
+        f'attachment; filename="{request.match_info["workflow_id"]}-status.json"'
+    )
+    return response
 
 
 def _log_tail(request: web.Request, workflow_id: str, action_id: int, attempt: int) -> str | None:
@@ -182,7 +353,7 @@ async def action_page(request: web.Request) -> dict[str, object]:
     action_id = bodies.path_int(request, "action_id")
     action = await state.node(request).store.get_action(record.id, action_id)
     if action is None:
-        raise web.HTTPNotFound(text="no such action")
+        raise errors.NotFound(f"workflow {record.id} has no action {action_id}")
     log = _log_tail(request, record.id, action_id, action.attempts) if action.attempts else None
     return _context(
         user,
@@ -191,18 +362,66 @@ async def action_page(request: web.Request) -> dict[str, object]:
         action=documents.action_detail(
             action, await state.node(request).store.get_dataset(action.dataset_id)
         ),
+        reason=action.reason,
+        runtime_s=action.runtime_s,
         log=log,
     )
+
+
+@routes.get("/workflows/{workflow_id}/actions/{action_id}/log")
+async def action_log(request: web.Request) -> web.StreamResponse:
+    """The full log of one attempt (`?attempt=`, default the latest), as text: the API's."""
+    await _session_user(request)
+    return await workflow_routes.get_action_logs(request)
 
 
 @routes.get("/datasets")
 @aiohttp_jinja2.template("datasets.html")
 async def datasets_page(request: web.Request) -> dict[str, object]:
+    """Datasets the user may see, newest first, searched by id prefix, producer name and state.
+
+    The store filters by state; the prefix and the producer's name are matched here,
+    over whole store pages until a page of results is full or DATASET_SEARCH_LIMIT
+    datasets were looked at, so the next page's cursor resumes exactly where this
+    search stopped.
+    """
     user, session = await _session_user(request)
-    found = await state.node(request).store.list_datasets(limit=200)
-    visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
-    items = await dataset_routes.dataset_documents(request, visible)
-    return _context(user, session, datasets=items)
+    wanted = _query_enum(request, states.DatasetState)
+    filters = {
+        "state": wanted.value if wanted else "",
+        "prefix": request.query.get("prefix", "").strip().lower(),
+        "producer": request.query.get("producer", "").strip(),
+    }
+    store = state.node(request).store
+    cursor = request.query.get("cursor") or None
+    rows: list[dict[str, Any]] = []
+    looked_at = 0
+    while True:
+        found = await store.list_datasets(state=wanted, limit=PAGE_SIZE, cursor=cursor)
+        cursor = found.next_cursor
+        looked_at += len(found.items)
+        matching = [
+            record
+            for record in found.items
+            if auth.may_see_scope(user, record.scope) and record.id.startswith(filters["prefix"])
+        ]
+        # As the API shows them to this user: another user's dataset names its producing
+        # action and type only, never the workflow.
+        for row in await dataset_routes.dataset_documents(request, matching):
+            row["producerName"] = row["producedBy"].get("name")
+            if filters["producer"] and row["producerName"] != filters["producer"]:
+                continue
+            rows.append(row)
+        if cursor is None or len(rows) >= PAGE_SIZE or looked_at >= DATASET_SEARCH_LIMIT:
+            break
+    return _context(
+        user,
+        session,
+        datasets=rows,
+        filters=filters,
+        states=[s.value for s in states.DatasetState],
+        next_page=_page_link("/datasets", filters, cursor),
+    )
 
 
 @routes.get("/datasets/{dataset_id}")
@@ -215,11 +434,44 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     return _context(user, session, dataset=dataset, lineage=lineage)
 
 
+def _usage_bars(storage: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The storage chart: a segment per on-disk dataset state, as a share of capacity (or use)."""
+    on_disk = {s.value for s in states.DATASET_ON_DISK}
+    total = max(storage["capacityBytes"] or 0, storage["usedBytes"], 1)
+    bars, x = [], 0.0
+    for name, size in sorted(storage["bytesByState"].items()):
+        if name in on_disk:
+            width = 100.0 * size / total
+            bars.append({"state": name, "bytes": size, "x": round(x, 2), "width": round(width, 2)})
+            x += width
+    return bars
+
+
 @routes.get("/storage")
 @aiohttp_jinja2.template("storage.html")
 async def storage_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
-    return _context(user, session, storage=await dataset_routes.storage_document(request))
+    storage = await dataset_routes.storage_document(request)
+    on_disk = sorted(s.value for s in states.DATASET_ON_DISK)
+    return _context(user, session, storage=storage, bars=_usage_bars(storage), on_disk=on_disk)
+
+
+@routes.get("/storage/decisions/{seq}")
+@aiohttp_jinja2.template("decision.html")
+async def decision_page(request: web.Request) -> dict[str, object]:
+    """One retention decision: what was evicted, why, and what recomputing it would cost."""
+    user, session = await _session_user(request)
+    seq = bodies.path_int(request, "seq")
+    decision = next(
+        (d for d in await dataset_routes.retention_decisions(request) if d.get("seq") == seq), None
+    )
+    if decision is None:
+        raise errors.NotFound(f"no recent retention decision {seq}")
+    dataset = await state.node(request).store.get_dataset(decision["datasetId"] or "")
+    if dataset is not None and not auth.may_see_scope(user, dataset.scope):
+        raise errors.NotFound(f"no recent retention decision {seq}")
+    document = None if dataset is None else documents.dataset_document(dataset)
+    return _context(user, session, decision=decision, dataset=document)
 
 
 @routes.get("/schedules")
@@ -248,32 +500,43 @@ async def users_page(request: web.Request) -> dict[str, object]:
     return _context(user, session, users=[documents.user_document(u, settings) for u in users])
 
 
+def summarize(actions: list[ActionRecord]) -> dict[str, int]:
+    """What happened to a workflow's actions: computed, reused, not needed, failed, killed."""
+    result = {"computed": 0, "reused": 0, "notNeeded": 0, "failed": 0, "killed": 0}
+    for action in actions:
+        if action.reused:
+            result["reused" if action.reason == "reused" else "notNeeded"] += 1
+        elif action.state is states.ActionState.FINISHED:
+            result["computed"] += 1
+        elif action.state is states.ActionState.FAILED:
+            result["failed"] += 1
+        elif action.state is states.ActionState.KILLED:
+            result["killed"] += 1
+    return result
+
+
 async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], str]:
     """The live part of a workflow page and its ETag (state, counts, actions' states)."""
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     actions = await state.node(request).store.list_actions(record.id)
     document = documents.workflow_document(record, actions)
-    digest = hashlib.sha256(bodies.encode_json(document)).hexdigest()[:32]
-    context = _context(user, session, workflow=document, dag=dag.layout(actions))
-    return context, f'"{digest}"'
+    context = _context(
+        user,
+        session,
+        workflow=document,
+        summary=summarize(actions),
+        rerun_of=record.rerun_of,
+        dag=dag.layout(actions),
+    )
+    return context, _etag([document, session.csrf])
 
 
 @routes.get("/workflows/{workflow_id}/live")
 async def workflow_live(request: web.Request) -> web.Response:
-    """The workflow's live fragment, polled by the page; 304 when nothing changed.
-
-    A conditional poll costs one store read and no rendering or transfer while a
-    workflow sits still, and holds no connection open between polls, so many
-    open tabs stay cheap; SSE would hold a connection per tab.
-    """
+    """The workflow's live fragment, polled by the page while the workflow runs."""
     context, etag = await _workflow_fragment(request)
-    if request.headers.get("If-None-Match") == etag:
-        return web.Response(status=304, headers={"ETag": etag})
-    response = aiohttp_jinja2.render_template("workflow_live.html", request, context)
-    response.headers["ETag"] = etag
-    response.headers["Cache-Control"] = "no-cache"
-    return response
+    return _fragment(request, "workflow_live.html", context, etag)
 
 
 def is_ui_route(route: web.AbstractRoute) -> bool:
@@ -283,13 +546,63 @@ def is_ui_route(route: web.AbstractRoute) -> bool:
     return getattr(route.handler, "__module__", "") == __name__
 
 
+def _is_ui_request(request: web.Request) -> bool:
+    """A UI route, or a path no route matched that a browser asked for as a page."""
+    route = request.match_info.route
+    if route.resource is None:
+        accepts_html = "text/html" in request.headers.get("Accept", "")
+        return accepts_html and not request.path.startswith("/api/")
+    return is_ui_route(route)
+
+
+def _error_page(request: web.Request, status: int, message: str) -> web.Response:
+    """An HTML error page: the UI never answers a browser with problem+json."""
+    response = aiohttp_jinja2.render_template(
+        "error.html",
+        request,
+        {"user": None, "status": status, "title": HTTPStatus(status).phrase, "message": message},
+        status=status,
+    )
+    return response
+
+
+def _http_message(exc: web.HTTPException) -> str:
+    # aiohttp's default body is "404: Not Found"; the page shows its own title already.
+    text = exc.text or ""
+    return "" if text.startswith(f"{exc.status}: ") else text
+
+
+@web.middleware
+async def ui_middleware(request: web.Request, handler: problems.Handler) -> web.StreamResponse:
+    """HTML error pages, same-origin form posts and the security headers, for the UI only."""
+    if not _is_ui_request(request):
+        return await handler(request)
+    try:
+        if request.method == "POST" and not _same_origin(request):
+            raise web.HTTPForbidden(text="a form of another site may not post here")
+        response = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            exc.headers.update(SECURITY_HEADERS)
+            raise
+        response = _error_page(request, exc.status, _http_message(exc))
+    except errors.ValidationFailed as exc:
+        details = "; ".join(f"{i.pointer or '/'}: {i.message}" for i in exc.issues)
+        response = _error_page(request, problems.status_for(exc), details or exc.message)
+    except errors.PingoError as exc:
+        response = _error_page(request, problems.status_for(exc), exc.message)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 def setup(app: web.Application) -> None:
-    """Register the UI's routes and template loader on the API's app."""
+    """Register the UI's routes, template loader and middleware on the API's app."""
     aiohttp_jinja2.setup(
         app,
         loader=jinja2.PackageLoader("pingo.ui", "templates"),
         autoescape=jinja2.select_autoescape(default=True),
     )
     app[SESSIONS_KEY] = Sessions()
+    app.middlewares.append(ui_middleware)
     app.add_routes(routes)
     app.router.add_static(STATIC_PREFIX, STATIC)

@@ -2,22 +2,30 @@
 
 Layers are networkx's topological generations; a few down and up sweeps then
 order each layer by the mean position of its neighbours in the layer before,
-the usual Sugiyama heuristic. The template draws the result as SVG.
+the usual Sugiyama heuristic. The template draws the result as SVG, with the
+failed branch (failed actions and their ancestors) and the critical path (the
+longest chain by measured runtime) marked.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import networkx as nx
 
+from pingo import states
 from pingo.store.protocol import ActionRecord
 
 SWEEPS = 4
 X_STEP = 120
 Y_STEP = 70
 MARGIN = 40
+#: Added to every action's weight so that, with no runtime measured yet, the
+#: critical path is the longest chain of actions.
+_CHAIN_WEIGHT_S = 1e-6
+_FAILED = frozenset({states.ActionState.FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,8 @@ class Node:
     state: str
     x: int
     y: int
+    reused: bool = False
+    critical: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,8 @@ class Edge:
     y1: int
     x2: int
     y2: int
+    #: "failed" (on a failed branch), "critical" (on the critical path) or "".
+    kind: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +87,37 @@ def _order(graph: nx.DiGraph[int]) -> list[list[int]]:
     return layers
 
 
+def _critical_path(graph: nx.DiGraph[int], by_id: dict[int, ActionRecord]) -> list[int]:
+    """The actions on the longest chain weighted by runtime (reused ones weigh nothing)."""
+    if not graph:
+        return []
+    weights = {
+        (u, v): (by_id[v].runtime_s or 0.0) + _CHAIN_WEIGHT_S if v in by_id else 0.0
+        for u, v in graph.edges
+    }
+    nx.set_edge_attributes(graph, weights, "runtime_s")
+    path: list[int] = nx.dag_longest_path(graph, weight="runtime_s")
+    return path
+
+
+def _failed_branch(graph: nx.DiGraph[int], by_id: dict[int, ActionRecord]) -> set[int]:
+    """Failed actions and every ancestor of one."""
+    branch: set[int] = set()
+    for action_id, action in by_id.items():
+        if action.state in _FAILED and action_id not in branch:
+            branch.add(action_id)
+            branch.update(nx.ancestors(graph, action_id))
+    return branch
+
+
+def _edge_kind(u: int, v: int, failed: set[int], critical: set[tuple[int, int]]) -> str:
+    if u in failed and v in failed:
+        return "failed"
+    if (u, v) in critical:
+        return "critical"
+    return ""
+
+
 def layout(actions: list[ActionRecord]) -> Layout:
     """Coordinates of every action (one row per layer) and of every parent → child edge."""
     by_id = {a.action_id: a for a in actions}
@@ -86,8 +129,18 @@ def layout(actions: list[ActionRecord]) -> Layout:
         offset = (widest - len(layer)) * X_STEP // 2
         for column, node in enumerate(layer):
             at[node] = (MARGIN + offset + column * X_STEP, MARGIN + row * Y_STEP)
-    nodes = tuple(Node(n, by_id[n].name, by_id[n].state.value, *at[n]) for n in at if n in by_id)
-    edges = tuple(Edge(*at[u], *at[v]) for u, v in graph.edges if u in at and v in at)
-    return Layout(
-        nodes, edges, 2 * MARGIN + max(widest - 1, 0) * X_STEP, 2 * MARGIN + len(layers) * Y_STEP
+    failed = _failed_branch(graph, by_id)
+    path = _critical_path(graph, by_id)
+    critical, critical_edges = set(path), set(itertools.pairwise(path))
+    nodes = tuple(
+        Node(n, a.name, a.state.value, *at[n], reused=a.reused, critical=n in critical)
+        for n in at
+        if (a := by_id.get(n)) is not None
     )
+    edges = tuple(
+        Edge(*at[u], *at[v], kind=_edge_kind(u, v, failed, critical_edges))
+        for u, v in graph.edges
+        if u in at and v in at
+    )
+    # A whole X_STEP beyond the widest layer: the last column's labels sit right of it.
+    return Layout(nodes, edges, 2 * MARGIN + widest * X_STEP, 2 * MARGIN + len(layers) * Y_STEP)

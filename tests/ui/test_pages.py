@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from typing import Any
 
 from pingo import ui
 from tests.api.conftest import Api, chain, command_workflow, sleeper
@@ -227,3 +228,165 @@ async def test_the_schedules_page_shows_only_ones_own_escaped(users_api: Api) ->
     page = await (await api.client.get("/schedules")).text()
     assert "0 3 * * *" not in page
     assert "No schedules yet" in page
+
+
+async def test_pages_carry_the_security_headers(users_api: Api) -> None:
+    await sign_in(users_api, "alice")
+    for path in ("/login", "/workflows", "/storage", "/nowhere"):
+        response = await users_api.client.get(path, headers={"Accept": "text/html"})
+        policy = response.headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in policy, path
+        assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+    api_answer = await users_api.client.get("/api/v1/me", headers=users_api.auth("alice"))
+    assert "Content-Security-Policy" not in api_answer.headers
+
+
+async def test_errors_are_html_pages_for_the_ui_and_problems_for_the_api(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-html-404", 1, name="alices"), user="alice")
+    await sign_in(users_api, "bob")
+    for path in ("", "/actions/1", "/actions/1/log", "/definition.json", "/status.json", "/live"):
+        response = await users_api.client.get(f"/workflows/{submitted['id']}{path}")
+        assert response.status == 404, path
+        assert response.content_type == "text/html"
+        page = await response.text()
+        assert "404 Not Found" in page and "alices" not in page
+    unknown = await users_api.client.get("/no/such/page", headers={"Accept": "text/html"})
+    assert unknown.status == 404 and unknown.content_type == "text/html"
+    api_unknown = await users_api.client.get("/api/v1/nope", headers={"Accept": "text/html"})
+    assert api_unknown.content_type == "application/problem+json"
+    forged = await users_api.client.post(f"/workflows/{submitted['id']}/rerun", data={})
+    assert forged.status == 403 and forged.content_type == "text/html"
+    bad_state = await users_api.client.get("/workflows?state=<b>")
+    assert bad_state.status == 400
+    assert "&lt;b&gt;" in await bad_state.text()
+
+
+async def test_a_login_posted_by_another_site_is_refused(users_api: Api) -> None:
+    token = users_api.tokens["alice"]
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+    ):
+        response = await users_api.client.post(
+            "/login", data={"token": token}, headers=headers, allow_redirects=False
+        )
+        assert response.status == 403, headers
+        assert "pingo_session" not in response.cookies
+    host = users_api.client.make_url("").host
+    port = users_api.client.make_url("").port
+    for headers in ({"Origin": f"http://{host}:{port}"}, {"Sec-Fetch-Site": "same-origin"}, {}):
+        response = await users_api.client.post(
+            "/login", data={"token": token}, headers=headers, allow_redirects=False
+        )
+        assert response.status == 303, headers
+
+
+async def test_workflows_are_filtered_and_paged(users_api: Api, monkeypatch: Any) -> None:
+    monkeypatch.setattr(ui, "PAGE_SIZE", 2)
+    ids = []
+    for i, name in enumerate(("north", "south", "north")):
+        submitted = await users_api.submit(chain(f"ui-page-{i}", 1, name=name), user="alice")
+        ids.append(submitted["id"])
+        await users_api.wait(submitted["id"])
+    await users_api.submit(sleeper("ui-page-running"), user="alice")
+    await sign_in(users_api, "alice")
+
+    def links(page: str) -> set[str]:
+        return set(re.findall(r'href="/workflows/([^"/]+)"', page))
+
+    first = await (await users_api.client.get("/workflows?name=north")).text()
+    assert links(first) == {ids[0], ids[2]}
+    assert 'rel="next"' not in first
+    running = await (await users_api.client.get("/workflows?state=running")).text()
+    assert "sleeper" in running and "north" not in running
+    page_one = await (await users_api.client.get("/workflows")).text()
+    found = re.search(r'href="([^"]+)" rel="next"', page_one)
+    assert found is not None
+    page_two = await (await users_api.client.get(found.group(1).replace("&amp;", "&"))).text()
+    assert links(page_two) == {ids[0], ids[1]}
+    live = await users_api.client.get("/workflows/live?name=north")
+    assert live.status == 200
+    again = await users_api.client.get(
+        "/workflows/live?name=north", headers={"If-None-Match": live.headers["ETag"]}
+    )
+    assert again.status == 304
+
+
+async def test_rerun_from_the_form(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-rerun-form", 2, name="again"), user="alice")
+    await users_api.wait(submitted["id"])
+    url = f"/workflows/{submitted['id']}/rerun"
+    bob_csrf = await sign_in(users_api, "bob")
+    as_bob = await users_api.client.post(url, data={"csrf": bob_csrf}, allow_redirects=False)
+    assert as_bob.status == 404
+    csrf = await sign_in(users_api, "alice")
+    unknown = await users_api.client.post(
+        url, data={"csrf": csrf, "force": "<nope>"}, allow_redirects=False
+    )
+    assert unknown.status == 422
+    assert "no action named" in await unknown.text()
+    assert "&lt;nope&gt;" in await unknown.text()
+    done = await users_api.client.post(
+        url, data={"csrf": csrf, "force": "1, step2"}, allow_redirects=False
+    )
+    assert done.status == 303
+    rerun_id = done.headers["Location"].rsplit("/", 1)[1]
+    rerun = await users_api.wait(rerun_id)
+    assert rerun["state"] == "SUCCEEDED"
+    assert [a["reused"] for a in rerun["actions"]] == [False, False]
+
+
+async def test_the_workflow_json_downloads(users_api: Api) -> None:
+    document = chain("ui-download", 2, name="download")
+    submitted = await users_api.submit(document, user="alice")
+    await sign_in(users_api, "alice")
+    definition = await users_api.client.get(f"/workflows/{submitted['id']}/definition.json")
+    assert definition.headers["Content-Disposition"].startswith("attachment")
+    assert await definition.json() == document
+    status = await users_api.client.get(f"/workflows/{submitted['id']}/status.json")
+    assert status.headers["Content-Disposition"].startswith("attachment")
+    assert (await status.json())["id"] == submitted["id"]
+
+
+async def test_dataset_search(users_api: Api) -> None:
+    submitted = await users_api.submit(chain("ui-search", 2, name="searched"), user="alice")
+    finished = await users_api.wait(submitted["id"])
+    first, end = finished["actions"][0]["datasetId"], finished["endDatasetId"]
+    await sign_in(users_api, "alice")
+
+    async def found(query: str) -> str:
+        response = await users_api.client.get(f"/datasets?{query}")
+        assert response.status == 200, query
+        return await response.text()
+
+    by_prefix = await found(f"prefix={end[:10]}")
+    assert end[:16] in by_prefix and first[:16] not in by_prefix
+    by_producer = await found("producer=step1")
+    assert first[:16] in by_producer and end[:16] not in by_producer
+    assert end[:16] in await found("state=leaf")
+    assert end[:16] not in await found("state=stored")
+    # Bob sees the datasets (one sharing scope) but not alice's action names.
+    await sign_in(users_api, "bob")
+    assert first[:16] in await found("prefix=")
+    assert "step1" not in await found("prefix=")
+    assert first[:16] not in await found("producer=step1")
+
+
+async def test_an_unknown_retention_decision_is_not_found(users_api: Api) -> None:
+    await sign_in(users_api, "alice")
+    response = await users_api.client.get("/storage/decisions/12345")
+    assert response.status == 404
+    assert response.content_type == "text/html"
+
+
+async def test_signing_in_drops_expired_sessions(users_api: Api) -> None:
+    sessions = users_api.app[ui.SESSIONS_KEY]
+    stale_id, stale = sessions.open("no-such-hash")
+    sessions.by_id[stale_id] = dataclasses.replace(stale, expires_at=time.time() - 1)
+    await sign_in(users_api, "alice")
+    assert stale_id not in sessions.by_id
+    assert len(sessions.by_id) == 1

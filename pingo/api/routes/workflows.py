@@ -327,6 +327,21 @@ def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) ->
     return frozenset(chosen)
 
 
+async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
+    """Submit `record`'s document again as a new workflow, forcing what `body` names."""
+    # A big workflow's stored document is decoded only now, and off the loop.
+    document = await asyncio.to_thread(untrusted.plain, record.document)
+    raw_actions = document.get("actions", [])
+    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
+    check_executors(request, document)
+    await check_workflow_cap(request, record.owner)
+    # The re-run belongs to the original owner: in per-user sharing scopes the
+    # owner is part of every dataset id, so this keeps the same provenance.
+    return await state.node(request).workflows.submit(
+        document, owner=record.owner, force=force, rerun_of=record.id
+    )
+
+
 @routes.post(PREFIX + "/workflows/{workflow_id}/rerun", name="rerun_workflow")
 async def rerun_workflow(request: web.Request) -> web.Response:
     """Submit the same document again as a NEW workflow, forcing the named actions.
@@ -337,18 +352,7 @@ async def rerun_workflow(request: web.Request) -> web.Response:
     """
     record = await visible_workflow(request, request.match_info["workflow_id"])
     take_submission(request, auth.current_user(request))
-    body = await bodies.read_json(request, optional=True)
-    # A big workflow's stored document is decoded only now, and off the loop.
-    document = await asyncio.to_thread(untrusted.plain, record.document)
-    raw_actions = document.get("actions", [])
-    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
-    check_executors(request, document)
-    await check_workflow_cap(request, record.owner)
-    # The re-run belongs to the original owner: in per-user sharing scopes the
-    # owner is part of every dataset id, so this keeps the same provenance.
-    rerun = await state.node(request).workflows.submit(
-        document, owner=record.owner, force=force, rerun_of=record.id
-    )
+    rerun = await start_rerun(request, record, await bodies.read_json(request, optional=True))
     return bodies.raw_json_response(
         await _document_body(request, rerun),
         status=201,

@@ -1,11 +1,14 @@
-// Polls a page's live fragment with If-None-Match while its workflow runs;
-// the server answers 304 when nothing changed, so idle tabs cost little.
+// Polls a page's live fragment with If-None-Match while something in it runs
+// (an element marked data-running="yes"); the server answers 304 when nothing
+// changed, so idle tabs cost little, and polling stops once nothing runs.
 (function () {
   "use strict";
   var box = document.getElementById("live");
   if (!box) { return; }
   var etag = null;
-  var delayMs = 1000;
+  // A list (many workflows, a store read each) asks less often than one workflow.
+  var delayMs = Number(box.dataset.intervalMs) || 1000;
+  function running() { return box.querySelector('[data-running="yes"]') !== null; }
   function poll() {
     var headers = etag ? { "If-None-Match": etag } : {};
     fetch(box.dataset.live, { headers: headers, credentials: "same-origin" })
@@ -17,10 +20,7 @@
         return null;
       })
       .catch(function () { return null; })
-      .then(function () {
-        var state = document.getElementById("state");
-        if (state && state.textContent === "RUNNING") { setTimeout(poll, delayMs); }
-      });
+      .then(function () { if (running()) { setTimeout(poll, delayMs); } });
   }
-  if (box.dataset.running === "yes") { setTimeout(poll, delayMs); }
+  if (running()) { setTimeout(poll, delayMs); }
 }());
