@@ -183,6 +183,11 @@ class Submitter(loops.Loop):
                 error=None,
             ),
             if_owner=self.node_id,
+            # Not only this node's, but still the claim this record came from: if the
+            # lease lapsed meanwhile and the action came back to this node through
+            # another attempt, this stale record must not submit it (a second run
+            # under an attempt number already used).
+            if_attempt=action.attempts,
         )
         if record is None:
             # Killed meanwhile, or our lease ran out and another node took it.

@@ -147,6 +147,15 @@ def completed_attempts(home: Path) -> dict[int, set[int]]:
     return completed
 
 
+def twice_run_attempts(home: Path) -> list[str]:
+    """Attempt logs that hold more than one start: one attempt number submitted twice."""
+    return sorted(
+        log.name
+        for log in (home / "logs").rglob("*.log")
+        if sum(line.startswith("run ") for line in log.read_text(errors="replace").splitlines()) > 1
+    )
+
+
 def started_actions(home: Path) -> set[int]:
     """Every action that had an attempt started."""
     return {int(log.stem.partition(".")[0]) for log in (home / "logs").rglob("*.log")}
@@ -270,16 +279,15 @@ async def run_chaos(tmp_path: Path, store_url: str, scale: Scale, seed: int) -> 
 
     assert kills, "the workflow ended before the first kill: make it longer"
     assert not started_actions(home) & chaos.blocked, "a descendant of a doomed action ran"
-    # The attempt that finished the action completed; any other completed attempt is
-    # one the reaper gave up on because its node's lease lapsed. (The finishing attempt
-    # may be such one too: its node stored the dataset, then died before finishing the
-    # action, and recovery finished it from the stored dataset.)
+    # The attempt that finished the action completed once; any other completed attempt
+    # is one the reaper gave up on because its node's lease lapsed. An attempt number
+    # runs at most once (its log holds one `run`).
     completed = completed_attempts(home)
     lost = lost_attempts(tmp_path)
     for aid in finished:
-        final = actions[aid].attempts
-        extra = {n for n in completed[aid] - {final} if (aid, n) not in lost}
-        assert final in completed[aid] and not extra, (aid, completed[aid], final)
+        others = {n for n in completed[aid] if (aid, n) not in lost}
+        assert others == {actions[aid].attempts}, (aid, completed[aid], actions[aid].attempts)
+    assert not twice_run_attempts(home), twice_run_attempts(home)
 
 
 @pytest.fixture(scope="module")
