@@ -29,7 +29,6 @@ import random
 import re
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,42 +289,13 @@ async def run_chaos(tmp_path: Path, store_url: str, scale: Scale, seed: int) -> 
     assert not twice_run_attempts(home), twice_run_attempts(home)
 
 
-@pytest.fixture(scope="module")
-def wire_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get("PINGO_TEST_MONGODB_URI")
-    if external:
-        yield external
-        return
-    from pingo import testing
-
-    with testing.wire_server(tmp_path_factory.mktemp("chaos-wire")) as server:
-        yield server.url
-
-
-def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    """A fresh SQLite file, or a fresh database on the wire server."""
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'pingo.db'}"
-    base: str = request.getfixturevalue("wire_base")
-    scheme, rest = base.split("://", 1)
-    hosts, _, query = rest.partition("?")
-    database = f"chaos_{uuid.uuid4().hex[:12]}"
-    return f"{scheme}://{hosts.split('/', 1)[0]}/{database}" + (f"?{query}" if query else "")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(REDUCED.timeout_s + 120)
-@pytest.mark.parametrize("backend", ["sqlite", "wire"])
-async def test_three_nodes_survive_a_kill(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    await run_chaos(tmp_path, store_url(backend, tmp_path, request), REDUCED, seed=7)
+async def test_three_nodes_survive_a_kill(store_url: str, tmp_path: Path) -> None:
+    await run_chaos(tmp_path, store_url, REDUCED, seed=7)
 
 
 @pytest.mark.skipif(not FULL, reason="the full chaos run is `make chaos` (PINGO_CHAOS=full)")
 @pytest.mark.timeout(FULL_SCALE.timeout_s + 300)
-@pytest.mark.parametrize("backend", ["sqlite", "wire"])
-async def test_three_nodes_survive_a_kill_every_20s(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    await run_chaos(tmp_path, store_url(backend, tmp_path, request), FULL_SCALE, seed=11)
+async def test_three_nodes_survive_a_kill_every_20s(store_url: str, tmp_path: Path) -> None:
+    await run_chaos(tmp_path, store_url, FULL_SCALE, seed=11)

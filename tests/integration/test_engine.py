@@ -12,9 +12,7 @@ import asyncio
 import collections
 import copy
 import json
-import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +30,6 @@ D = states.DatasetState
 W = states.WorkflowState
 
 Document = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get("PINGO_TEST_MONGODB_URI")
-    if external:
-        yield external
-        return
-    from pingo import testing
-
-    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
-        yield server.url
-
-
-@pytest.fixture(params=["sqlite", "wire"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'pingo.db'}"
-    base: str = request.getfixturevalue("wire_url")
-    hosts = base.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
-    return f"mongodb://{hosts}/pingo_engine_{uuid.uuid4().hex[:12]}"
 
 
 def engine_settings(tmp_path: Path, store_url: str, **overrides: Any) -> Settings:

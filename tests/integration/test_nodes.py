@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextlib
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -127,27 +126,6 @@ async def test_two_server_processes_split_the_work_over_one_sqlite_file(
 
 
 # ---------------------------------------------------------------- nodes in this process
-
-
-@pytest.fixture(scope="module")
-def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get("PINGO_TEST_MONGODB_URI")
-    if external:
-        yield external
-        return
-    from pingo import testing
-
-    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
-        yield server.url
-
-
-@pytest.fixture(params=["sqlite", "wire"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'pingo.db'}"
-    base: str = request.getfixturevalue("wire_url")
-    hosts = base.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
-    return f"mongodb://{hosts}/pingo_nodes_{uuid.uuid4().hex[:12]}"
 
 
 def node_settings(tmp_path: Path, store_url: str, name: str, **overrides: Any) -> Settings:
