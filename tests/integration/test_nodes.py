@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.bench_nodes import sleeps
 from pingo import errors, states
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
@@ -29,29 +30,6 @@ from tests.integration.test_crash import Server, free_port
 
 A = states.ActionState
 W = states.WorkflowState
-
-
-def sleeps(count: int, seconds: float) -> dict[str, Any]:
-    """`count` independent `sleep` actions (distinct, so none is reused), ending in one."""
-    actions: list[dict[str, Any]] = [
-        {
-            "id": i,
-            "name": f"sleep-{i}",
-            "type": "command-line",
-            "command": ["sh", "-c", f'sleep {seconds}; echo {i} > "$PINGO_OUTPUT"'],
-        }
-        for i in range(1, count + 1)
-    ]
-    actions.append(
-        {
-            "id": count + 1,
-            "name": "end",
-            "type": "command-line",
-            "parentActions": [{"id": i} for i in range(1, count + 1)],
-            "command": ["true"],
-        }
-    )
-    return {"name": "sleeps", "startActionId": 1, "endActionId": count + 1, "actions": actions}
 
 
 def node_of(action: protocol.ActionRecord) -> str:
@@ -96,7 +74,7 @@ async def test_two_server_processes_split_the_work_over_one_sqlite_file(
         server.start()
     async with open_store(store_url) as store:
         manager = WorkflowManager(store, DatasetStorage(str(tmp_path / "datasets")), settings)
-        workflow = await manager.submit(sleeps(16, 0.3), owner="alice")
+        workflow = await manager.submit(sleeps(16, 0.3, "split"), owner="alice")
         most_held: collections.Counter[str] = collections.Counter()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
@@ -169,7 +147,7 @@ async def nodes(tmp_path: Path, store_url: str) -> AsyncIterator[Any]:
 
 async def test_a_type_a_node_cannot_run_stays_ready_for_a_node_that_can(nodes: Any) -> None:
     planner = await nodes("planner", executors={})
-    workflow = await planner.workflows.submit(sleeps(3, 0), owner="alice")
+    workflow = await planner.workflows.submit(sleeps(3, 0, "types"), owner="alice")
     await asyncio.sleep(0.3)
     # The planner has no executor: it claims nothing and fails nothing.
     actions = await planner.store.list_actions(workflow.id)
@@ -200,7 +178,7 @@ async def test_an_idle_node_finds_another_nodes_work_without_a_full_poll(
         assert idle.ready_watch.stopping
 
     started = asyncio.get_running_loop().time()
-    workflow = await busy.workflows.submit(sleeps(4, 2), owner="alice")
+    workflow = await busy.workflows.submit(sleeps(4, 2, "busy"), owner="alice")
 
     async def on_idle() -> list[protocol.ActionRecord]:
         while True:
