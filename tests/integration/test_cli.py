@@ -265,20 +265,25 @@ def test_ids_are_taken_by_unique_prefix(server: Server, tmp_path: Path) -> None:
 
     # Two workflows submitted together share the start of their ids (the time in
     # base36: 8 characters span 28 minutes, so a second pair is needed only rarely).
+    # A user of their own submits them: a prefix matches only the requester's ids, so
+    # the module's other workflows of the same minutes cannot crowd them out of the error.
+    twins = server.run("users", "add", "twins").stdout.strip().splitlines()[-1]
     for attempt in range(2):
         ids = [
             server.run(
-                "submit", _write(tmp_path, f"p{i}", _one_action(f"p{i}", f"true {attempt}"))
+                "submit", _write(tmp_path, f"p{i}", _one_action(f"p{i}", f"true {attempt}")),
+                token=twins,
             ).stdout.splitlines()[0]
             for i in range(2)
         ]
         common = next(i for i, (a, b) in enumerate(zip(*ids, strict=True)) if a != b)
         if common >= 8:
             break
-    ambiguous = server.run("status", ids[0][:common])
+    ambiguous = server.run("status", ids[0][:common], token=twins)
     assert ambiguous.returncode == 1
     assert ambiguous.stderr.startswith("error: AMBIGUOUS_ID (400)")
     assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
+    server.run("users", "revoke", "twins")
 
     # Another user: the admin's ids, whole or in part, do not exist.
     token = server.run("users", "add", "mallory").stdout.strip().splitlines()[-1]
