@@ -16,7 +16,7 @@ import signal
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from pingo import errors, loops, states
+from pingo import errors, loops, states, untrusted
 from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
@@ -349,7 +349,13 @@ class Node:
     async def _queue_webhooks(self, workflow: WorkflowRecord) -> None:
         """Queue the deliveries a workflow's end owes its webhooks (CallbackService's hook)."""
         schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
-        deliveries = hooks.deliveries_for(workflow, schedule_id, self.store.clock())
+        now = self.store.clock()
+        if untrusted.is_undecoded(workflow.document):
+            # A big workflow's document is still its text: finding its webhooks decodes
+            # megabytes, which must not hold the event loop (issue 13).
+            deliveries = await asyncio.to_thread(hooks.deliveries_for, workflow, schedule_id, now)
+        else:
+            deliveries = hooks.deliveries_for(workflow, schedule_id, now)
         if deliveries:
             await self.store.create_deliveries(deliveries)
             self.webhooks.wake()

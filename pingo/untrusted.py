@@ -107,6 +107,11 @@ def stored_object(text: str) -> Mapping[str, Any]:
     return value
 
 
+def is_undecoded(value: object) -> bool:
+    """Whether `value` is a `LazyObject` whose first read would decode its text now."""
+    return isinstance(value, LazyObject) and value.undecoded
+
+
 class LazyObject(Mapping[str, Any]):
     """A JSON object kept as its text until something reads it, then decoded (strictly)."""
 
@@ -124,6 +129,11 @@ class LazyObject(Mapping[str, Any]):
                 raise MalformedJSON("the stored document is not a JSON object")
             self._value, self._text = value, ""
         return self._value
+
+    @property
+    def undecoded(self) -> bool:
+        """Whether the text has not been decoded yet."""
+        return self._value is None
 
     def __getitem__(self, key: str) -> Any:
         return self.decoded()[key]

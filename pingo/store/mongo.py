@@ -73,7 +73,7 @@ from pymongo.write_concern import WriteConcern
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _room, lookup, utcnow
+from pingo.store import _cursor, _json, _room, lookup, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     ActionChanges,
@@ -148,7 +148,7 @@ def _opt_at(micros: int | None) -> datetime | None:
 
 
 def _dump_json(value: Mapping[str, Any] | None) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else _json.dumps(value)
 
 
 def _load_json(text: str | None) -> Any:
@@ -174,7 +174,7 @@ def _workflow_doc(record: WorkflowRecord) -> Doc:
         "name": record.name,
         "owner": record.owner,
         "state": record.state.value,
-        "document": _dump_json(record.document),
+        "document": _json.dumps_document(record.document),
         "scope": record.scope,
         "on_failure": record.on_failure,
         "end_dataset_id": record.end_dataset_id,

@@ -57,9 +57,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from pingo import errors, states, untrusted
+from pingo import errors, heap, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _room, lookup, utcnow
+from pingo.store import _cursor, _json, _room, lookup, utcnow
 from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     KEEP,
@@ -420,9 +420,12 @@ _EMPTY: tuple[Any, ...] = ()
 #: Decoded specs kept per process (they never change, so a cached one is never stale);
 #: bounded so that memory does not grow with the number of actions ever seen.
 _SPEC_CACHE_SIZE = 8192
+#: A read of more actions than this (all of a big workflow's) is a bulk read: see
+#: `_all_actions`.
+_BULK_ROWS = 2000
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_dumps = _json.dumps
 """Compact JSON (one encoder for all calls: building one per call costs more than small
 values take to encode)."""
 
@@ -483,7 +486,7 @@ def _workflow_params(w: WorkflowRecord) -> tuple[Any, ...]:
         w.name,
         w.owner,
         w.state.value,
-        _dumps(w.document),
+        _json.dumps_document(w.document),
         w.scope,
         w.on_failure,
         w.end_dataset_id,
@@ -1418,6 +1421,21 @@ class SQLiteStore:
     def _all_hot(self, sql: str, params: Sequence[Any]) -> list[ActionRecord]:
         return self._actions_hot(self._db.execute(sql, params).fetchall())
 
+    def _all_actions(self, sql: str, params: Sequence[Any]) -> list[ActionRecord]:
+        """The records of rows of `_ACTION_SELECT`; a bulk read leaves the caches alone.
+
+        A bulk read builds a million objects: a full garbage collection meanwhile walks
+        them all with the GIL held (the event loop stalls, issue 13), and caching their
+        specs would evict the hot ones and keep scattered objects that hold the heap's
+        pages long after the workflow has gone.
+        """
+        rows = self._db.execute(sql, params).fetchall()
+        if len(rows) <= _BULK_ROWS:
+            return [self._action(row) for row in rows]
+        specs = self._specs
+        with heap.full_collections_deferred():
+            return [_record(row, specs.get((row[0], row[1])) or _spec(row[15:])) for row in rows]
+
     def _all(
         self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
     ) -> list[T]:
@@ -1565,8 +1583,7 @@ class SQLiteStore:
 
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         return await self._run(
-            self._all,
-            self._action,
+            self._all_actions,
             f"{_ACTION_SELECT} WHERE workflow_id = ? ORDER BY action_id",
             (workflow_id,),
         )

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from pingo import untrusted
 from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.webhooks import hooks
@@ -120,6 +121,27 @@ async def test_a_finished_workflow_posts_a_signed_summary(
         f"/api/v1/workflows/{workflow['id']}/deliveries", headers=api.auth("bob")
     )
     assert response.status == 404
+
+
+async def test_a_big_killed_workflow_still_calls_its_webhook(
+    open_api: Api, receiver: Receiver
+) -> None:
+    # Its stored document is longer than untrusted.PIECEWISE_CHARS, so the store hands
+    # it back undecoded and the webhooks are found off the event loop.
+    api = open_api
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.killed"]}
+    commands = {i: ["sleep", "30"] for i in range(1, 2501)}
+    document = {**command_workflow(commands, {i: [1] for i in range(2, 2501)}), "webhooks": [hook]}
+    assert len(json.dumps(document)) > untrusted.PIECEWISE_CHARS
+    workflow = await api.submit(document, user="alice")
+    response = await api.client.post(
+        f"/api/v1/workflows/{workflow['id']}/kill", headers=api.auth("alice")
+    )
+    assert response.status < 300, await response.text()
+    [delivery] = await settled(api, workflow["id"])
+    assert delivery["state"] == "delivered"
+    [(_, body)] = receiver.received
+    assert json.loads(body)["state"] == "KILLED"
 
 
 async def test_failures_are_retried_with_backoff_and_redirects_not_followed(

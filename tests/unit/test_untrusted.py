@@ -167,3 +167,13 @@ def test_a_long_stored_object_is_decoded_on_first_read_only() -> None:
         untrusted.stored_object("[1, 2]")
     with pytest.raises(untrusted.MalformedJSON):
         untrusted.stored_object("[" + "0, " * untrusted.PIECEWISE_CHARS + "NaN]")["a"]
+
+
+def test_a_lazy_object_says_whether_its_text_is_still_undecoded() -> None:
+    big = '{"actions": [' + ",".join(["1"] * (untrusted.PIECEWISE_CHARS // 2)) + "]}"
+    lazy = untrusted.stored_object(big)
+    assert untrusted.is_undecoded(lazy)
+    assert len(lazy["actions"]) == untrusted.PIECEWISE_CHARS // 2
+    assert not untrusted.is_undecoded(lazy)
+    assert not untrusted.is_undecoded(untrusted.stored_object('{"a": 1}'))
+    assert not untrusted.is_undecoded({"a": 1})
