@@ -10,19 +10,16 @@ import pytest
 from pingo.store import _json
 
 
+def _action(i: int) -> dict[str, Any]:
+    parents = [{"id": i - 1}] if i > 1 else []
+    return {"id": i, "name": f"a{i}", "command": ["echo", "\\n \u00e9"], "parentActions": parents}
+
+
 def _document(actions: int) -> dict[str, Any]:
     return {
         "name": 'big \u00e9\u2603 "quoted"',
         "startActionId": 1,
-        "actions": [
-            {
-                "id": i,
-                "name": f"a{i}",
-                "command": ["sh", "-c", "echo '\\n' \u00e9"],
-                "parentActions": [{"id": i - 1}] if i > 1 else [],
-            }
-            for i in range(1, actions + 1)
-        ],  # fmt: skip
+        "actions": [_action(i) for i in range(1, actions + 1)],
         "empty": [],
         "nested": {"list": list(range(2000))},
     }
