@@ -1229,7 +1229,21 @@ class SQLiteStore:
         return self._actions_hot([row])[0]
 
     def _actions_hot(self, rows: Sequence[Sequence[Any]]) -> list[ActionRecord]:
-        """The records of rows of `_HOT_COLUMNS`, fetching missing specs in one query."""
+        """The records of rows of `_HOT_COLUMNS`, fetching missing specs in one query.
+
+        Bulk (a kill of a whole big workflow) as in `_all_actions`: no full collection
+        meanwhile, and the specs it decodes are not cached.
+        """
+        if len(rows) <= _BULK_ROWS:
+            return self._actions_hot_specs(rows, self._cache_spec)
+        with heap.full_collections_deferred():
+            return self._actions_hot_specs(rows, lambda _key, spec: spec)
+
+    def _actions_hot_specs(
+        self,
+        rows: Sequence[Sequence[Any]],
+        keep: Callable[[tuple[str, int], _Spec], _Spec],
+    ) -> list[ActionRecord]:
         specs: dict[tuple[str, int], _Spec] = {}
         missing = []
         for row in rows:
@@ -1254,7 +1268,7 @@ class SQLiteStore:
                 ).fetchall()
                 for spec_row in found:
                     key = (workflow_id, spec_row[0])
-                    specs[key] = self._cache_spec(key, _spec(spec_row[1:]))
+                    specs[key] = keep(key, _spec(spec_row[1:]))
         return [_record(row, specs[(row[0], row[1])]) for row in rows]
 
     async def ping(self) -> None:
