@@ -251,7 +251,7 @@ async def list_workflows(request: web.Request) -> web.Response:
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}", name="get_workflow")
-async def get_workflow(request: web.Request) -> web.Response:
+async def get_workflow(request: web.Request) -> web.StreamResponse:
     """The workflow document."""
     workflow_id = request.match_info["workflow_id"]
     cached = state.api_state(request).finished_documents.get(workflow_id)
@@ -261,7 +261,22 @@ async def get_workflow(request: web.Request) -> web.Response:
             raise errors.NotFound(f"no workflow {workflow_id!r}")
         return bodies.raw_json_response(cached.body)
     record = await visible_workflow(request, workflow_id)
-    return bodies.raw_json_response(await _document_body(request, record))
+    body = await _document_body(request, record)
+    if len(body) <= _STREAMED_BYTES:
+        return bodies.raw_json_response(body)
+    # A `web.Response` keeps its body until the client's next request on the same
+    # connection (aiohttp's handler holds the last response): 30 MB for a 100,000-action
+    # document. Streamed, nothing of it outlives this handler (issue 13).
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(body)
+    await response.prepare(request)
+    await response.write(body)
+    await response.write_eof()
+    return response
+
+
+#: Documents longer than this are streamed (see `get_workflow`).
+_STREAMED_BYTES = 1 << 18
 
 
 @routes.post(PREFIX + "/workflows/{workflow_id}/kill", name="kill_workflow")
