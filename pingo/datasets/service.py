@@ -40,6 +40,36 @@ class DatasetService:
         self.storage = storage
         self.capacity_bytes = capacity_bytes
 
+    async def may_manage(self, user: protocol.UserRecord, dataset: protocol.DatasetRecord) -> bool:
+        """Whether `user` may delete, pin or unpin `dataset`: an admin, or the owner of
+        the workflow that produced it (the API and the UI both ask here)."""
+        if user.is_admin:
+            return True
+        producer = await self.store.get_workflow(dataset.producer_workflow_id)
+        return producer is not None and producer.owner == user.name
+
+    async def check_may_manage(
+        self, user: protocol.UserRecord, dataset: protocol.DatasetRecord
+    ) -> None:
+        """`Forbidden` unless `user` may manage `dataset` (see `may_manage`)."""
+        if not await self.may_manage(user, dataset):
+            raise errors.Forbidden(
+                "only an admin or the owner of the workflow that produced a dataset may change it"
+            )
+
+    async def set_pinned(self, dataset_id: str, pinned: bool) -> protocol.DatasetRecord:
+        """Pin (retention never evicts it; a user may still delete it) or unpin."""
+        updated = await self.store.set_dataset_pinned(dataset_id, pinned)
+        if updated is None:
+            raise errors.NotFound(f"no dataset {dataset_id!r}")
+        logger.info(
+            "dataset %s %s",
+            dataset_id,
+            "pinned" if pinned else "unpinned",
+            extra={"event": "dataset_pinned", "dataset_id": dataset_id, "pinned": pinned},
+        )
+        return updated
+
     async def mark_for_deletion(
         self, dataset_id: str, *, force: bool = False
     ) -> protocol.DatasetRecord:

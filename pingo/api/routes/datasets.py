@@ -93,18 +93,6 @@ async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, A
     }
 
 
-async def _may_manage(request: web.Request, dataset: DatasetRecord) -> None:
-    """Deleting or pinning is for admins and the owner of the workflow that produced it."""
-    user = auth.current_user(request)
-    if user.is_admin:
-        return
-    producer = await state.node(request).store.get_workflow(dataset.producer_workflow_id)
-    if producer is None or producer.owner != user.name:
-        raise errors.Forbidden(
-            "only an admin or the owner of the workflow that produced a dataset may change it"
-        )
-
-
 @routes.get(PREFIX + "/datasets", name="list_datasets")
 async def list_datasets(request: web.Request) -> web.Response:
     """Datasets the requester may see, newest first (`state` filter, cursor pagination)."""
@@ -154,18 +142,18 @@ async def delete_dataset(request: web.Request) -> web.Response:
     A LEAF dataset (the output of a leaf action) needs `?force=true`.
     """
     record = await visible_dataset(request)
-    await _may_manage(request, record)
+    datasets = state.node(request).datasets
+    await datasets.check_may_manage(auth.current_user(request), record)
     force = bodies.query_bool(request, "force")
-    marked = await state.node(request).datasets.mark_for_deletion(record.id, force=force)
+    marked = await datasets.mark_for_deletion(record.id, force=force)
     return bodies.json_response((await dataset_documents(request, [marked]))[0], status=202)
 
 
 async def _set_pinned(request: web.Request, pinned: bool) -> web.Response:
     record = await visible_dataset(request)
-    await _may_manage(request, record)
-    updated = await state.node(request).store.set_dataset_pinned(record.id, pinned)
-    if updated is None:
-        raise errors.NotFound(f"no dataset {record.id!r}")
+    datasets = state.node(request).datasets
+    await datasets.check_may_manage(auth.current_user(request), record)
+    updated = await datasets.set_pinned(record.id, pinned)
     return bodies.json_response((await dataset_documents(request, [updated]))[0])
 
 
