@@ -728,6 +728,20 @@ class MemoryStore:
                 found[dataset_id] = record
         return found
 
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        wanted = set(dataset_ids)
+        found = [d for d in self._datasets.values() if wanted.intersection(d.parents)]
+        return sorted(found, key=lambda d: d.id)[:limit]
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        wanted = set(dataset_ids)
+        found = {a.workflow_id for a in self._actions.values() if a.dataset_id in wanted}
+        return sorted(found, reverse=True)[:limit]
+
     async def list_datasets(
         self,
         *,

@@ -590,6 +590,21 @@ class Store(Protocol):
         """Datasets (in `state`, if given), newest first."""
         ...
 
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        """Datasets computed from one of `dataset_ids` (one of their `parents`), in id
+        order, at most `limit`: a lineage's next generation down."""
+        ...
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        """Ids of the workflows with an action whose dataset is one of `dataset_ids` (it
+        computed, shared, reused or did not need it), highest id first (the planner's ids
+        sort by submission time, so newest first), at most `limit`."""
+        ...
+
     async def transition_dataset(
         self,
         dataset_id: str,

@@ -324,6 +324,24 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX deliveries_workflow ON webhook_deliveries (workflow_id, created_at)",
         "CREATE INDEX deliveries_schedule ON webhook_deliveries (schedule_id, created_at)",
     ),
+    # Lineage downwards and the workflows that used a dataset (the UI's dataset page):
+    # parent → child pairs kept by a trigger, since `parents` is JSON text; filled for
+    # the datasets that exist already. A dataset's parents never change (its id hashes them).
+    (
+        """CREATE TABLE dataset_parents (
+            parent TEXT NOT NULL,
+            child TEXT NOT NULL,
+            PRIMARY KEY (parent, child)
+        ) WITHOUT ROWID""",
+        "INSERT OR IGNORE INTO dataset_parents (parent, child) "
+        "SELECT j.value, d.id FROM datasets d, json_each(d.parents) j",
+        """CREATE TRIGGER dataset_parents_insert AFTER INSERT ON datasets
+        BEGIN
+            INSERT OR IGNORE INTO dataset_parents (parent, child)
+            SELECT value, new.id FROM json_each(new.parents);
+        END""",
+        "CREATE INDEX action_specs_dataset ON action_specs (dataset_id, workflow_id)",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -2064,6 +2082,41 @@ class SQLiteStore:
             ):
                 found[record.id] = record
         return found
+
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        return await self._run(self._list_child_datasets, list(dict.fromkeys(dataset_ids)), limit)
+
+    def _list_child_datasets(self, ids: list[str], limit: int) -> list[DatasetRecord]:
+        children: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = self._db.execute(
+                f"SELECT child FROM dataset_parents WHERE parent IN ({_placeholders(len(chunk))})",
+                chunk,
+            )
+            children.update(row[0] for row in rows)
+        chosen = sorted(children)[:limit]
+        found = self._get_datasets(chosen)
+        return [found[i] for i in chosen if i in found]
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        ids = list(dict.fromkeys(dataset_ids))
+        return await self._run(self._find_workflows_with_datasets, ids, limit)
+
+    def _find_workflows_with_datasets(self, ids: list[str], limit: int) -> list[str]:
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = self._db.execute(
+                "SELECT DISTINCT workflow_id FROM action_specs "
+                f"WHERE dataset_id IN ({_placeholders(len(chunk))}) "
+                "ORDER BY workflow_id DESC LIMIT ?",
+                [*chunk, limit],
+            )
+            found.update(row[0] for row in rows)
+        return sorted(found, reverse=True)[:limit]
 
     async def list_datasets(
         self,
