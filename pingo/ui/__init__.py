@@ -44,6 +44,10 @@ SESSION_TTL_S = 8 * 3600.0
 LOG_TAIL_BYTES = 64 * 1024
 #: Rows per page of the workflows and datasets lists.
 PAGE_SIZE = 50
+#: Datasets drawn below one on its page at most (its descendants).
+LINEAGE_NODES = 300
+#: Workflows a dataset's page looks up, per use (planned it, computed from it).
+USED_BY_LIMIT = 50
 #: Datasets one page of a dataset search looks through at most (newest first).
 DATASET_SEARCH_LIMIT = 1000
 #: Every UI answer carries these: no inline script or style runs, nothing frames the UI,
@@ -549,16 +553,54 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
     (dataset,) = await dataset_routes.dataset_documents(request, [record])
-    lineage = await dataset_routes.lineage_document(request, record.id)
-    may_manage = await state.node(request).datasets.may_manage(user, record)
+    datasets = state.node(request).datasets
+    ancestors = await datasets.lineage(record.id)
+    below = await datasets.descendants(record.id, limit=LINEAGE_NODES)
+    # One lineage shares one sharing scope (ids hash it); checked anyway, as the API does.
+    records = {
+        k: v
+        for k, v in {**below.records, **ancestors.records}.items()
+        if v is None or auth.may_see_scope(user, v.scope)
+    }
+    nodes = await dataset_routes.lineage_nodes(request, records)
+    for node in nodes:
+        node["relation"] = (
+            "this dataset"
+            if node["id"] == record.id
+            else ("ancestor" if node["id"] in ancestors.records else "descendant")
+        )
+    labels = {n["id"]: (n.get("actionName") or n["id"][:12], n["state"] or "") for n in nodes}
+    graph = dag.lineage_layout(labels, [*ancestors.edges, *below.edges], record.id)
+    children = [child for parent, child in below.edges if parent == record.id]
+    planned, readers = await datasets.workflows_using(record.id, children, limit=USED_BY_LIMIT)
     return _context(
         user,
         session,
         dataset=dataset,
-        lineage=lineage,
-        may_manage=may_manage,
+        lineage={"nodes": nodes, "truncated": below.truncated},
+        graph=graph,
+        used_by=await _visible_workflows(request, user, planned, readers),
+        may_manage=await datasets.may_manage(user, record),
         deletable=record.state in _DELETABLE,
     )
+
+
+async def _visible_workflows(
+    request: web.Request, user: UserRecord, planned: list[str], readers: list[str]
+) -> list[dict[str, Any]]:
+    """The workflows of a dataset's page the user may see, newest first, with their use."""
+    store = state.node(request).store
+    rows = []
+    for workflow_id in sorted({*planned, *readers}, reverse=True):
+        record = await store.get_workflow(workflow_id)
+        if record is None or not auth.may_see(user, record.owner):
+            continue
+        uses = [
+            *(["planned it"] if workflow_id in planned else []),
+            *(["computed from it"] if workflow_id in readers else []),
+        ]
+        rows.append({**documents.workflow_summary(record), "use": " and ".join(uses)})
+    return rows
 
 
 #: States from which the dataset page offers "Delete" (the service refuses the others).

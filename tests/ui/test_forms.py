@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
+from pingo import ui
 from tests.api.conftest import Api, bearer, chain, command_workflow
 from tests.ui.test_pages import SCRIPT, sign_in
 
@@ -192,3 +194,55 @@ async def test_the_workflows_list_counts_reuse_and_failures(users_api: Api) -> N
     await sign_in(users_api, "admin")
     everyone = await (await users_api.client.get("/workflows")).text()
     assert _cells(everyone, f'href="/workflows/{first["id"]}"')[1] == "alice"
+
+
+async def test_the_dataset_page_draws_ancestors_descendants_and_its_workflows(
+    users_api: Api,
+) -> None:
+    first = await users_api.submit(chain("ui-lineage-graph", 3, name="first"), user="alice")
+    finished = await users_api.wait(first["id"])
+    ids = [a["datasetId"] for a in finished["actions"]]
+    # Alice's second workflow reuses step 1's dataset; bob's computes from it too.
+    again = await users_api.submit(chain("ui-lineage-graph", 2, name=SCRIPT), user="alice")
+    await users_api.wait(again["id"])
+    theirs = await users_api.submit(chain("ui-lineage-graph", 2, name="bobs"), user="bob")
+    await users_api.wait(theirs["id"])
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/datasets/{ids[1]}")).text()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert svg.count("<circle") == 3 and svg.count("<line") == 2
+    for dataset_id in ids:
+        assert f'href="/datasets/{dataset_id}"' in svg
+    assert svg.count(' root"') == 1
+    assert re.search(rf'href="/datasets/{ids[1]}"><circle [^>]*r="12" class="[A-Z_]+ root"', svg)
+    relations = {cells[1] for cells in (_cells(page, f'href="/datasets/{i}"') for i in ids)}
+    assert relations == {"ancestor", "this dataset", "descendant"}
+    # Ancestors above, descendants below.
+    ys = [
+        int(re.search(rf'href="/datasets/{i}"><circle cx="\d+" cy="(\d+)"', svg).group(1))
+        for i in ids
+    ]  # type: ignore[union-attr]
+    assert ys == sorted(ys) and len(set(ys)) == 3
+    used = page[page.index('id="used-by"') :]
+    assert f'href="/workflows/{first["id"]}"' in used and f'href="/workflows/{again["id"]}"' in used
+    assert _cells(used, f'href="/workflows/{first["id"]}"')[3] == "planned it and computed from it"
+    assert _cells(used, f'href="/workflows/{again["id"]}"')[3] == "planned it"
+    assert "&lt;script&gt;" in used and SCRIPT not in page
+    # Bob's workflow used it too, but it is not alice's to see.
+    assert theirs["id"] not in page and "bobs" not in page
+    top = await (await users_api.client.get(f"/datasets/{ids[0]}")).text()
+    assert _cells(top, f'href="/workflows/{again["id"]}"')[3] == "planned it and computed from it"
+    await sign_in(users_api, "bob")
+    seen = await (await users_api.client.get(f"/datasets/{ids[0]}")).text()
+    assert theirs["id"] in seen and first["id"] not in seen and again["id"] not in seen
+
+
+async def test_a_large_lineage_is_cut_and_says_so(users_api: Api, monkeypatch: Any) -> None:
+    monkeypatch.setattr(ui, "LINEAGE_NODES", 3)
+    submitted = await users_api.submit(chain("ui-lineage-cut", 5), user="alice")
+    top = (await users_api.wait(submitted["id"]))["actions"][0]["datasetId"]
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/datasets/{top}")).text()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert svg.count("<circle") == 3
+    assert "Only the nearest 3 datasets are drawn." in page

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -74,21 +74,28 @@ async def dataset_documents(
     return documents_
 
 
-async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, Any]:
-    """The dataset's ancestor graph as the requester may see each of its nodes."""
-    lineage = await state.node(request).datasets.lineage(dataset_id)
-    found = await producers(request, lineage.records.values())
+async def lineage_nodes(
+    request: web.Request, records: Mapping[str, DatasetRecord | None]
+) -> list[dict[str, Any]]:
+    """Lineage nodes as the requester may see each of them."""
+    found = await producers(request, records.values())
     nodes = []
-    for node_id, record in lineage.records.items():
+    for node_id, record in records.items():
         producer = (
             None
             if record is None
             else found[(record.producer_workflow_id, record.producer_action_id)]
         )
         nodes.append(documents.lineage_node(node_id, record, view_of(request, producer), producer))
+    return nodes
+
+
+async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, Any]:
+    """The dataset's ancestor graph as the requester may see each of its nodes."""
+    lineage = await state.node(request).datasets.lineage(dataset_id)
     return {
         "datasetId": lineage.dataset_id,
-        "nodes": nodes,
+        "nodes": await lineage_nodes(request, lineage.records),
         "edges": [{"from": parent, "to": child} for parent, child in lineage.edges],
     }
 
