@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 from typing import Any
 
 from pingo import ui
-from tests.api.conftest import Api, bearer, chain, command_workflow
+from pingo.api.app import create_app
+from tests.api.conftest import (
+    ADMIN_TOKEN,
+    AiohttpClient,
+    Api,
+    bearer,
+    chain,
+    command_workflow,
+    make_settings,
+)
 from tests.ui.test_pages import SCRIPT, sign_in
 
 
@@ -246,3 +256,27 @@ async def test_a_large_lineage_is_cut_and_says_so(users_api: Api, monkeypatch: A
     svg = page[page.index("<svg") : page.index("</svg>")]
     assert svg.count("<circle") == 3
     assert "Only the nearest 3 datasets are drawn." in page
+
+
+async def test_another_users_private_dataset_pages_are_404(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    app = create_app(make_settings(tmp_path, sharing_scope="user"))
+    api = Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+    await api.add_user("alice")
+    await api.add_user("bob")
+    finished = await api.wait((await api.submit(chain("ui-private", 2), user="alice"))["id"])
+    first, end = finished["actions"][0]["datasetId"], finished["endDatasetId"]
+    csrf = await sign_in(api, "bob")
+    for path in (f"/datasets/{first}", f"/datasets/{end}", f"/datasets/{first[:12]}"):
+        response = await api.client.get(path)
+        assert response.status == 404, path
+        # The message names only the id asked for, nothing of alice's.
+        assert "step1" not in await response.text() and finished["id"] not in await response.text()
+    for change in ("pin", "unpin", "delete"):
+        response = await api.client.post(f"/datasets/{first}/{change}", data={"csrf": csrf})
+        assert response.status == 404, change
+    listing = await (await api.client.get("/datasets")).text()
+    assert first[:16] not in listing and end[:16] not in listing
+    await sign_in(api, "alice")
+    assert (await api.client.get(f"/datasets/{first}")).status == 200
