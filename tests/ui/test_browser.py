@@ -473,3 +473,18 @@ async def test_a_form_on_another_site_cannot_sign_you_in(ui: Ui, aiohttp_server:
         await page.evaluate("document.getElementById('f').submit()")
     assert "403" in await page.locator("h1").inner_text()
     assert not [c for c in await ui.context.cookies() if c["name"] == "pingo_session"]
+
+
+async def test_the_schedules_page(ui: Ui) -> None:
+    body = {"name": HOSTILE, "cron": "0 3 * * *", "workflow": chain("ui-browser-schedule")}
+    response = await ui.api.client.post(
+        "/api/v1/schedules", json=body, headers=ui.api.auth("alice")
+    )
+    assert response.status == 201, await response.text()
+    page = await ui.page()
+    await ui.sign_in(page, "alice")
+    await page.get_by_role("link", name="Schedules").click()
+    assert HOSTILE in await page.locator("tbody").inner_text()
+    assert "0 3 * * *" in await page.locator("tbody").inner_text()
+    assert await page.evaluate("window.pwned") is None
+    await ui.check(page, "schedules")
