@@ -34,6 +34,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -400,6 +401,12 @@ class MemoryStore:
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         ids = self._actions_by_workflow.get(workflow_id, ())
         return [self._actions[(workflow_id, i)] for i in ids]
+
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        return [
+            PlannedAction(a.action_id, a.dataset_id, a.reused, a.reason)
+            for a in await self.list_actions(workflow_id)
+        ]
 
     async def list_actions_in_states(
         self,

@@ -85,6 +85,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -949,6 +950,18 @@ class MongoStore:
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         found = self._actions.find({"workflow_id": workflow_id}, sort=[("action_id", 1)])
         return [_action(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        found = self._actions.find(
+            {"workflow_id": workflow_id},
+            {"action_id": 1, "dataset_id": 1, "reused": 1, "reason": 1, "_id": 0},
+            sort=[("action_id", 1)],
+        )
+        return [
+            PlannedAction(d["action_id"], d["dataset_id"], d["reused"], d["reason"])
+            for d in await found.to_list(None)
+        ]
 
     @_translated
     async def list_actions_in_states(

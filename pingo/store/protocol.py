@@ -113,6 +113,16 @@ class ActionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedAction:
+    """What planning decided for one action: the fields `pingo.workflows.reuse` needs."""
+
+    action_id: int
+    dataset_id: str
+    reused: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DatasetRecord:
     id: str
     state: DatasetState
@@ -431,6 +441,11 @@ class Store(Protocol):
 
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         """Every action of the workflow, in ascending action id."""
+        ...
+
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        """Planning's decision for each action of the workflow, in action id order (cheap:
+        none of the action's documents is read)."""
         ...
 
     async def list_actions_in_states(

@@ -72,6 +72,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -1586,6 +1587,15 @@ class SQLiteStore:
             self._all,
             self._action,
             f"{_ACTION_SELECT} WHERE workflow_id = ? ORDER BY action_id",
+            (workflow_id,),
+        )
+
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        return await self._run(
+            self._all,
+            lambda row: PlannedAction(row[0], row[1], bool(row[2]), row[3]),
+            "SELECT action_id, dataset_id, reused, reason FROM action_specs "
+            "WHERE workflow_id = ? ORDER BY action_id",
             (workflow_id,),
         )
 

@@ -32,7 +32,7 @@ from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import schedules as schedule_routes
 from pingo.api.routes import users as user_routes
 from pingo.api.routes import workflows as workflow_routes
-from pingo.store.protocol import ActionRecord, UserRecord
+from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord
 from pingo.ui import dag
 from pingo.workflows import reuse
 
@@ -97,10 +97,13 @@ class Sessions:
             del self.by_id[session_id]
 
 
-def _reuse_summary(actions: list[ActionRecord]) -> dict[str, int]:
+def _reuse_summary(planned: list[PlannedAction]) -> dict[str, int]:
     """Computed, shared, reused and not needed, as the API's workflow document counts them."""
-    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in actions)
-    return reuse.summary(documents.action_outcome(a, twin=a.action_id in twins) for a in actions)
+    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in planned)
+    return reuse.summary(
+        reuse.outcome(runs=not a.reused, reason=a.reason, twin=a.action_id in twins)
+        for a in planned
+    )
 
 
 @dataclass(slots=True)
@@ -286,8 +289,8 @@ async def _workflows_context(request: web.Request) -> dict[str, object]:
         by_state = await store.count_actions(record.id)
         planned = reuse_counts.get(record.id)
         if planned is None:
-            actions = await store.list_actions(record.id)
-            planned = reuse_counts.put(record.id, _reuse_summary(actions))
+            decisions = await store.list_planned_actions(record.id)
+            planned = reuse_counts.put(record.id, _reuse_summary(decisions))
         rows.append(
             {
                 **documents.workflow_summary(record),

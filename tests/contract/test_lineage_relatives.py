@@ -1,4 +1,5 @@
-"""A dataset's relatives: the datasets computed from it, and the workflows that used it."""
+"""Read-only views for the UI: a dataset's relatives (the datasets computed from it, the
+workflows that used it) and each action's planning decision."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ async def test_workflows_with_datasets_newest_first(store: Store, make: Factory)
     assert both == sorted([*everyone, unrelated.workflow.id], reverse=True)
     assert await store.find_workflows_with_datasets(["missing"]) == []
     assert await store.find_workflows_with_datasets([]) == []
+
+
+async def test_planned_actions_are_planning_decisions(store: Store, make: Factory) -> None:
+    plan = make.plan(
+        {0: (), 1: (0,), 2: (1,)},
+        actions={0: {"reused": True, "reason": "not-needed"}, 1: {"reason": "in-flight"}},
+    )
+    await store.create_workflow(plan)
+    planned = await store.list_planned_actions(plan.workflow.id)
+    assert [(p.action_id, p.dataset_id, p.reused, p.reason) for p in planned] == [
+        (a.action_id, a.dataset_id, a.reused, a.reason) for a in plan.actions
+    ]
+    assert [p.reused for p in planned] == [True, False, False]
+    assert [p.reason for p in planned] == ["not-needed", "in-flight", "absent"]
+    assert await store.list_planned_actions("missing") == []
