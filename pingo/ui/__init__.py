@@ -150,13 +150,25 @@ async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
     raise web.HTTPSeeOther("/login")
 
 
+async def _form(request: web.Request) -> dict[str, str]:
+    """The posted form's text fields; 400 when the body is not UTF-8 form data."""
+    try:
+        form = await request.post()
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise web.HTTPBadRequest(text="the form is not valid UTF-8 form data") from exc
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
 async def _check_csrf(request: web.Request, session: Session) -> dict[str, str]:
     """The posted form, once its CSRF token matched the session's (403 otherwise)."""
-    form = await request.post()
+    form = await _form(request)
     sent = form.get("csrf")
-    if not isinstance(sent, str) or not secrets.compare_digest(sent, session.csrf):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500).
+    if not isinstance(sent, str) or not secrets.compare_digest(
+        sent.encode("utf-8", "surrogateescape"), session.csrf.encode()
+    ):
         raise web.HTTPForbidden(text="missing or wrong CSRF token")
-    return {k: v for k, v in form.items() if isinstance(v, str)}
+    return form
 
 
 def _same_origin(request: web.Request) -> bool:
@@ -232,7 +244,7 @@ async def login_page(request: web.Request) -> dict[str, object]:
 
 @routes.post("/login")
 async def login(request: web.Request) -> web.Response:
-    form = await request.post()
+    form = await _form(request)
     token = form.get("token")
     user = None
     if isinstance(token, str) and token:

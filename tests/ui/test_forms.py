@@ -280,3 +280,46 @@ async def test_another_users_private_dataset_pages_are_404(
     assert first[:16] not in listing and end[:16] not in listing
     await sign_in(api, "alice")
     assert (await api.client.get(f"/datasets/{first}")).status == 200
+
+
+async def test_bad_bytes_in_every_field_of_every_form(users_api: Api) -> None:
+    """Undecodable bytes, NULs and markup in each field of each form: a 4xx, never a 500."""
+    submitted = await users_api.submit(chain("ui-bad-bytes", 1), user="alice")
+    end = (await users_api.wait(submitted["id"]))["endDatasetId"]
+    csrf = await sign_in(users_api, "admin")
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    bodies = [
+        f"csrf={csrf}&name=%FF%FE%00".encode(),
+        f"csrf={csrf}&name=a&admin=%FF".encode(),
+        f"csrf={csrf}&force=%00%FF".encode(),
+        b"csrf=%FF%FE&name=x",
+        f"csrf={csrf}&name=\xff\xfe".encode("latin-1"),
+        b"\xff\xfe\x00garbage",
+    ]
+    paths = [
+        "/users",
+        f"/datasets/{end}/pin",
+        f"/datasets/{end}/delete",
+        "/users/%FF%FE/revoke",
+        "/users/%3Cscript%3E/revoke",
+        "/datasets/%FF%00/pin",
+        "/datasets/%3Cscript%3E/unpin",
+        f"/workflows/{submitted['id']}/kill",
+        f"/workflows/{submitted['id']}/rerun",
+        "/login",
+    ]
+    for path in paths:
+        for body in bodies:
+            response = await users_api.client.post(path, data=body, headers=form)
+            text = await response.text()
+            assert 400 <= response.status < 500 or response.status in (200, 201, 303), (
+                path,
+                body,
+                response.status,
+            )
+            assert "<script>" not in text, (path, body)
+    # Only the one well-formed add went through ("a", its odd admin box read as unticked).
+    users = await users_api.client.get("/api/v1/users", headers=users_api.auth("admin"))
+    found = {u["name"]: u["admin"] for u in (await users.json())["items"]}
+    assert found == {"a": False, "admin": True, "alice": False, "bob": False}
+    assert (await _dataset(users_api, "alice", end))["state"] == "LEAF"
