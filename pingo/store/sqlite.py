@@ -2101,9 +2101,12 @@ class SQLiteStore:
     def _list_child_datasets(self, ids: list[str], limit: int) -> list[DatasetRecord]:
         children: set[str] = set()
         for chunk in _chunks(ids):
+            # Each chunk's first `limit` hold the overall first `limit`: a popular
+            # dataset's many children are never all read.
             rows = self._db.execute(
-                f"SELECT child FROM dataset_parents WHERE parent IN ({_placeholders(len(chunk))})",
-                chunk,
+                "SELECT DISTINCT child FROM dataset_parents "
+                f"WHERE parent IN ({_placeholders(len(chunk))}) ORDER BY child LIMIT ?",
+                [*chunk, limit],
             )
             children.update(row[0] for row in rows)
         chosen = sorted(children)[:limit]
