@@ -460,6 +460,9 @@ def history(action: ActionRecord, attempts: list[Attempt]) -> list[Moment]:
         )
     if action.finished_at is not None:
         moments.append(Moment(action.state.value, action.finished_at, "action record: finished"))
+    elif action.state in states.ACTION_TERMINAL:
+        # Planned as reused (or killed before it ran): ended without an end stamp.
+        moments.append(Moment(action.state.value, action.updated_at, "action record: updated"))
     elif action.state is not states.ActionState.WAITING:
         moments.append(Moment(f"{action.state.value} (now)", action.updated_at, "last update"))
     return sorted(moments, key=lambda m: m.at)
