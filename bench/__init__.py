@@ -420,6 +420,8 @@ TARGETS: dict[str, Target] = {
     # Issue 17: the workflow page stays usable for Montage's 1,738 actions.
     "ui_montage_render_ms": _below("ui_montage_render_ms", 2000),
     "ui_montage_page_ms": _below("ui_montage_page_ms", 2000),
+    "ui_lineage_up_ms": _below("ui_lineage_up_ms", 2000),
+    "ui_lineage_down_ms": _below("ui_lineage_down_ms", 2000),
 }
 
 

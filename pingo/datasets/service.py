@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,36 @@ class DatasetService:
         self.store = store
         self.storage = storage
         self.capacity_bytes = capacity_bytes
+
+    async def may_manage(self, user: protocol.UserRecord, dataset: protocol.DatasetRecord) -> bool:
+        """Whether `user` may delete, pin or unpin `dataset`: an admin, or the owner of
+        the workflow that produced it (the API and the UI both ask here)."""
+        if user.is_admin:
+            return True
+        producer = await self.store.get_workflow(dataset.producer_workflow_id)
+        return producer is not None and producer.owner == user.name
+
+    async def check_may_manage(
+        self, user: protocol.UserRecord, dataset: protocol.DatasetRecord
+    ) -> None:
+        """`Forbidden` unless `user` may manage `dataset` (see `may_manage`)."""
+        if not await self.may_manage(user, dataset):
+            raise errors.Forbidden(
+                "only an admin or the owner of the workflow that produced a dataset may change it"
+            )
+
+    async def set_pinned(self, dataset_id: str, pinned: bool) -> protocol.DatasetRecord:
+        """Pin (retention never evicts it; a user may still delete it) or unpin."""
+        updated = await self.store.set_dataset_pinned(dataset_id, pinned)
+        if updated is None:
+            raise errors.NotFound(f"no dataset {dataset_id!r}")
+        logger.info(
+            "dataset %s %s",
+            dataset_id,
+            "pinned" if pinned else "unpinned",
+            extra={"event": "dataset_pinned", "dataset_id": dataset_id, "pinned": pinned},
+        )
+        return updated
 
     async def mark_for_deletion(
         self, dataset_id: str, *, force: bool = False
@@ -91,6 +121,48 @@ class DatasetService:
             frontier = list(found.values())
         return Lineage(dataset_id, nodes, tuple(edges))
 
+    async def descendants(self, dataset_id: str, *, limit: int = 500) -> Lineage:
+        """The dataset and the datasets computed from it, generation by generation, with
+        the edges parent → child; at most `limit` of them (`truncated` says if more)."""
+        root = await self.store.get_dataset(dataset_id)
+        if root is None:
+            raise errors.NotFound(f"no dataset {dataset_id}")
+        nodes: dict[str, protocol.DatasetRecord | None] = {root.id: root}
+        edges: list[tuple[str, str]] = []
+        frontier = [root.id]
+        truncated = False
+        while frontier and not truncated:
+            room = limit - len(nodes)
+            parents = set(frontier)
+            # Known nodes may come back too (a diamond): ask for room beyond them.
+            children = await self.store.list_child_datasets(frontier, limit=room + len(nodes))
+            fresh = [c for c in children if c.id not in nodes]
+            truncated = len(fresh) > room
+            fresh = fresh[: max(room, 0)]
+            nodes.update((c.id, c) for c in fresh)
+            edges.extend(
+                (parent, child.id)
+                for child in children
+                if child.id in nodes
+                for parent in child.parents
+                if parent in parents
+            )
+            frontier = [c.id for c in fresh]
+        return Lineage(dataset_id, nodes, tuple(dict.fromkeys(edges)), truncated)
+
+    async def workflows_using(
+        self, dataset_id: str, child_ids: Collection[str], *, limit: int = 100
+    ) -> tuple[list[str], list[str]]:
+        """Workflows that planned this dataset (computed, shared, reused or skipped it),
+        and those that planned a dataset computed from it, newest first."""
+        planned = await self.store.find_workflows_with_datasets([dataset_id], limit=limit)
+        readers = (
+            await self.store.find_workflows_with_datasets(child_ids, limit=limit)
+            if child_ids
+            else []
+        )
+        return planned, readers
+
     async def verify(self, dataset: protocol.DatasetRecord) -> integrity.Verdict:
         """Hash the dataset's files again and compare with its recorded digest.
 
@@ -129,10 +201,12 @@ class DatasetService:
 
 @dataclass(frozen=True, slots=True)
 class Lineage:
-    """A dataset's ancestor graph."""
+    """A dataset's ancestor (or descendant) graph."""
 
     dataset_id: str
     #: Every dataset of the graph (the root first), None for an input whose record is gone.
     records: Mapping[str, protocol.DatasetRecord | None]
     #: (parent id, child id) pairs.
     edges: tuple[tuple[str, str], ...]
+    #: Whether the graph was cut at its size limit (descendants only).
+    truncated: bool = False

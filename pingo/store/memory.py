@@ -34,6 +34,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -401,6 +402,12 @@ class MemoryStore:
         ids = self._actions_by_workflow.get(workflow_id, ())
         return [self._actions[(workflow_id, i)] for i in ids]
 
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        return [
+            PlannedAction(a.action_id, a.dataset_id, a.reused, a.reason)
+            for a in await self.list_actions(workflow_id)
+        ]
+
     async def list_actions_in_states(
         self,
         states: Collection[ActionState],
@@ -727,6 +734,20 @@ class MemoryStore:
             if record is not None:
                 found[dataset_id] = record
         return found
+
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        wanted = set(dataset_ids)
+        found = [d for d in self._datasets.values() if wanted.intersection(d.parents)]
+        return sorted(found, key=lambda d: d.id)[:limit]
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        wanted = set(dataset_ids)
+        found = {a.workflow_id for a in self._actions.values() if a.dataset_id in wanted}
+        return sorted(found, reverse=True)[:limit]
 
     async def list_datasets(
         self,

@@ -85,6 +85,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -698,6 +699,8 @@ class MongoStore:
         )
         await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
+        # A dataset's page: the workflows that computed or reused it, newest first.
+        await actions.create_index([("dataset_id", asc), ("workflow_id", desc)], name="dataset")
         # The deletor and retention: by state, oldest update first.
         await datasets.create_index(
             [("state", asc), ("updated_at_us", asc), ("id", asc)], name="state_age"
@@ -705,6 +708,8 @@ class MongoStore:
         # Newest-first listings, unfiltered and by each filter.
         newest = [("created_at_us", desc), ("id", desc)]
         await datasets.create_index(newest, name="newest")
+        # Lineage downwards: the datasets computed from one (a multikey index).
+        await datasets.create_index([("parents", asc)], name="parents")
         await datasets.create_index([("state", asc), *newest], name="state_newest")
         await workflows.create_index(newest, name="newest")
         await workflows.create_index([("owner", asc), *newest], name="owner_newest")
@@ -945,6 +950,18 @@ class MongoStore:
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         found = self._actions.find({"workflow_id": workflow_id}, sort=[("action_id", 1)])
         return [_action(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        found = self._actions.find(
+            {"workflow_id": workflow_id},
+            {"action_id": 1, "dataset_id": 1, "reused": 1, "reason": 1, "_id": 0},
+            sort=[("action_id", 1)],
+        )
+        return [
+            PlannedAction(d["action_id"], d["dataset_id"], d["reused"], d["reason"])
+            for d in await found.to_list(None)
+        ]
 
     @_translated
     async def list_actions_in_states(
@@ -1486,6 +1503,35 @@ class MongoStore:
             docs = await self._datasets.find({"_id": {"$in": chunk}}).to_list(None)
             found.update((d["_id"], _dataset(d)) for d in docs)
         return found
+
+    @_translated
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        found: dict[str, DatasetRecord] = {}
+        for chunk in _chunks(sorted(set(dataset_ids))):
+            cursor = self._datasets.find({"parents": {"$in": chunk}}).sort("_id", 1).limit(limit)
+            found.update((d["_id"], _dataset(d)) for d in await cursor.to_list(None))
+        return [found[i] for i in sorted(found)[:limit]]
+
+    @_translated
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        found: set[str] = set()
+        for chunk in _chunks(sorted(set(dataset_ids))):
+            # A popular dataset has many workflows: walk them newest first and stop at
+            # `limit` (each chunk's newest `limit` hold the overall newest `limit`).
+            cursor = self._actions.find(
+                {"dataset_id": {"$in": chunk}}, {"workflow_id": 1, "_id": 0}
+            ).sort("workflow_id", -1)
+            in_chunk: set[str] = set()
+            async for doc in cursor:
+                in_chunk.add(doc["workflow_id"])
+                if len(in_chunk) >= limit:
+                    break
+            found.update(in_chunk)
+        return sorted(found, reverse=True)[:limit]
 
     @_translated
     async def list_datasets(

@@ -113,6 +113,16 @@ class ActionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedAction:
+    """What planning decided for one action: the fields `pingo.workflows.reuse` needs."""
+
+    action_id: int
+    dataset_id: str
+    reused: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DatasetRecord:
     id: str
     state: DatasetState
@@ -433,6 +443,11 @@ class Store(Protocol):
         """Every action of the workflow, in ascending action id."""
         ...
 
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        """Planning's decision for each action of the workflow, in action id order (cheap:
+        none of the action's documents is read)."""
+        ...
+
     async def list_actions_in_states(
         self,
         states: Collection[ActionState],
@@ -588,6 +603,21 @@ class Store(Protocol):
         cursor: str | None = None,
     ) -> Page[DatasetRecord]:
         """Datasets (in `state`, if given), newest first."""
+        ...
+
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        """Datasets computed from one of `dataset_ids` (one of their `parents`), in id
+        order, at most `limit`: a lineage's next generation down."""
+        ...
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        """Ids of the workflows with an action whose dataset is one of `dataset_ids` (it
+        computed, shared, reused or did not need it), highest id first (the planner's ids
+        sort by submission time, so newest first), at most `limit`."""
         ...
 
     async def transition_dataset(

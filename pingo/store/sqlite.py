@@ -72,6 +72,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Page,
+    PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
@@ -323,6 +324,24 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX deliveries_owner ON webhook_deliveries (owner, created_at)",
         "CREATE INDEX deliveries_workflow ON webhook_deliveries (workflow_id, created_at)",
         "CREATE INDEX deliveries_schedule ON webhook_deliveries (schedule_id, created_at)",
+    ),
+    # Lineage downwards and the workflows that used a dataset (the UI's dataset page):
+    # parent → child pairs kept by a trigger, since `parents` is JSON text; filled for
+    # the datasets that exist already. A dataset's parents never change (its id hashes them).
+    (
+        """CREATE TABLE dataset_parents (
+            parent TEXT NOT NULL,
+            child TEXT NOT NULL,
+            PRIMARY KEY (parent, child)
+        ) WITHOUT ROWID""",
+        "INSERT OR IGNORE INTO dataset_parents (parent, child) "
+        "SELECT j.value, d.id FROM datasets d, json_each(d.parents) j",
+        """CREATE TRIGGER dataset_parents_insert AFTER INSERT ON datasets
+        BEGIN
+            INSERT OR IGNORE INTO dataset_parents (parent, child)
+            SELECT value, new.id FROM json_each(new.parents);
+        END""",
+        "CREATE INDEX action_specs_dataset ON action_specs (dataset_id, workflow_id)",
     ),
 )
 
@@ -1602,6 +1621,15 @@ class SQLiteStore:
             (workflow_id,),
         )
 
+    async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
+        return await self._run(
+            self._all,
+            lambda row: PlannedAction(row[0], row[1], bool(row[2]), row[3]),
+            "SELECT action_id, dataset_id, reused, reason FROM action_specs "
+            "WHERE workflow_id = ? ORDER BY action_id",
+            (workflow_id,),
+        )
+
     async def list_actions_in_states(
         self,
         states: Collection[ActionState],
@@ -2095,6 +2123,44 @@ class SQLiteStore:
             ):
                 found[record.id] = record
         return found
+
+    async def list_child_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 1000
+    ) -> list[DatasetRecord]:
+        return await self._run(self._list_child_datasets, list(dict.fromkeys(dataset_ids)), limit)
+
+    def _list_child_datasets(self, ids: list[str], limit: int) -> list[DatasetRecord]:
+        children: set[str] = set()
+        for chunk in _chunks(ids):
+            # Each chunk's first `limit` hold the overall first `limit`: a popular
+            # dataset's many children are never all read.
+            rows = self._db.execute(
+                "SELECT DISTINCT child FROM dataset_parents "
+                f"WHERE parent IN ({_placeholders(len(chunk))}) ORDER BY child LIMIT ?",
+                [*chunk, limit],
+            )
+            children.update(row[0] for row in rows)
+        chosen = sorted(children)[:limit]
+        found = self._get_datasets(chosen)
+        return [found[i] for i in chosen if i in found]
+
+    async def find_workflows_with_datasets(
+        self, dataset_ids: Collection[str], *, limit: int = 100
+    ) -> list[str]:
+        ids = list(dict.fromkeys(dataset_ids))
+        return await self._run(self._find_workflows_with_datasets, ids, limit)
+
+    def _find_workflows_with_datasets(self, ids: list[str], limit: int) -> list[str]:
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = self._db.execute(
+                "SELECT DISTINCT workflow_id FROM action_specs "
+                f"WHERE dataset_id IN ({_placeholders(len(chunk))}) "
+                "ORDER BY workflow_id DESC LIMIT ?",
+                [*chunk, limit],
+            )
+            found.update(row[0] for row in rows)
+        return sorted(found, reverse=True)[:limit]
 
     async def list_datasets(
         self,

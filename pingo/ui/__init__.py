@@ -12,12 +12,14 @@ import hashlib
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp_jinja2
 import jinja2
@@ -28,9 +30,11 @@ from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, problems, state
 from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import schedules as schedule_routes
+from pingo.api.routes import users as user_routes
 from pingo.api.routes import workflows as workflow_routes
-from pingo.store.protocol import ActionRecord, UserRecord
+from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord
 from pingo.ui import dag
+from pingo.workflows import reuse
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,10 @@ SESSION_TTL_S = 8 * 3600.0
 LOG_TAIL_BYTES = 64 * 1024
 #: Rows per page of the workflows and datasets lists.
 PAGE_SIZE = 50
+#: Datasets drawn below one on its page at most (its descendants).
+LINEAGE_NODES = 300
+#: Workflows a dataset's page looks up, per use (planned it, computed from it).
+USED_BY_LIMIT = 50
 #: Datasets one page of a dataset search looks through at most (newest first).
 DATASET_SEARCH_LIMIT = 1000
 #: Every UI answer carries these: no inline script or style runs, nothing frames the UI,
@@ -89,9 +97,44 @@ class Sessions:
             del self.by_id[session_id]
 
 
+def _reuse_summary(planned: list[PlannedAction]) -> dict[str, int]:
+    """Computed, shared, reused and not needed, as the API's workflow document counts them."""
+    twins = reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in planned)
+    return reuse.summary(
+        reuse.outcome(runs=not a.reused, reason=a.reason, twin=a.action_id in twins)
+        for a in planned
+    )
+
+
+@dataclass(slots=True)
+class ReuseCounts:
+    """Each listed workflow's reuse counts, most recently listed last.
+
+    Planning fixes them for good (which actions run, reuse or are not needed), so the
+    list page reads a workflow's actions once; afterwards a row costs only the store's
+    per-state counts, which keeps the polled list cheap with many tabs open.
+    """
+
+    limit: int = 10_000
+    by_id: OrderedDict[str, dict[str, int]] = field(default_factory=OrderedDict)
+
+    def get(self, workflow_id: str) -> dict[str, int] | None:
+        found = self.by_id.get(workflow_id)
+        if found is not None:
+            self.by_id.move_to_end(workflow_id)
+        return found
+
+    def put(self, workflow_id: str, counts: dict[str, int]) -> dict[str, int]:
+        self.by_id[workflow_id] = counts
+        while len(self.by_id) > self.limit:
+            self.by_id.popitem(last=False)
+        return counts
+
+
 STATIC_PREFIX = "/ui/static"
 STATIC = Path(__file__).parent / "static"
 SESSIONS_KEY = web.AppKey("pingo.ui.sessions", Sessions)
+REUSE_KEY = web.AppKey("pingo.ui.reuse_counts", ReuseCounts)
 routes = web.RouteTableDef()
 
 
@@ -107,13 +150,25 @@ async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
     raise web.HTTPSeeOther("/login")
 
 
+async def _form(request: web.Request) -> dict[str, str]:
+    """The posted form's text fields; 400 when the body is not UTF-8 form data."""
+    try:
+        form = await request.post()
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise web.HTTPBadRequest(text="the form is not valid UTF-8 form data") from exc
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
 async def _check_csrf(request: web.Request, session: Session) -> dict[str, str]:
     """The posted form, once its CSRF token matched the session's (403 otherwise)."""
-    form = await request.post()
+    form = await _form(request)
     sent = form.get("csrf")
-    if not isinstance(sent, str) or not secrets.compare_digest(sent, session.csrf):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500).
+    if not isinstance(sent, str) or not secrets.compare_digest(
+        sent.encode("utf-8", "surrogateescape"), session.csrf.encode()
+    ):
         raise web.HTTPForbidden(text="missing or wrong CSRF token")
-    return {k: v for k, v in form.items() if isinstance(v, str)}
+    return form
 
 
 def _same_origin(request: web.Request) -> bool:
@@ -189,7 +244,7 @@ async def login_page(request: web.Request) -> dict[str, object]:
 
 @routes.post("/login")
 async def login(request: web.Request) -> web.Response:
-    form = await request.post()
+    form = await _form(request)
     token = form.get("token")
     user = None
     if isinstance(token, str) and token:
@@ -240,14 +295,20 @@ async def _workflows_context(request: web.Request) -> dict[str, object]:
         limit=PAGE_SIZE,
         cursor=request.query.get("cursor") or None,
     )
-    rows = []
+    reuse_counts = request.app[REUSE_KEY]
+    rows: list[dict[str, Any]] = []
     for record in found.items:
         by_state = await store.count_actions(record.id)
+        planned = reuse_counts.get(record.id)
+        if planned is None:
+            decisions = await store.list_planned_actions(record.id)
+            planned = reuse_counts.put(record.id, _reuse_summary(decisions))
         rows.append(
             {
                 **documents.workflow_summary(record),
+                **planned,
                 "actions": sum(by_state.values()),
-                "finished": by_state.get(states.ActionState.FINISHED, 0),
+                "done": sum(n for st, n in by_state.items() if st in states.ACTION_TERMINAL),
                 "failed": by_state.get(states.ActionState.FAILED, 0),
             }
         )
@@ -345,25 +406,105 @@ def _log_tail(request: web.Request, workflow_id: str, action_id: int, attempt: i
         return f.read().decode("utf-8", errors="replace")
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of an action as its log file shows it (None: no log on this node)."""
+
+    number: int
+    log_bytes: int | None
+    log_written_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """A row of an action's state history: what happened, when, and where that time is from."""
+
+    what: str
+    at: datetime
+    source: str
+
+
+def _attempts(request: web.Request, action: ActionRecord) -> list[Attempt]:
+    home = state.settings(request).home
+    found = []
+    for number in range(1, action.attempts + 1):
+        path = executors_base.log_path(home, action.workflow_id, action.action_id, number)
+        try:
+            stat = path.stat()
+        except OSError:
+            found.append(Attempt(number, None, None))
+            continue
+        written = datetime.fromtimestamp(stat.st_mtime, UTC)
+        found.append(Attempt(number, stat.st_size, written))
+    return found
+
+
+def history(action: ActionRecord, attempts: list[Attempt]) -> list[Moment]:
+    """The action's state history, derived from what the store and the logs keep.
+
+    The store keeps no log of transitions, only the times it stamps on the record:
+    planned (`created_at`), the latest attempt's submission (`started_at`, reset by
+    each attempt), the end (`finished_at`) and the last change (`updated_at`).
+    Earlier attempts are dated by the last write to their log file.
+    """
+    moments = [Moment("planned", action.created_at, "action record: created")]
+    latest = action.attempts
+    moments += [
+        Moment(f"attempt {a.number} wrote its last log line", a.log_written_at, "log file")
+        for a in attempts
+        if a.number < latest and a.log_written_at is not None
+    ]
+    if action.started_at is not None:
+        moments.append(
+            Moment(f"attempt {latest} SUBMITTED", action.started_at, "action record: started")
+        )
+    if action.finished_at is not None:
+        moments.append(Moment(action.state.value, action.finished_at, "action record: finished"))
+    elif action.state in states.ACTION_TERMINAL:
+        # Planned as reused (or killed before it ran): ended without an end stamp.
+        moments.append(Moment(action.state.value, action.updated_at, "action record: updated"))
+    elif action.state is not states.ActionState.WAITING:
+        moments.append(Moment(f"{action.state.value} (now)", action.updated_at, "last update"))
+    return sorted(moments, key=lambda m: m.at)
+
+
+def _timings(action: ActionRecord, now: datetime) -> dict[str, float | None]:
+    """Seconds waited before the latest attempt was submitted, and its run (so far)."""
+    started, finished = action.started_at, action.finished_at
+    running_s = None
+    if action.runtime_s is not None:
+        running_s = action.runtime_s
+    elif started is not None:
+        running_s = ((finished or now) - started).total_seconds()
+    return {
+        "waited_s": None if started is None else (started - action.created_at).total_seconds(),
+        "running_s": running_s,
+        "total_s": None if finished is None else (finished - action.created_at).total_seconds(),
+    }
+
+
 @routes.get("/workflows/{workflow_id}/actions/{action_id}")
 @aiohttp_jinja2.template("action.html")
 async def action_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     action_id = bodies.path_int(request, "action_id")
-    action = await state.node(request).store.get_action(record.id, action_id)
+    store = state.node(request).store
+    action = await store.get_action(record.id, action_id)
     if action is None:
         raise errors.NotFound(f"workflow {record.id} has no action {action_id}")
     log = _log_tail(request, record.id, action_id, action.attempts) if action.attempts else None
+    attempts = _attempts(request, action)
     return _context(
         user,
         session,
         workflow=documents.workflow_summary(record),
-        action=documents.action_detail(
-            action, await state.node(request).store.get_dataset(action.dataset_id)
-        ),
+        action=documents.action_detail(action, await store.get_dataset(action.dataset_id)),
         reason=action.reason,
         runtime_s=action.runtime_s,
+        history=history(action, attempts),
+        attempts=attempts,
+        timings=_timings(action, store.clock()),
         log=log,
     )
 
@@ -430,8 +571,74 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
     (dataset,) = await dataset_routes.dataset_documents(request, [record])
-    lineage = await dataset_routes.lineage_document(request, record.id)
-    return _context(user, session, dataset=dataset, lineage=lineage)
+    datasets = state.node(request).datasets
+    ancestors = await datasets.lineage(record.id)
+    below = await datasets.descendants(record.id, limit=LINEAGE_NODES)
+    # One lineage shares one sharing scope (ids hash it); checked anyway, as the API does.
+    records = {
+        k: v
+        for k, v in {**below.records, **ancestors.records}.items()
+        if v is None or auth.may_see_scope(user, v.scope)
+    }
+    nodes = await dataset_routes.lineage_nodes(request, records)
+    for node in nodes:
+        node["relation"] = (
+            "this dataset"
+            if node["id"] == record.id
+            else ("ancestor" if node["id"] in ancestors.records else "descendant")
+        )
+    labels = {n["id"]: (n.get("actionName") or n["id"][:12], n["state"] or "") for n in nodes}
+    graph = dag.lineage_layout(labels, [*ancestors.edges, *below.edges], record.id)
+    children = [child for parent, child in below.edges if parent == record.id]
+    planned, readers = await datasets.workflows_using(record.id, children, limit=USED_BY_LIMIT)
+    return _context(
+        user,
+        session,
+        dataset=dataset,
+        lineage={"nodes": nodes, "truncated": below.truncated},
+        graph=graph,
+        used_by=await _visible_workflows(request, user, planned, readers),
+        may_manage=await datasets.may_manage(user, record),
+        deletable=record.state in _DELETABLE,
+    )
+
+
+async def _visible_workflows(
+    request: web.Request, user: UserRecord, planned: list[str], readers: list[str]
+) -> list[dict[str, Any]]:
+    """The workflows of a dataset's page the user may see, newest first, with their use."""
+    store = state.node(request).store
+    rows = []
+    for workflow_id in sorted({*planned, *readers}, reverse=True):
+        record = await store.get_workflow(workflow_id)
+        if record is None or not auth.may_see(user, record.owner):
+            continue
+        uses = [
+            *(["planned it"] if workflow_id in planned else []),
+            *(["computed from it"] if workflow_id in readers else []),
+        ]
+        rows.append({**documents.workflow_summary(record), "use": " and ".join(uses)})
+    return rows
+
+
+#: States from which the dataset page offers "Delete" (the service refuses the others).
+_DELETABLE = frozenset({states.DatasetState.STORED, states.DatasetState.LEAF})
+
+
+@routes.post("/datasets/{dataset_id}/{change:pin|unpin|delete}")
+async def change_dataset(request: web.Request) -> web.Response:
+    """Pin, unpin or delete a dataset from its page: the API's rules, through its service."""
+    user, session = await _session_user(request)
+    form = await _check_csrf(request, session)
+    record = await dataset_routes.visible_dataset(request)
+    datasets = state.node(request).datasets
+    await datasets.check_may_manage(user, record)
+    change = request.match_info["change"]
+    if change == "delete":
+        await datasets.mark_for_deletion(record.id, force=form.get("force") == "yes")
+    else:
+        await datasets.set_pinned(record.id, change == "pin")
+    raise web.HTTPSeeOther(f"/datasets/{quote(record.id, safe='')}")
 
 
 def _usage_bars(storage: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -490,14 +697,49 @@ async def schedules_page(request: web.Request) -> dict[str, object]:
     return _context(user, session, schedules=schedules)
 
 
+async def _users_context(
+    request: web.Request, user: UserRecord, session: Session, **values: object
+) -> dict[str, object]:
+    settings = state.settings(request)
+    users = await state.node(request).store.list_users()
+    return _context(
+        user, session, users=[documents.user_document(u, settings) for u in users], **values
+    )
+
+
 @routes.get("/users")
 @aiohttp_jinja2.template("users.html")
 async def users_page(request: web.Request) -> dict[str, object]:
+    """Every user (admins only: anyone else gets the API's 403)."""
     user, session = await _session_user(request)
-    # Like the API, only an admin lists users; anyone else sees themselves.
-    users = await state.node(request).store.list_users() if user.is_admin else [user]
-    settings = state.settings(request)
-    return _context(user, session, users=[documents.user_document(u, settings) for u in users])
+    auth.require_admin(request)
+    return await _users_context(request, user, session, added=None)
+
+
+@routes.post("/users")
+async def add_user(request: web.Request) -> web.Response:
+    """Add a user; the answer shows its token this once (never stored, never cached)."""
+    user, session = await _session_user(request)
+    form = await _check_csrf(request, session)
+    caller = auth.require_admin(request)
+    added, token = await user_routes.add_user(
+        request, caller, form.get("name", "").strip(), form.get("admin") == "yes"
+    )
+    context = await _users_context(
+        request, user, session, added={"name": added.name, "token": token}
+    )
+    response = aiohttp_jinja2.render_template("users.html", request, context, status=201)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@routes.post("/users/{name}/revoke")
+async def revoke_user(request: web.Request) -> web.Response:
+    _, session = await _session_user(request)
+    await _check_csrf(request, session)
+    caller = auth.require_admin(request)
+    await user_routes.revoke_user(request, caller, request.match_info["name"])
+    raise web.HTTPSeeOther("/users")
 
 
 def summarize(actions: list[ActionRecord]) -> dict[str, int]:
@@ -603,6 +845,7 @@ def setup(app: web.Application) -> None:
         autoescape=jinja2.select_autoescape(default=True),
     )
     app[SESSIONS_KEY] = Sessions()
+    app[REUSE_KEY] = ReuseCounts()
     app.middlewares.append(ui_middleware)
     app.add_routes(routes)
     app.router.add_static(STATIC_PREFIX, STATIC)

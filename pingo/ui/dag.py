@@ -1,4 +1,7 @@
-"""A workflow's DAG laid out on the server: layers, then barycenter crossing reduction.
+"""DAGs laid out on the server: layers, then barycenter crossing reduction.
+
+Two graphs use it: a workflow's actions, and a dataset's lineage (its ancestors
+above it, the datasets computed from it below).
 
 Layers are networkx's topological generations; a few down and up sweeps then
 order each layer by the mean position of its neighbours in the layer before,
@@ -10,8 +13,9 @@ longest chain by measured runtime) marked.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import networkx as nx
 
@@ -26,6 +30,8 @@ MARGIN = 40
 #: critical path is the longest chain of actions.
 _CHAIN_WEIGHT_S = 1e-6
 _FAILED = frozenset({states.ActionState.FAILED})
+#: A graph's node keys: action ids or dataset ids.
+N = TypeVar("N", int, str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +71,8 @@ def _graph(actions: Iterable[ActionRecord]) -> nx.DiGraph[int]:
     return graph
 
 
-def _reorder(layer: list[int], position: dict[int, int], neighbours: dict[int, list[int]]) -> None:
-    def barycenter(node: int) -> float:
+def _reorder(layer: list[N], position: dict[N, int], neighbours: dict[N, list[N]]) -> None:
+    def barycenter(node: N) -> float:
         around = [position[n] for n in neighbours[node] if n in position]
         return sum(around) / len(around) if around else float(position[node])
 
@@ -74,7 +80,7 @@ def _reorder(layer: list[int], position: dict[int, int], neighbours: dict[int, l
     position.update((node, index) for index, node in enumerate(layer))
 
 
-def _order(graph: nx.DiGraph[int]) -> list[list[int]]:
+def _order(graph: nx.DiGraph[N]) -> list[list[N]]:
     layers = [sorted(generation) for generation in nx.topological_generations(graph)]
     position = {node: i for layer in layers for i, node in enumerate(layer)}
     parents = {node: list(graph.predecessors(node)) for node in graph}
@@ -85,6 +91,18 @@ def _order(graph: nx.DiGraph[int]) -> list[list[int]]:
         for layer in reversed(layers[:-1]):
             _reorder(layer, position, children)
     return layers
+
+
+def _positions(layers: list[list[N]]) -> tuple[dict[N, tuple[int, int]], int, int]:
+    """Each node's (x, y), one row per layer, rows centred; and the drawing's size."""
+    widest = max((len(layer) for layer in layers), default=0)
+    at: dict[N, tuple[int, int]] = {}
+    for row, layer in enumerate(layers):
+        offset = (widest - len(layer)) * X_STEP // 2
+        for column, node in enumerate(layer):
+            at[node] = (MARGIN + offset + column * X_STEP, MARGIN + row * Y_STEP)
+    # A whole X_STEP beyond the widest layer: the last column's labels sit right of it.
+    return at, 2 * MARGIN + widest * X_STEP, 2 * MARGIN + len(layers) * Y_STEP
 
 
 def _critical_path(graph: nx.DiGraph[int], by_id: dict[int, ActionRecord]) -> list[int]:
@@ -122,13 +140,7 @@ def layout(actions: list[ActionRecord]) -> Layout:
     """Coordinates of every action (one row per layer) and of every parent → child edge."""
     by_id = {a.action_id: a for a in actions}
     graph = _graph(actions)
-    layers = _order(graph)
-    widest = max((len(layer) for layer in layers), default=0)
-    at: dict[int, tuple[int, int]] = {}
-    for row, layer in enumerate(layers):
-        offset = (widest - len(layer)) * X_STEP // 2
-        for column, node in enumerate(layer):
-            at[node] = (MARGIN + offset + column * X_STEP, MARGIN + row * Y_STEP)
+    at, width, height = _positions(_order(graph))
     failed = _failed_branch(graph, by_id)
     path = _critical_path(graph, by_id)
     critical, critical_edges = set(path), set(itertools.pairwise(path))
@@ -142,5 +154,39 @@ def layout(actions: list[ActionRecord]) -> Layout:
         for u, v in graph.edges
         if u in at and v in at
     )
-    # A whole X_STEP beyond the widest layer: the last column's labels sit right of it.
-    return Layout(nodes, edges, 2 * MARGIN + widest * X_STEP, 2 * MARGIN + len(layers) * Y_STEP)
+    return Layout(nodes, edges, width, height)
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetNode:
+    dataset_id: str
+    label: str
+    #: The dataset's state, "" for an input whose record is gone.
+    state: str
+    x: int
+    y: int
+    #: The dataset whose page this is.
+    root: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetGraph:
+    nodes: tuple[DatasetNode, ...]
+    edges: tuple[Edge, ...]
+    width: int
+    height: int
+
+
+def lineage_layout(
+    labels: Mapping[str, tuple[str, str]], edges: Iterable[tuple[str, str]], root: str
+) -> DatasetGraph:
+    """Coordinates of a lineage: `labels` maps each dataset id to (label, state), `edges`
+    are (parent, child) pairs; ancestors come out above `root`, descendants below."""
+    graph: nx.DiGraph[str] = nx.DiGraph()
+    graph.add_nodes_from(labels)
+    graph.add_edges_from((u, v) for u, v in edges if u in labels and v in labels)
+    layers: list[list[str]] = _order(graph)
+    at, width, height = _positions(layers)
+    nodes = tuple(DatasetNode(n, *labels[n], *at[n], root=n == root) for n in at)
+    lines = tuple(Edge(*at[u], *at[v]) for u, v in graph.edges)
+    return DatasetGraph(nodes, lines, width, height)

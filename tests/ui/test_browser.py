@@ -270,9 +270,18 @@ async def test_the_dataset_pages_lineage(ui: Ui) -> None:
     await page.wait_for_url(ui.url(f"/datasets/{end}"))
     lineage = page.locator("#lineage")
     assert await lineage.get_by_role("link").count() == 3
+    assert await page.locator("svg.lineage circle").count() == 3
+    assert await page.locator("svg.lineage circle.root").count() == 1
     await ui.check(page, "dataset")
     await lineage.get_by_role("link", name=first[:16]).click()
     await page.wait_for_url(ui.url(f"/datasets/{first}"))
+    # From the top, the graph goes down: two descendants, and the workflow that used it.
+    assert "descendant" in await lineage.inner_text()
+    await page.locator("svg.lineage a").nth(2).click()
+    await page.wait_for_url(ui.url(f"/datasets/{end}"))
+    await page.goto(ui.url(f"/datasets/{first}"))
+    await page.locator("#used-by").get_by_role("link", name="lineage").click()
+    await page.wait_for_url(ui.url(f"/workflows/{submitted['id']}"))
     await page.goto(ui.url("/datasets"))
     await page.get_by_label("Id prefix").fill(end[:8])
     await page.get_by_role("button", name="Search").click()
@@ -380,15 +389,69 @@ async def test_html_and_script_in_names_and_logs_show_literally(ui: Ui) -> None:
     assert await page.locator("h1").inner_text() == HOSTILE
     assert await page.evaluate("window.pwned") is None
     assert await page.locator("main script, main img").count() == 0
+    # The dataset page: the producer's name in the lineage graph and its table, the
+    # workflow's name among those that used it.
+    finished = await ui.api.wait(submitted["id"])
+    await page.goto(ui.url(f"/datasets/{finished['endDatasetId']}"))
+    assert await page.locator("svg.lineage text").first.text_content() == HOSTILE[:18]
+    assert HOSTILE in await page.locator("#lineage").inner_text()
+    assert HOSTILE in await page.locator("#used-by").inner_text()
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("main script, main img").count() == 0
 
 
-async def test_users_page(ui: Ui) -> None:
+async def test_users_page_adds_and_revokes(ui: Ui) -> None:
     page = await ui.page()
     await ui.sign_in(page, "admin")
     await page.get_by_role("link", name="Users").click()
-    names = await page.locator("tbody").inner_text()
+    names = await page.locator("#users tbody").inner_text()
     assert "alice" in names and "bob" in names
     await ui.check(page, "users")
+    await page.get_by_label("Name", exact=True).fill("carol")
+    await page.get_by_role("button", name="Add user").click()
+    token = await page.get_by_label("Token of carol").input_value()
+    me = await ui.api.client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert (await me.json())["name"] == "carol"
+    await ui.check(page, "users-added")
+    await page.get_by_role("button", name="Revoke carol").click()
+    await page.wait_for_url(ui.url("/users"))
+    assert "carol" not in await page.locator("#users tbody").inner_text()
+    gone = await ui.api.client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert gone.status == 401
+
+
+async def test_users_page_is_not_for_others(ui: Ui) -> None:
+    page = await ui.page()
+    await ui.sign_in(page, "alice")
+    assert await page.get_by_role("link", name="Users").count() == 0
+    response = await page.goto(ui.url("/users"))
+    assert response is not None and response.status == 403
+
+
+async def test_pin_unpin_and_delete_from_the_dataset_page(ui: Ui, second: Ui) -> None:
+    submitted = await ui.api.submit(chain("ui-browser-pin", 2, name="pinned"), user="alice")
+    finished = await ui.api.wait(submitted["id"])
+    first = finished["actions"][0]["datasetId"]
+    # Bob may look at it (one sharing scope) but not change it: no buttons.
+    other = await second.page()
+    await second.sign_in(other, "bob")
+    await other.goto(second.url(f"/datasets/{first}"))
+    assert await other.get_by_role("button", name="Pin").count() == 0
+    assert await other.get_by_role("button", name="Delete").count() == 0
+    page = await ui.page()
+    await ui.sign_in(page, "alice")
+    await page.goto(ui.url(f"/datasets/{first}"))
+    await page.get_by_role("button", name="Pin").click()
+    await page.wait_for_url(ui.url(f"/datasets/{first}"))
+    assert await page.locator("#pinned").inner_text() == "yes"
+    await ui.check(page, "dataset-pinned")
+    await page.get_by_role("button", name="Unpin").click()
+    await page.locator("#pinned", has_text="no").wait_for()
+    await page.get_by_role("button", name="Delete").click()
+    await page.wait_for_url(ui.url(f"/datasets/{first}"))
+    assert await page.locator("dd").first.inner_text() != "STORED"
+    response = await ui.api.client.get(f"/api/v1/datasets/{first}", headers=ui.api.auth("alice"))
+    assert (await response.json())["state"] in {"STORED_TO_DELETE", "DELETING", "DELETED"}
 
 
 async def test_a_form_on_another_site_cannot_sign_you_in(ui: Ui, aiohttp_server: Any) -> None:
@@ -410,3 +473,18 @@ async def test_a_form_on_another_site_cannot_sign_you_in(ui: Ui, aiohttp_server:
         await page.evaluate("document.getElementById('f').submit()")
     assert "403" in await page.locator("h1").inner_text()
     assert not [c for c in await ui.context.cookies() if c["name"] == "pingo_session"]
+
+
+async def test_the_schedules_page(ui: Ui) -> None:
+    body = {"name": HOSTILE, "cron": "0 3 * * *", "workflow": chain("ui-browser-schedule")}
+    response = await ui.api.client.post(
+        "/api/v1/schedules", json=body, headers=ui.api.auth("alice")
+    )
+    assert response.status == 201, await response.text()
+    page = await ui.page()
+    await ui.sign_in(page, "alice")
+    await page.get_by_role("link", name="Schedules").click()
+    assert HOSTILE in await page.locator("tbody").inner_text()
+    assert "0 3 * * *" in await page.locator("tbody").inner_text()
+    assert await page.evaluate("window.pwned") is None
+    await ui.check(page, "schedules")

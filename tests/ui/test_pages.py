@@ -168,9 +168,10 @@ async def test_storage_and_users_pages(users_api: Api) -> None:
     await sign_in(users_api, "alice")
     storage = await (await users_api.client.get("/storage")).text()
     assert 'id="used"' in storage
-    users = await (await users_api.client.get("/users")).text()
-    assert "alice" in users
-    assert "bob" not in users
+    # As the API's user list: for admins only.
+    users = await users_api.client.get("/users")
+    assert users.status == 403
+    assert "bob" not in await users.text()
     await sign_in(users_api, "admin")
     everyone = await (await users_api.client.get("/users")).text()
     assert "alice" in everyone and "bob" in everyone

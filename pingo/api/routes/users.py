@@ -41,15 +41,14 @@ def _user_request(body: object) -> tuple[str, bool]:
     if issues:
         raise errors.ValidationFailed(issues)
     assert isinstance(name, str) and isinstance(admin, bool)
-    auth.check_user_name(name)
     return name, admin
 
 
-@routes.post(PREFIX + "/users", name="create_user")
-async def create_user(request: web.Request) -> web.Response:
-    """Create a user (admin only); the answer holds its token, shown this once."""
-    caller = auth.require_admin(request)
-    name, admin = _user_request(await bodies.read_json(request))
+async def add_user(
+    request: web.Request, caller: UserRecord, name: str, admin: bool
+) -> tuple[UserRecord, str]:
+    """Create a user and its token (the caller is an admin): the API's and the UI's way."""
+    auth.check_user_name(name)
     store = state.node(request).store
     token = auth.generate_token()
     user = await store.create_user(
@@ -64,6 +63,28 @@ async def create_user(request: web.Request) -> web.Response:
         admin,
         extra={"event": "user_created", "user": name},
     )
+    return user, token
+
+
+async def revoke_user(request: web.Request, caller: UserRecord, name: str) -> None:
+    """Revoke a user and its token (the caller is an admin, never revoking themselves)."""
+    if name == caller.name:
+        # Keeps at least one admin able to log in: nobody can lock the server out by accident.
+        raise errors.Conflict("you cannot revoke yourself; ask another admin")
+    if not await state.node(request).store.delete_user(name):
+        raise errors.NotFound(f"no user {name!r}")
+    state.api_state(request).submission_rate.forget(name)
+    logger.info(
+        "%s revoked user %s", caller.name, name, extra={"event": "user_revoked", "user": name}
+    )
+
+
+@routes.post(PREFIX + "/users", name="create_user")
+async def create_user(request: web.Request) -> web.Response:
+    """Create a user (admin only); the answer holds its token, shown this once."""
+    caller = auth.require_admin(request)
+    name, admin = _user_request(await bodies.read_json(request))
+    user, token = await add_user(request, caller, name, admin)
     return bodies.json_response(
         {**documents.user_document(user, state.settings(request)), "token": token},
         status=201,
@@ -84,16 +105,7 @@ async def list_users(request: web.Request) -> web.Response:
 async def delete_user(request: web.Request) -> web.Response:
     """Revoke a user and its token (admin only; 204)."""
     caller = auth.require_admin(request)
-    name = request.match_info["name"]
-    if name == caller.name:
-        # Keeps at least one admin able to log in: nobody can lock the server out by accident.
-        raise errors.Conflict("you cannot revoke yourself; ask another admin")
-    if not await state.node(request).store.delete_user(name):
-        raise errors.NotFound(f"no user {name!r}")
-    state.api_state(request).submission_rate.forget(name)
-    logger.info(
-        "%s revoked user %s", caller.name, name, extra={"event": "user_revoked", "user": name}
-    )
+    await revoke_user(request, caller, request.match_info["name"])
     return web.Response(status=204)
 
 
