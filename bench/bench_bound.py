@@ -1,6 +1,6 @@
 """The retention lower bound: how long the LP takes on a 200-submission sweep.
 
-bound_200_s  the LP lower bound (`pingo.retention.bound`, HiGHS through scipy) for the
+bound_200_s  the LP lower bound (`pingo.simulation.bound`, HiGHS through scipy) for the
              200-submission sequence over the seven shipped WfCommons traces (seed 1),
              at every default capacity of `pingo simulate` (5, 10, 20, 50% of the
              working set), the planning model included; target < 30 s
@@ -15,7 +15,7 @@ import time
 
 # The sequence bench_simulate replays (200 submissions, seed 1), cached there.
 from bench.bench_simulate import _sequence
-from pingo.retention import bound, oracle, simulate
+from pingo.simulation import bound, oracle, simulate
 
 HIGH_WATER = 0.90
 

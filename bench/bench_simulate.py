@@ -19,7 +19,7 @@ import json
 import time
 
 from bench import _workloads
-from pingo.retention import oracle, sequence, simulate, traces
+from pingo.simulation import oracle, sequence, simulate, traces
 
 #: One run replays 200 workflows (tens of seconds): once is enough.
 RUNS = 1

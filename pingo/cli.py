@@ -1025,8 +1025,8 @@ def simulate(
     from rich.console import Console
 
     from pingo import errors as pingo_errors
-    from pingo.retention import simulate as simulation
-    from pingo.retention.traces import shipped_traces
+    from pingo.simulation import simulate as simulation
+    from pingo.simulation.traces import shipped_traces
 
     configure_logging("WARNING")
     err = Console(stderr=True)

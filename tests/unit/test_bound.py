@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
 
-from pingo.retention import bound, oracle
-from pingo.retention.oracle import Catalog, SubmissionModel
+from pingo.simulation import bound, oracle
+from pingo.simulation.oracle import Catalog, SubmissionModel
 
 
 def random_sequence(

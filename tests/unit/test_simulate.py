@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pingo.cli import app
-from pingo.retention import oracle, sequence, simulate, traces
+from pingo.simulation import oracle, sequence, simulate, traces
 from pingo.workflows import ids, language
 
 SMALL = (

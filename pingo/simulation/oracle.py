@@ -27,8 +27,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pingo.retention.sequence import Submission
-from pingo.retention.traces import output_bytes, runtime_s
+from pingo.simulation.sequence import Submission
+from pingo.simulation.traces import output_bytes, runtime_s
 from pingo.workflows import ids as provenance
 from pingo.workflows import language
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pingo.retention.traces import Family, with_argument
+from pingo.simulation.traces import Family, with_argument
 
 #: Zipf exponent of family popularity.
 ZIPF_EXPONENT = 1.1

@@ -48,9 +48,9 @@ from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.storage import DatasetStorage
-from pingo.retention import bound, oracle, sequence, traces
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import keep_hook, load_policy
+from pingo.simulation import bound, oracle, sequence, traces
 from pingo.store import open_store
 from pingo.store.protocol import ActionChanges, ActionRecord, Store
 from pingo.workflows.planner import NewDatasetInfo, WorkflowManager
@@ -324,7 +324,7 @@ class Result:
     no_reuse_compute_s: float
     unlimited_compute_s: float
     oracle_compute_s: float
-    #: The LP lower bound on any policy's compute (`pingo.retention.bound`).
+    #: The LP lower bound on any policy's compute (`pingo.simulation.bound`).
     bound_compute_s: float
     evictions: int
     oracle_evictions: int

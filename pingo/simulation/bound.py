@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from pingo.retention.oracle import Catalog, SubmissionModel, plan
+from pingo.simulation.oracle import Catalog, SubmissionModel, plan
 
 
 @dataclass(frozen=True, slots=True)
