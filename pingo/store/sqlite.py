@@ -1237,10 +1237,14 @@ class SQLiteStore:
             self._dataset_fixed[row[0]] = fixed
         return _dataset(row, fixed)
 
-    def _action(self, row: Sequence[Any]) -> ActionRecord:
+    def _action(self, row: Sequence[Any], *, cache: bool = True) -> ActionRecord:
         """The record of a row of `_ACTION_SELECT` (both tables)."""
         key = (row[0], row[1])
-        spec = self._specs.get(key) or self._cache_spec(key, _spec(row[15:]))
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = _spec(row[15:])
+            if cache:
+                self._cache_spec(key, spec)
         return _record(row, spec)
 
     def _action_hot(self, row: Sequence[Any]) -> ActionRecord:
@@ -1465,9 +1469,8 @@ class SQLiteStore:
         rows = self._db.execute(sql, params).fetchall()
         if len(rows) <= _BULK_ROWS:
             return [self._action(row) for row in rows]
-        specs = self._specs
         with heap.full_collections_deferred():
-            return [_record(row, specs.get((row[0], row[1])) or _spec(row[15:])) for row in rows]
+            return [self._action(row, cache=False) for row in rows]
 
     def _all(
         self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
