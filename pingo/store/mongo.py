@@ -241,6 +241,8 @@ def _action_doc(record: ActionRecord) -> Doc:
         "finished_at_us": _opt_us(record.finished_at),
         "runtime_s": record.runtime_s,
         "version": record.version,
+        # Only when set: the sparse index then holds the few actions that share.
+        **({} if record.shared_with is None else {"shared_with": record.shared_with}),
     }
 
 
@@ -272,6 +274,7 @@ def _action(doc: Doc) -> ActionRecord:
         finished_at=_opt_at(doc.get("finished_at_us")),
         runtime_s=doc.get("runtime_s"),
         version=doc.get("version", 0),
+        shared_with=doc.get("shared_with"),
     )
 
 
@@ -698,6 +701,13 @@ class MongoStore:
         )
         await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
+        # In-flight deduplication: the actions sharing with a producer (issue 16). Sparse:
+        # most actions share with none.
+        await actions.create_index(
+            [("shared_with", asc), ("workflow_id", asc), ("action_id", asc)],
+            name="shared_with",
+            sparse=True,
+        )
         # The deletor and retention: by state, oldest update first.
         await datasets.create_index(
             [("state", asc), ("updated_at_us", asc), ("id", asc)], name="state_age"
@@ -1003,6 +1013,7 @@ class MongoStore:
         *,
         if_owner: str | None = None,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> ActionRecord | None:
         query: Doc = {
             "_id": _action_id(workflow_id, action_id),
@@ -1012,6 +1023,8 @@ class MongoStore:
             query["owner"] = if_owner
         if if_attempt is not None:
             query["attempts"] = if_attempt
+        if if_waiting_on is not None:
+            query["waiting_on"] = if_waiting_on  # an array field matches any element
         _, now_us = self._now()
         fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
         doc = await self._actions.find_one_and_update(
@@ -1430,6 +1443,7 @@ class MongoStore:
         changes: ActionChanges = _NO_ACTION_CHANGES,
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         """Not atomic on MongoDB: ordered single-document steps, the CAS first.
 
@@ -1444,7 +1458,13 @@ class MongoStore:
         could delete. Until then a claim only delays a deletion, and a child only waits.
         """
         finished = await self._transition_action(
-            workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
+            workflow_id,
+            action_id,
+            expected,
+            ActionState.FINISHED,
+            changes,
+            if_attempt=if_attempt,
+            if_waiting_on=if_waiting_on,
         )
         if finished is None:
             return None
@@ -1467,6 +1487,33 @@ class MongoStore:
         )
 
     # ------------------------------------------------------------------- datasets
+
+    @_translated
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        query: Doc = {"state": ActionState.WAITING.value}
+        if producer_workflow_id is None:
+            query["shared_with"] = {"$ne": None}
+        elif producer_action_id is None:
+            # A range on the index: every claim key of the workflow, '/' then digits.
+            query["shared_with"] = {
+                "$gte": producer_workflow_id + "/",
+                "$lt": producer_workflow_id + "0",
+            }
+        else:
+            query["shared_with"] = claim_key(producer_workflow_id, producer_action_id)
+        found = self._actions.find(query, sort=[("workflow_id", 1), ("action_id", 1)])
+        # "Its own id in waiting_on" compares two fields of one document: filtered here
+        # (the candidates are the few WAITING actions sharing with the producer).
+        attached = [a for a in map(_action, await found.to_list(None)) if a.is_attached]
+        return attached[:limit]
 
     @_translated
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:

@@ -324,6 +324,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX deliveries_workflow ON webhook_deliveries (workflow_id, created_at)",
         "CREATE INDEX deliveries_schedule ON webhook_deliveries (schedule_id, created_at)",
     ),
+    # In-flight deduplication (issue 16): the action another workflow computes this
+    # action's dataset in, fixed at planning. Partial index: the producer's outcome
+    # looks up the few actions sharing with it, and most actions share with none.
+    (
+        "ALTER TABLE action_specs ADD COLUMN shared_with TEXT",
+        "CREATE INDEX action_specs_shared_with ON action_specs (shared_with, workflow_id, "
+        "action_id) WHERE shared_with IS NOT NULL",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -341,7 +349,7 @@ _HOT_COLUMNS = (
 )
 _SPEC_COLUMNS = (
     "name, type, dataset_id, reused, reason, definition, inputs, children, callback_id, "
-    "created_at, max_attempts"
+    "created_at, max_attempts, shared_with"
 )
 _ACTION_SELECT = (
     f"SELECT {_HOT_COLUMNS}, {_SPEC_COLUMNS} FROM actions "
@@ -371,7 +379,7 @@ _DELIVERY_COLUMNS = (
 _HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
 _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
-    f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
+    f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 14)})"
 )
 _DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 21)})"
 
@@ -395,7 +403,7 @@ _EPOCH = _cursor.from_micros(0)
 _US = timedelta(microseconds=1)
 
 #: An action's fields fixed at planning, decoded: name, type, dataset_id, reused, reason,
-#: definition, inputs, children, callback_id, created_at, max_attempts.
+#: definition, inputs, children, callback_id, created_at, max_attempts, shared_with.
 _Spec = tuple[
     str,
     str,
@@ -408,6 +416,7 @@ _Spec = tuple[
     str,
     datetime,
     int,
+    str | None,
 ]
 #: JSON text (characters) of the running workflows' documents kept decoded per process.
 _DOCUMENT_CACHE_CHARS = 8_000_000
@@ -532,6 +541,7 @@ def _spec_params(a: ActionRecord) -> tuple[Any, ...]:
         a.callback_id,
         _us(a.created_at),
         a.max_attempts,
+        a.shared_with,
     )
 
 
@@ -549,6 +559,7 @@ def _spec(row: Sequence[Any]) -> _Spec:
         row[8],
         _dt_req(row[9]),
         row[10],
+        row[11],
     )
 
 
@@ -580,6 +591,7 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         finished_at=_dt(hot[12]),
         runtime_s=hot[13],
         version=hot[14],
+        shared_with=spec[11],
     )
 
 
@@ -747,6 +759,7 @@ def _transition_action_statement(
     *,
     if_owner: str | None = None,
     if_attempt: int | None = None,
+    if_waiting_on: int | None = None,
 ) -> tuple[str, list[Any]]:
     """The compare-and-set UPDATE of one action (RETURNING `_HOT_COLUMNS`) and its parameters."""
     sets, params = _set_clause(changes)
@@ -763,6 +776,9 @@ def _transition_action_statement(
     if if_attempt is not None:
         sql += " AND attempts = ?"
         args.append(if_attempt)
+    if if_waiting_on is not None:
+        sql += " AND EXISTS (SELECT 1 FROM json_each(waiting_on) WHERE value = ?)"
+        args.append(if_waiting_on)
     sql += f" RETURNING {_HOT_COLUMNS}"
     return sql, args
 
@@ -1323,6 +1339,7 @@ class SQLiteStore:
                     a.callback_id,
                     a.created_at,
                     a.max_attempts,
+                    a.shared_with,
                 ),
             )
 
@@ -1966,6 +1983,7 @@ class SQLiteStore:
         changes: ActionChanges = _NO_ACTION_CHANGES,
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         if not expected:
             return None
@@ -1978,6 +1996,7 @@ class SQLiteStore:
             changes,
             now,
             if_attempt=if_attempt,
+            if_waiting_on=if_waiting_on,
         )
         outcome: tuple[ActionRecord, list[ActionRecord]] | None = await self._run_write(
             self._with_db,
@@ -2031,6 +2050,30 @@ class SQLiteStore:
             "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 WHERE id = ?",
             (_dumps(kept), now, dataset_id),
         )
+
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        if producer_workflow_id is None:
+            where, params = "shared_with IS NOT NULL", []
+        elif producer_action_id is None:
+            # A range on the index: every claim key of the workflow, '/' then digits.
+            where = "shared_with >= ? AND shared_with < ?"
+            params = [producer_workflow_id + "/", producer_workflow_id + "0"]
+        else:
+            where, params = "shared_with = ?", [claim_key(producer_workflow_id, producer_action_id)]
+        sql = (
+            f"{_ACTION_SELECT} WHERE {where} AND state = 'WAITING' "
+            "AND EXISTS (SELECT 1 FROM json_each(waiting_on) WHERE value = action_id) "
+            "ORDER BY workflow_id, action_id LIMIT ?"
+        )
+        return await self._run(self._all, self._action, sql, [*params, limit])
 
     # ------------------------------------------------------------------- datasets
 
