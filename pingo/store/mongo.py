@@ -701,12 +701,13 @@ class MongoStore:
         )
         await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
-        # In-flight deduplication: the actions sharing with a producer (issue 16). Sparse:
-        # most actions share with none.
+        # In-flight deduplication (issue 16): the actions still WAITING that share with a
+        # producer. Partial: only the actions that share are in it (most share with none),
+        # and the state prefix keeps the settled ones (the history) out of every lookup.
         await actions.create_index(
-            [("shared_with", asc), ("workflow_id", asc), ("action_id", asc)],
-            name="shared_with",
-            sparse=True,
+            [("state", asc), ("shared_with", asc), ("workflow_id", asc), ("action_id", asc)],
+            name="waiting_shared",
+            partialFilterExpression={"shared_with": {"$exists": True}},
         )
         # The deletor and retention: by state, oldest update first.
         await datasets.create_index(
@@ -1498,17 +1499,16 @@ class MongoStore:
     ) -> list[ActionRecord]:
         if limit <= 0:
             return []
-        query: Doc = {"state": ActionState.WAITING.value}
+        # `$exists` in every form: a query must imply the partial index's filter to use it.
+        shared: Doc = {"$exists": True}
         if producer_workflow_id is None:
-            query["shared_with"] = {"$ne": None}
+            shared["$gt"] = ""  # every claim key
         elif producer_action_id is None:
             # A range on the index: every claim key of the workflow, '/' then digits.
-            query["shared_with"] = {
-                "$gte": producer_workflow_id + "/",
-                "$lt": producer_workflow_id + "0",
-            }
+            shared.update({"$gte": producer_workflow_id + "/", "$lt": producer_workflow_id + "0"})
         else:
-            query["shared_with"] = claim_key(producer_workflow_id, producer_action_id)
+            shared["$eq"] = claim_key(producer_workflow_id, producer_action_id)
+        query: Doc = {"state": ActionState.WAITING.value, "shared_with": shared}
         found = self._actions.find(query, sort=[("workflow_id", 1), ("action_id", 1)])
         # "Its own id in waiting_on" compares two fields of one document: filtered here
         # (the candidates are the few WAITING actions sharing with the producer).

@@ -325,12 +325,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX deliveries_schedule ON webhook_deliveries (schedule_id, created_at)",
     ),
     # In-flight deduplication (issue 16): the action another workflow computes this
-    # action's dataset in, fixed at planning. Partial index: the producer's outcome
-    # looks up the few actions sharing with it, and most actions share with none.
+    # action's dataset in, fixed at planning. On the hot row, so that a partial index
+    # holds exactly the actions still WAITING that share: a producer's outcome and the
+    # reaper's backstop read those few, never every WAITING action nor the history.
     (
-        "ALTER TABLE action_specs ADD COLUMN shared_with TEXT",
-        "CREATE INDEX action_specs_shared_with ON action_specs (shared_with, workflow_id, "
-        "action_id) WHERE shared_with IS NOT NULL",
+        "ALTER TABLE actions ADD COLUMN shared_with TEXT",
+        "CREATE INDEX actions_waiting_shared ON actions (shared_with, workflow_id, action_id) "
+        "WHERE shared_with IS NOT NULL AND state = 'WAITING'",
     ),
 )
 
@@ -345,11 +346,11 @@ _WORKFLOW_NO_DOCUMENT = _WORKFLOW_COLUMNS.replace("document", "NULL")
 _HOT_COLUMNS = (
     "workflow_id, action_id, state, waiting_on, updated_at, attempts, owner, "
     "lease_expires_at, not_before, external_id, error, started_at, finished_at, runtime_s, "
-    "version"
+    "version, shared_with"
 )
 _SPEC_COLUMNS = (
     "name, type, dataset_id, reused, reason, definition, inputs, children, callback_id, "
-    "created_at, max_attempts, shared_with"
+    "created_at, max_attempts"
 )
 _ACTION_SELECT = (
     f"SELECT {_HOT_COLUMNS}, {_SPEC_COLUMNS} FROM actions "
@@ -376,10 +377,10 @@ _DELIVERY_COLUMNS = (
     "claim_expires_at, version"
 )
 
-_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
+_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 17)})"
 _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
-    f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 14)})"
+    f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
 )
 _DATASET_INSERT = f"INSERT INTO datasets ({_DATASET_COLUMNS}) VALUES ({', '.join('?' * 21)})"
 
@@ -403,7 +404,7 @@ _EPOCH = _cursor.from_micros(0)
 _US = timedelta(microseconds=1)
 
 #: An action's fields fixed at planning, decoded: name, type, dataset_id, reused, reason,
-#: definition, inputs, children, callback_id, created_at, max_attempts, shared_with.
+#: definition, inputs, children, callback_id, created_at, max_attempts.
 _Spec = tuple[
     str,
     str,
@@ -416,7 +417,6 @@ _Spec = tuple[
     str,
     datetime,
     int,
-    str | None,
 ]
 #: JSON text (characters) of the running workflows' documents kept decoded per process.
 _DOCUMENT_CACHE_CHARS = 8_000_000
@@ -434,6 +434,11 @@ _SPEC_CACHE_SIZE = 8192
 _dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 """Compact JSON (one encoder for all calls: building one per call costs more than small
 values take to encode)."""
+
+
+def _qualified(table: str, columns: str) -> str:
+    """`columns` (comma-separated) each prefixed with `table.`."""
+    return ", ".join(f"{table}.{c.strip()}" for c in columns.split(","))
 
 
 def _ints(values: Sequence[int]) -> str:
@@ -522,6 +527,7 @@ def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
         _us_or_none(a.finished_at),
         a.runtime_s,
         a.version,
+        a.shared_with,
         a.type,
     )
 
@@ -541,7 +547,6 @@ def _spec_params(a: ActionRecord) -> tuple[Any, ...]:
         a.callback_id,
         _us(a.created_at),
         a.max_attempts,
-        a.shared_with,
     )
 
 
@@ -559,7 +564,6 @@ def _spec(row: Sequence[Any]) -> _Spec:
         row[8],
         _dt_req(row[9]),
         row[10],
-        row[11],
     )
 
 
@@ -591,7 +595,7 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         finished_at=_dt(hot[12]),
         runtime_s=hot[13],
         version=hot[14],
-        shared_with=spec[11],
+        shared_with=hot[15],
     )
 
 
@@ -1234,7 +1238,7 @@ class SQLiteStore:
     def _action(self, row: Sequence[Any]) -> ActionRecord:
         """The record of a row of `_ACTION_SELECT` (both tables)."""
         key = (row[0], row[1])
-        spec = self._specs.get(key) or self._cache_spec(key, _spec(row[15:]))
+        spec = self._specs.get(key) or self._cache_spec(key, _spec(row[16:]))
         return _record(row, spec)
 
     def _action_hot(self, row: Sequence[Any]) -> ActionRecord:
@@ -1339,7 +1343,6 @@ class SQLiteStore:
                     a.callback_id,
                     a.created_at,
                     a.max_attempts,
-                    a.shared_with,
                 ),
             )
 
@@ -2061,17 +2064,24 @@ class SQLiteStore:
         if limit <= 0:
             return []
         if producer_workflow_id is None:
-            where, params = "shared_with IS NOT NULL", []
+            where, params = "1", []
         elif producer_action_id is None:
             # A range on the index: every claim key of the workflow, '/' then digits.
-            where = "shared_with >= ? AND shared_with < ?"
+            where = "a.shared_with >= ? AND a.shared_with < ?"
             params = [producer_workflow_id + "/", producer_workflow_id + "0"]
         else:
-            where, params = "shared_with = ?", [claim_key(producer_workflow_id, producer_action_id)]
+            where = "a.shared_with = ?"
+            params = [claim_key(producer_workflow_id, producer_action_id)]
+        # From the partial index: the planner would otherwise scan every WAITING
+        # action (a big workflow has many) for the few that share.
         sql = (
-            f"{_ACTION_SELECT} WHERE {where} AND state = 'WAITING' "
-            "AND EXISTS (SELECT 1 FROM json_each(waiting_on) WHERE value = action_id) "
-            "ORDER BY workflow_id, action_id LIMIT ?"
+            f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
+            "FROM actions AS a INDEXED BY actions_waiting_shared "
+            "CROSS JOIN action_specs AS s "
+            "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
+            f"WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
+            "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
+            "ORDER BY a.workflow_id, a.action_id LIMIT ?"
         )
         return await self._run(self._all, self._action, sql, [*params, limit])
 
