@@ -6,7 +6,9 @@ dedup_runs_per_dataset   4 workflows (2 owners, server scope) of the same 100 ac
                          no-op executor: executor runs ÷ distinct datasets (1.0: each
                          computed once; 4.0 before in-flight deduplication)
 dedup_makespan_s         the same: first submission → every workflow ended
-dedup_shared_actions     actions of the 3 later workflows that ended shared (never ran)
+dedup_shared_actions     actions of the 3 later workflows that ended shared (never ran);
+                         the rest of their 300 were reused (planned after their
+                         producer had finished)
 attached_lookup_ms       what a producer's outcome now adds: one `list_attached_actions`
                          of a producer nothing shares with, on that SQLite file after
                          the run (median of 500)

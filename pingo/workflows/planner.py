@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Actions decided between two yields to the event loop while planning.
 _PLAN_CHUNK = 2_000
+#: Producers of one workflow read one by one; past this, its actions are listed once.
+_PRODUCER_READS = 16
 
 A = states.ActionState
 D = states.DatasetState
@@ -819,10 +821,23 @@ def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.Datas
 async def _producers(
     store: protocol.Store, keys: Collection[str]
 ) -> dict[str, protocol.ActionRecord]:
-    """The actions named by claim keys (those that exist), one read each, at once."""
-    ordered = list(keys)
-    found = await asyncio.gather(*(store.get_action(*protocol.parse_claim_key(k)) for k in ordered))
-    return {k: a for k, a in zip(ordered, found, strict=True) if a is not None}
+    """The actions named by claim keys (those that exist): one read each, or one listing
+    of a workflow that many of them belong to (a big workflow resubmitted while it runs)."""
+    by_workflow: dict[str, list[str]] = {}
+    for key in keys:
+        by_workflow.setdefault(protocol.parse_claim_key(key)[0], []).append(key)
+    wanted = set(keys)
+    listed = [w for w, ks in by_workflow.items() if len(ks) > _PRODUCER_READS]
+    single = [k for ks in by_workflow.values() if len(ks) <= _PRODUCER_READS for k in ks]
+    found: dict[str, protocol.ActionRecord] = {}
+    for actions in await asyncio.gather(*(store.list_actions(w) for w in listed)):
+        for action in actions:
+            key = protocol.claim_key(*action.key)
+            if key in wanted:
+                found[key] = action
+    reads = await asyncio.gather(*(store.get_action(*protocol.parse_claim_key(k)) for k in single))
+    found.update((k, a) for k, a in zip(single, reads, strict=True) if a is not None)
+    return found
 
 
 async def shared_views(

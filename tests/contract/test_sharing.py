@@ -386,3 +386,15 @@ async def test_recovery_settles_a_consumer_whose_producer_ended(
     await callbacks.recover_workflow(second.id)
     assert (await get(store, second.id, 1)).state is A.FINISHED
     assert (await get(store, second.id, 2)).state is A.READY
+
+
+async def test_a_wide_workflow_shares_every_action_in_flight(
+    store: Store, manager: planner.WorkflowManager
+) -> None:
+    # More producers in one workflow than are read one by one: the planner lists it.
+    wide = {i: [] for i in range(1, 21)}
+    first = await manager.submit(workflow(wide), owner="ann")
+    second = await manager.submit(workflow({**wide, 21: list(wide)}), owner="bob")
+    actions = await store.list_actions(second.id)
+    assert [a.shared_with for a in actions[:20]] == [claim_key(first.id, i) for i in wide]
+    assert all(a.is_attached for a in actions[:20]) and actions[20].shared_with is None
