@@ -80,6 +80,11 @@ async def test_two_users_needing_one_dataset_compute_it_once(
     shared = done["actions"][0]
     assert (shared["state"], shared["attempts"], shared["reuse"]) == ("FINISHED", 0, "shared")
     assert done["reuse"]["shared"] == 1
+    logs = await api.client.get(
+        f"/api/v1/workflows/{bob_id}/actions/1/logs", headers=api.auth("bob")
+    )
+    assert logs.status == 404
+    assert "shared another workflow's computation" in (await logs.json())["detail"]
     # Bob's views name Alice's action, never her workflow.
     for url in (f"/api/v1/workflows/{bob_id}", f"/api/v1/workflows/{bob_id}/actions/1"):
         response = await api.client.get(url, headers=api.auth("bob"))

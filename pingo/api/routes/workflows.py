@@ -439,6 +439,8 @@ def _never_ran(action: ActionRecord) -> str:
     if action.reused:
         word = documents.action_outcome(action).value
         return f"{label} never runs: its dataset was {word}"
+    if action.shared_with is not None and action.state is states.ActionState.FINISHED:
+        return f"{label} never ran: it shared another workflow's computation of its dataset"
     if action.error:
         return f"{label} never ran ({action.state.value}): {action.error}"
     return f"{label} has not run yet ({action.state.value})"
