@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from pingo import states
+from pingo.actions.leases import HeldActions
+from pingo.actions.reaper import Reaper
 from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
@@ -398,3 +400,31 @@ async def test_a_wide_workflow_shares_every_action_in_flight(
     actions = await store.list_actions(second.id)
     assert [a.shared_with for a in actions[:20]] == [claim_key(first.id, i) for i in wide]
     assert all(a.is_attached for a in actions[:20]) and actions[20].shared_with is None
+
+
+async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
+    store: Store, storage: DatasetStorage, settings: Settings, manager: planner.WorkflowManager
+) -> None:
+    callbacks = CallbackService(store, storage, settings)
+    once = workflow({1: []}, extra={1: {"maxAttempts": 1}})
+    first = await manager.submit(once, owner="ann")
+    second = await manager.submit(
+        workflow({1: [], 2: [1]}, extra={1: {"maxAttempts": 1}}), owner="bob"
+    )
+    assert (await get(store, second.id, 1)).is_attached
+    # The producer's node died with its last attempt: the reaper fails it for good.
+    producer = await start_attempt(store, first.id, 1)
+    await callbacks.release_lost(producer, "the node died")
+    assert (await get(store, first.id, 1)).state is A.FAILED
+    assert (await get(store, second.id, 1)).state is A.READY
+
+    # Another pair, whose producer's node died after failing it but before settling:
+    # the reaper loop's pass settles it.
+    third = await manager.submit(workflow({1: []}, tag="t"), owner="ann")
+    fourth = await manager.submit(workflow({1: [], 2: [1]}, tag="t"), owner="bob")
+    lost = await start_attempt(store, third.id, 1)
+    await store.transition_action(third.id, 1, {A.SUBMITTED}, A.FAILED)
+    await store.transition_dataset(lost.dataset_id, {D.TO_LEAF}, D.DELETED)
+    reaper = Reaper(store, settings, {}, callbacks, HeldActions({}))
+    await reaper.run_once()
+    assert (await get(store, fourth.id, 1)).state is A.READY
