@@ -851,18 +851,18 @@ class CallbackService:
             await asyncio.gather(*(self.store.remove_dataset_claim(ds, key) for ds in inputs))
 
     async def _discard(self, action: protocol.ActionRecord) -> None:
-        """An action that will not finish: release its claims, give up its dataset."""
+        """An action that will not finish: release its claims, give up its dataset, and
+        let the actions sharing its computation compute it themselves."""
         await self._release_inputs(action)
         dataset = await self.store.get_dataset(action.dataset_id)
+        # Someone else produces it, or it is on disk: theirs to finish, or kept.
         if (
-            dataset is None
-            or dataset.state not in states.DATASET_COMPUTING
-            or (dataset.producer_workflow_id, dataset.producer_action_id) != action.key
+            dataset is not None
+            and dataset.state in states.DATASET_COMPUTING
+            and (dataset.producer_workflow_id, dataset.producer_action_id) == action.key
         ):
-            # Someone else produces it (or it is on disk): theirs to finish.
-            return
-        states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
-        await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
+            states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
+            await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
         await self.settle_sharers(action.workflow_id, action.action_id)
 
     async def _remove_staging(self, action: protocol.ActionRecord) -> None:
