@@ -27,7 +27,7 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.store import protocol
 from pingo.store.protocol import ActionChanges, Store, claim_key
 from pingo.workflows import planner
-from tests.contract.conftest import Factory
+from tests.contract.conftest import SHARED_BACKENDS, Backend, Factory, FakeClock, make_store
 from tests.unit._engine_support import make_settings, start_attempt, workflow, write_output
 
 A = states.ActionState
@@ -428,3 +428,35 @@ async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
     reaper = Reaper(store, settings, {}, callbacks, HeldActions({}))
     await reaper.run_once()
     assert (await get(store, fourth.id, 1)).state is A.READY
+
+
+async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
+    store: Store,
+    backend: Backend,
+    clock: FakeClock,
+    storage: DatasetStorage,
+    settings: Settings,
+    manager: planner.WorkflowManager,
+) -> None:
+    if backend.name not in SHARED_BACKENDS:
+        pytest.skip("only a shared store has several nodes")
+    async with make_store(backend, clock) as other_store:
+        other_callbacks = CallbackService(other_store, storage, settings)
+        other = planner.WorkflowManager(other_store, storage, settings, callbacks=other_callbacks)
+        first = await manager.submit(PRODUCER, owner="ann")
+        a, b = await asyncio.gather(
+            manager.submit(CONSUMER, owner="bob"), other.submit(CONSUMER, owner="cid")
+        )
+        for consumer in (a, b):
+            assert (await get(store, consumer.id, 1)).is_attached
+        action = await start_attempt(store, first.id, 1)
+        write_output(storage, action)
+        callbacks = CallbackService(store, storage, settings)
+        # The producer's success on one node, the backstop on the other, at once.
+        await asyncio.gather(
+            callbacks.success(action.callback_id, 1), other_callbacks.settle_stranded()
+        )
+        for consumer in (a, b):
+            done = await get(other_store, consumer.id, 1)
+            assert done.state is A.FINISHED and done.attempts == 0
+            assert (await get(other_store, consumer.id, 2)).state is A.READY
