@@ -530,21 +530,26 @@ class CallbackService:
 
     async def settle_stranded(self, limit: int = _SETTLE_BATCH) -> int:
         """The reaper's backstop: settle sharing actions whose settlement a dead node left
-        undone. One read of each producer's dataset and record; returns how many moved."""
-        attached = await self.store.list_attached_actions(limit=limit)
+        undone; returns how many moved."""
+        return await self.settle_waiting(
+            await self.store.list_attached_actions(limit=limit), T.REAPER
+        )
+
+    async def settle_waiting(
+        self, actions: Collection[protocol.ActionRecord], trigger: states.Trigger
+    ) -> int:
+        """`settle_shared` each of `actions`, skipping those whose producer is still at work
+        after one look per producer (most are); returns how many moved."""
         by_producer: dict[str, list[protocol.ActionRecord]] = {}
-        for action in attached:
-            by_producer.setdefault(action.shared_with or "", []).append(action)
+        for action in actions:
+            if action.is_attached and action.shared_with is not None:
+                by_producer.setdefault(action.shared_with, []).append(action)
         moved = 0
         for producer, waiting in by_producer.items():
             dataset = await self.store.get_dataset(waiting[0].dataset_id)
-            if (
-                dataset is not None
-                and dataset.state in states.DATASET_COMPUTING
-                and await self._still_computing(dataset, producer)
-            ):
+            if dataset is not None and await self._still_computing(dataset, producer):
                 continue
-            settled = await self._settle_all(waiting, T.REAPER)
+            settled = await self._settle_all(waiting, trigger)
             moved += sum(1 for r in settled if r is not None)
         return moved
 

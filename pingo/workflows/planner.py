@@ -439,10 +439,10 @@ class WorkflowManager:
         own settlement could not see this action yet: whichever of the two looks last
         settles it (a compare-and-set, so both looking changes nothing).
         """
-        by_id = {a.action_id: a for a in plan.actions}
-        outcomes = self._outcomes()
-        for aid in sharing:
-            await outcomes.settle_shared(by_id[aid], states.Trigger.PLANNER)
+        wanted = set(sharing)
+        await self._outcomes().settle_waiting(
+            [a for a in plan.actions if a.action_id in wanted], states.Trigger.PLANNER
+        )
 
     # ---------------------------------------------------------------- planning
 
