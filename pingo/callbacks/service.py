@@ -623,6 +623,9 @@ class CallbackService:
         ready = await self.store.release_parent(
             action.workflow_id, action.action_id, [action.action_id]
         )
+        moved = ready[0] if ready else await self.store.get_action(*action.key)
+        if moved is None or moved.state not in (A.READY, A.WAITING):
+            return None  # a finish won the race: it shared after all
         logger.info(
             "action %s/%s computes its dataset itself: %s will not store it",
             action.workflow_id,
@@ -637,8 +640,7 @@ class CallbackService:
         if ready:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(ready))
             self.on_ready()
-            return ready[0]
-        return await self.store.get_action(action.workflow_id, action.action_id)
+        return moved
 
     # ---------------------------------------------------------------- failure
 
