@@ -424,16 +424,6 @@ def test_deleted_datasets_take_no_bytes(server: Server) -> None:
     assert "DELETED" not in _json(server, "storage")["bytesByState"]
 
 
-def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
-    # Runs last in this module: it stops the shared server.
-    server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=30) == 0
-    assert server.process.stdout is not None
-    output = server.process.stdout.read()
-    token = (server.home / "admin.token").read_text().strip()
-    assert token in output  # printed once, at first start
-
-
 def test_status_and_dry_run_say_shared_with_the_producer(server: Server, tmp_path: Path) -> None:
     # Dave's action sleeps while Erin plans and submits the same one: she shares it.
     dave = server.run("users", "add", "dave").stdout.strip().splitlines()[-1]
@@ -455,3 +445,13 @@ def test_status_and_dry_run_say_shared_with_the_producer(server: Server, tmp_pat
     erin_id = done.stdout.split()[0]
     status = server.run("status", erin_id, token=erin)
     assert "shared with slowstep" in status.stdout and dave_id not in status.stdout
+
+
+def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
+    # Runs last in this module: it stops the shared server.
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    assert server.process.stdout is not None
+    output = server.process.stdout.read()
+    token = (server.home / "admin.token").read_text().strip()
+    assert token in output  # printed once, at first start
