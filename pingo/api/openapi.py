@@ -250,7 +250,11 @@ def _schemas() -> dict[str, Any]:
                 "actionId": {"type": "integer"},
                 "name": {"type": "string"},
                 "datasetId": _DATASET_ID,
-                "compute": {"type": "boolean", "description": "the action will run"},
+                "compute": {
+                    "type": "boolean",
+                    "description": "the action will run (one sharing another workflow's "
+                    "computation, `sharedWith`, runs only if that computation fails)",
+                },
                 "reuse": _REUSE,
                 "reason": _REASON,
                 "datasetState": {"type": ["string", "null"]},
