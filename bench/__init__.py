@@ -393,6 +393,8 @@ TARGETS: dict[str, Target] = {
     "noop_actions_per_s": _share("noop_actions_per_s", "sqlite_cas_per_s", 0.5),
     "noop_montage_actions_per_s": _share("noop_montage_actions_per_s", "sqlite_cas_per_s", 0.5),
     "dispatch_p99_ms": _below("dispatch_p99_ms", 20),
+    # Issue 16: concurrent workflows compute a dataset once.
+    "dedup_runs_per_dataset": _below("dedup_runs_per_dataset", 1.01),
     # Issue 18: 100 per-second schedules on two nodes.
     "schedule_fire_lag_p99_ms": _below("schedule_fire_lag_p99_ms", 250),
     "true_makespan_s": _ratio(

@@ -163,6 +163,18 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
 
 
+def reuse_cell(action: Mapping[str, Any]) -> str:
+    """An action's reuse word; `shared with <workflow>/<action id> (<name>)` when it shares
+    another workflow's computation (`shared with <name>` when that workflow is another user's)."""
+    word = str(action.get("reuse", ""))
+    view = action.get("sharedWith")
+    if word != "shared" or not isinstance(view, Mapping):
+        return word
+    if view.get("workflowId"):
+        return f"shared with {view['workflowId']}/{view.get('actionId')} ({view.get('name')})"
+    return f"shared with {view.get('name')}"
+
+
 def reuse_phrase(summary: Mapping[str, Any]) -> str:
     """`C computed, S shared, R reused, N not needed`: the one vocabulary of reuse."""
     return (
@@ -261,7 +273,7 @@ def submit(
                 _print_json(plan)
             else:
                 rows = [
-                    [str(a["actionId"]), a["name"], a["reuse"], a["reason"], a["datasetId"]]
+                    [str(a["actionId"]), a["name"], reuse_cell(a), a["reason"], a["datasetId"]]
                     for a in plan["actions"]
                 ]
                 _print_table(["id", "name", "reuse", "reason", "dataset"], rows)
@@ -307,7 +319,7 @@ def status(
             a["name"],
             a["type"],
             a["state"],
-            a["reuse"],
+            reuse_cell(a),
             str(a["attempts"]),
             a["datasetId"][:width],
         ]

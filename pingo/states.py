@@ -17,7 +17,8 @@ from pingo import errors
 
 
 class ActionState(enum.StrEnum):
-    #: Planned; waits for at least one parent action to finish.
+    #: Planned; waits for at least one parent action to finish, or for another
+    #: workflow's action computing its dataset (in-flight deduplication).
     WAITING = "WAITING"
     #: Every parent finished (or was reused); any node may claim it.
     READY = "READY"
@@ -88,7 +89,11 @@ W = WorkflowState
 
 #: Allowed action transitions, each with the components that trigger it.
 ACTION_TRANSITIONS: Mapping[tuple[ActionState, ActionState], frozenset[Trigger]] = {
-    (A.WAITING, A.READY): frozenset({Trigger.CALLBACK}),  # last parent finished
+    # Last parent finished; or, for an action sharing another workflow's computation of
+    # its dataset, that computation failed or was killed: it computes it itself.
+    (A.WAITING, A.READY): frozenset({Trigger.CALLBACK, Trigger.PLANNER, Trigger.REAPER}),
+    # Sharing: the other workflow's action stored the dataset; this one never runs.
+    (A.WAITING, A.FINISHED): frozenset({Trigger.CALLBACK, Trigger.PLANNER, Trigger.REAPER}),
     (A.WAITING, A.KILLED): frozenset({Trigger.USER, Trigger.CALLBACK}),  # kill, abort
     # onFailure "continue": what depends on a failed action can never run.
     (A.WAITING, A.UPSTREAM_FAILED): frozenset({Trigger.CALLBACK}),

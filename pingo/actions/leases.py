@@ -39,6 +39,8 @@ class Held:
 
     action_type: str
     callback_id: str
+    #: The `version` of the claimed record: which claim of the action this node holds.
+    claim_version: int = 0
     #: Whether it counts against its type's concurrency limit.
     limited: bool = False
     #: Once submitted: the attempt, the executor's id, and `time.monotonic()` then.
@@ -80,11 +82,21 @@ class HeldActions:
         return {t: max(0, cap - self._by_type[t]) for t, cap in capacities.items()}
 
     def add(self, action: ActionRecord) -> None:
-        """Hold `action` (claimed by this node)."""
-        if action.key not in self._held:
-            self._held[action.key] = Held(action.type, action.callback_id)
+        """Hold `action` (claimed by this node); a newer claim of a held action replaces
+        the older one (its lease lapsed and the action came back to this node)."""
+        held = self._held.get(action.key)
+        if held is None:
+            self._held[action.key] = Held(action.type, action.callback_id, action.version)
             self._by_callback[action.callback_id] = action.key
             self._by_type[action.type] += 1
+        else:
+            held.claim_version = action.version
+
+    def claimed(self, key: Key, version: int) -> None:
+        """The held claim of `key` is now the record at `version` (if `key` is still held)."""
+        held = self._held.get(key)
+        if held is not None:
+            held.claim_version = version
 
     def submitted(self, key: Key, attempt: int, external_id: str) -> None:
         """The executor started `key`'s attempt `attempt` as `external_id`."""
@@ -104,11 +116,17 @@ class HeldActions:
             and now >= held.check_at
         ]
 
-    def remove(self, key: Key) -> None:
-        """Forget `key` (its work ended, or it went back); frees its limit slot."""
-        held = self._held.pop(key, None)
-        if held is None:
+    def remove(self, key: Key, *, claim: int | None = None) -> None:
+        """Forget `key` (its work ended, or it went back); frees its limit slot.
+
+        With `claim` (the claimed record's `version`), only while that claim is the one
+        held: a stale claim giving up must not drop a newer claim's hold, which would
+        leave that one's lease unrenewed while its work runs.
+        """
+        held = self._held.get(key)
+        if held is None or (claim is not None and held.claim_version != claim):
             return
+        del self._held[key]
         self._by_callback.pop(held.callback_id, None)
         self._by_type[held.action_type] -= 1
         if held.limited:

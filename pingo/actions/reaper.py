@@ -21,12 +21,14 @@ callbacks:
 Every node may run it: the callbacks' compare-and-set keeps each resolution
 single-effect.
 
-It also sweeps the local data root's staging directory, on its first run and
-every lease after (`sweep_staging`): an entry (a staging output, or a sandbox
-box) belongs to an attempt, named in its file name; once that attempt no
-longer holds a lease (its action moved on, another attempt started, the lease
-expired) nothing will promote it and it is removed. Entries younger than a
-lease are left alone, so a sweep never races an attempt being started.
+Every lease it also settles the actions sharing another workflow's computation
+whose producer ended without their settlement (a node died in between:
+`CallbackService.settle_stranded`). It also sweeps the local data root's staging
+directory, on its first run and every lease after (`sweep_staging`): an entry
+(a staging output, or a sandbox box) belongs to an attempt, named in its file
+name; once that attempt no longer holds a lease (its action moved on, another
+attempt started, the lease expired) nothing will promote it and it is removed.
+Entries younger than a lease are left alone, so a sweep never races an attempt being started.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Resolver(Protocol):
 
     async def release_lost(self, action: ActionRecord, reason: str) -> object: ...
 
+    async def settle_stranded(self) -> int: ...
+
 
 class Reaper(loops.Loop):
     """Resolves actions whose node or callback went missing."""
@@ -95,9 +99,13 @@ class Reaper(loops.Loop):
 
     async def run_once(self) -> bool:
         await self.check_overdue()
-        if self.storage is not None and time.monotonic() >= self._next_sweep:
+        if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.lease_s
-            await self.sweep_staging(self.storage)
+            if self.storage is not None:
+                await self.sweep_staging(self.storage)
+            # A node that died between a producer's outcome and settling the actions
+            # sharing its computation left them waiting: settle them here.
+            await self.callbacks.settle_stranded()
         expired = await self.store.list_actions_in_states(
             {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
         )

@@ -103,6 +103,8 @@ class Submitter(loops.Loop):
         """Submit one claimed action (never raises for the action's own problems)."""
         action = item.action
         executor = self.executors.get(action.type)
+        # Which claim of the action this hand holds: removing its hold is only for it.
+        claim = action.version
         try:
             if not await self.held.acquire_limit(action, self._stopping):
                 await hand_back(self.store, self.node_id, self.held, action)
@@ -110,12 +112,17 @@ class Submitter(loops.Loop):
             record = await self._mark_submitted(action, executor)
             if record is None:
                 return
+            # The submitted record is now the claim this node's hold is for, even if a
+            # newer claim of the same action was queued meanwhile (that one's submit
+            # loses its compare-and-set and must leave this hold alone).
+            claim = record.version
+            self.held.claimed(record.key, claim)
             if executor is None:
                 # Fail at once: no node of this configuration will ever run it.
                 await self.submit_failed(
                     record, f"no executor for action type {action.type!r} on this node"
                 )
-                self.held.remove(action.key)
+                self.held.remove(action.key, claim=claim)
                 return
             try:
                 submission = await self._submission(record, item.input_paths)
@@ -125,7 +132,7 @@ class Submitter(loops.Loop):
                     # The executor refused because the node is shutting down:
                     # not the action's fault, so the attempt does not count.
                     await give_back_submitted(self.store, self.node_id, record)
-                    self.held.remove(action.key)
+                    self.held.remove(action.key, claim=claim)
                     return
                 logger.warning(
                     "submitting %s/%s attempt %d failed: %s",
@@ -136,7 +143,7 @@ class Submitter(loops.Loop):
                     extra={"event": "submit_failed", "workflow_id": record.workflow_id},
                 )
                 await self.submit_failed(record, f"submission failed: {exc}")
-                self.held.remove(action.key)
+                self.held.remove(action.key, claim=claim)
                 return
             self.observe_dispatch(time.perf_counter() - item.ready_at)
             self.held.submitted(action.key, record.attempts, external_id)
@@ -152,7 +159,7 @@ class Submitter(loops.Loop):
                 exc,
                 extra={"event": "submit_interrupted", "code": exc.code},
             )
-            self.held.remove(action.key)
+            self.held.remove(action.key, claim=claim)
 
     async def _mark_submitted(
         self, action: ActionRecord, executor: base.Executor | None
@@ -191,7 +198,7 @@ class Submitter(loops.Loop):
         )
         if record is None:
             # Killed meanwhile, or our lease ran out and another node took it.
-            self.held.remove(action.key)
+            self.held.remove(action.key, claim=action.version)
             logger.debug(
                 "%s/%s was no longer ours to submit",
                 action.workflow_id,
@@ -282,7 +289,7 @@ async def hand_back(store: Store, node_id: str, held: HeldActions, action: Actio
         ActionChanges(owner=None, lease_expires_at=None),
         if_owner=node_id,
     )
-    held.remove(action.key)
+    held.remove(action.key, claim=action.version)
     if record is not None:
         logger.debug(
             "handed %s/%s back",

@@ -42,10 +42,31 @@ def counts(actions: Iterable[ActionRecord]) -> dict[str, int]:
 
 def action_outcome(action: ActionRecord, *, twin: bool = False) -> reuse.Reuse:
     """Computed, shared, reused or not needed (`pingo.workflows.reuse`)."""
+    if action.shared_with is not None and not twin:
+        # Shared while it waits for the other workflow's computation, or once that one
+        # stored the dataset (it never ran); computed once it computes it itself.
+        waited = action.is_attached or (
+            action.state is states.ActionState.FINISHED and action.attempts == 0
+        )
+        return reuse.Reuse.SHARED if waited else reuse.Reuse.COMPUTED
     return reuse.outcome(runs=not action.reused, reason=action.reason, twin=twin)
 
 
-def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any]:
+#: Producer claim key → how the document shows it (`pingo.api.routes.workflows` reads them).
+SharedViews = Mapping[str, reuse.SharedWith]
+
+
+def shared_with(action: ActionRecord, views: SharedViews) -> dict[str, Any] | None:
+    """`sharedWith` of an action: whom it shared (or shares) its dataset's computation with."""
+    if action.shared_with is None:
+        return None
+    view = views.get(action.shared_with)
+    return None if view is None else view.to_json()
+
+
+def action_summary(
+    action: ActionRecord, *, twin: bool = False, views: SharedViews | None = None
+) -> dict[str, Any]:
     """An action as it appears in the workflow document (`error`: why it failed, if it did)."""
     return {
         "actionId": action.action_id,
@@ -55,6 +76,7 @@ def action_summary(action: ActionRecord, *, twin: bool = False) -> dict[str, Any
         "datasetId": action.dataset_id,
         "reused": action.reused,
         "reuse": action_outcome(action, twin=twin).value,
+        "sharedWith": shared_with(action, views or {}),
         "attempts": action.attempts,
         "startedAt": timestamp(action.started_at),
         "finishedAt": timestamp(action.finished_at),
@@ -89,13 +111,17 @@ def is_twin(action: ActionRecord, dataset: DatasetRecord | None) -> bool:
     )
 
 
-def action_detail(action: ActionRecord, dataset: DatasetRecord | None = None) -> dict[str, Any]:
+def action_detail(
+    action: ActionRecord,
+    dataset: DatasetRecord | None = None,
+    views: SharedViews | None = None,
+) -> dict[str, Any]:
     """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs.
 
     `dataset` (the action's) tells whether it shares its dataset with a twin.
     """
     return {
-        **action_summary(action, twin=is_twin(action, dataset)),
+        **action_summary(action, twin=is_twin(action, dataset), views=views),
         "reason": action.reason,
         "callbackId": action.callback_id,
         "externalId": action.external_id,
@@ -116,17 +142,21 @@ def workflow_summary(workflow: WorkflowRecord) -> dict[str, Any]:
     }
 
 
-def workflow_document(workflow: WorkflowRecord, actions: list[ActionRecord]) -> dict[str, Any]:
+def workflow_document(
+    workflow: WorkflowRecord, actions: list[ActionRecord], views: SharedViews | None = None
+) -> dict[str, Any]:
     """The workflow document: every action of the definition, in ascending action id."""
     ordered = sorted(actions, key=lambda a: a.action_id)
     twins = _twins(ordered)
     return {
         **_workflow_head(workflow, ordered, twins),
-        "actions": [action_summary(a, twin=a.action_id in twins) for a in ordered],
+        "actions": [action_summary(a, twin=a.action_id in twins, views=views) for a in ordered],
     }
 
 
-def encode_workflow_document(workflow: WorkflowRecord, actions: Sequence[ActionRecord]) -> bytes:
+def encode_workflow_document(
+    workflow: WorkflowRecord, actions: Sequence[ActionRecord], views: SharedViews | None = None
+) -> bytes:
     """`encode(workflow_document(...))`, the same bytes, a thousand actions per encoder call.
 
     One call of the C encoder over a 100,000-action document holds the GIL for
@@ -140,7 +170,7 @@ def encode_workflow_document(workflow: WorkflowRecord, actions: Sequence[ActionR
     for start in range(0, len(ordered), _ENCODE_CHUNK):
         chunk = encode(
             [
-                action_summary(a, twin=a.action_id in twins)
+                action_summary(a, twin=a.action_id in twins, views=views)
                 for a in ordered[start : start + _ENCODE_CHUNK]
             ]
         )

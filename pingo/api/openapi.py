@@ -88,9 +88,24 @@ _DATASET_REQUIRED = [
 _REUSE = {
     "type": "string",
     "enum": [r.value for r in reuse.Reuse],
-    "description": "computed (runs), shared (runs while another computation of its dataset "
-    "is under way), reused (its dataset was stored: never runs) or not needed (nothing "
-    "that runs reads it: never runs)",
+    "description": "computed (runs), shared (another computation of its dataset was under "
+    "way: another workflow's, which it waits for and never runs unless that one fails or is "
+    "killed; or a twin's in the same workflow, beside which it runs), reused (its dataset was "
+    "stored: never runs) or not needed (nothing that runs reads it: never runs)",
+}
+#: The other workflow's action whose computation in flight an action shares.
+_SHARED_WITH = {
+    "type": ["object", "null"],
+    "description": "the other workflow's action computing its dataset, which it waits for "
+    "instead of computing it (in-flight deduplication); `workflowId` and `actionId` only "
+    "when that workflow is the viewer's own (another user's shows its action name alone)",
+    "properties": {
+        "name": {"type": "string"},
+        "workflowId": {"type": "string"},
+        "actionId": {"type": "integer"},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
 }
 _REASON = {
     "type": "string",
@@ -123,6 +138,7 @@ def _schemas() -> dict[str, Any]:
             "description": "planning reused its dataset or did not need it: never runs",
         },
         "reuse": _REUSE,
+        "sharedWith": _SHARED_WITH,
         "attempts": {"type": "integer", "minimum": 0},
         "startedAt": _TIME_OR_NULL,
         "finishedAt": _TIME_OR_NULL,
@@ -234,10 +250,15 @@ def _schemas() -> dict[str, Any]:
                 "actionId": {"type": "integer"},
                 "name": {"type": "string"},
                 "datasetId": _DATASET_ID,
-                "compute": {"type": "boolean", "description": "the action will run"},
+                "compute": {
+                    "type": "boolean",
+                    "description": "the action will run (one sharing another workflow's "
+                    "computation, `sharedWith`, runs only if that computation fails)",
+                },
                 "reuse": _REUSE,
                 "reason": _REASON,
                 "datasetState": {"type": ["string", "null"]},
+                "sharedWith": _SHARED_WITH,
             }
         ),
         "Plan": _object(

@@ -62,6 +62,8 @@ _CACHE_SIZE = 4096
 _DELETION_POLL_S = 0.05
 #: Actions killed per store call when a workflow is killed or aborted.
 _KILL_BATCH = 1000
+#: Sharing actions settled per store read.
+_SETTLE_BATCH = 500
 
 
 P = ParamSpec("P")
@@ -165,6 +167,7 @@ class CallbackService:
             self.on_ready()
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
+        await self.settle_sharers(finished.workflow_id, finished.action_id)
         logger.info(
             "action %s/%s finished",
             finished.workflow_id,
@@ -270,6 +273,7 @@ class CallbackService:
                 await self._sweep(workflow_id, f"workflow {workflow.state.value.lower()}", trigger)
                 actions = await self.store.list_actions(workflow_id)
             await self._release_stale_claims(actions)
+            await self.settle_sharers(workflow_id)
             return workflow
         if workflow.state is not W.RUNNING:
             await self._release_stale_claims(actions)
@@ -297,9 +301,15 @@ class CallbackService:
                 if await self.store.release_parent(workflow_id, parent_id, [child.action_id]):
                     woke = True
         await self._release_stale_claims(actions)
+        # A node may have died between a producer's outcome and settling its sharers,
+        # or between planning a sharing action and checking its producer once more.
+        for waiting in actions:
+            if waiting.is_attached:
+                await self.settle_shared(waiting, T.REAPER)
         bad = [a for a in actions if a.state in states.ACTION_UNSUCCESSFUL]
         if bad:
             await self._drop_datasets(bad)
+            await self.settle_sharers(workflow_id)
             first = bad[0]
             error = first.error or f"action {first.action_id} did not finish"
             if workflow.on_failure == "continue":
@@ -478,6 +488,160 @@ class CallbackService:
         self._on_failure_cache[workflow_id] = value
         return value
 
+    # ---------------------------------------------------------------- sharing
+
+    async def settle_shared(
+        self, action: protocol.ActionRecord, trigger: states.Trigger = T.CALLBACK
+    ) -> protocol.ActionRecord | None:
+        """Settle an action that shares another workflow's computation of its dataset.
+
+        FINISHED without running once the dataset is on disk; computing it itself
+        (READY, or WAITING for its own parents) once its producer can no longer store
+        it (failed, killed, gone). None when nothing changed: the producer is still at
+        it, the action is not waiting for it, or another settler won.
+        """
+        if not action.is_attached or action.shared_with is None:
+            return None
+        dataset = await self.store.get_dataset(action.dataset_id)
+        if dataset is not None and _holds_for(dataset, action):
+            return await self._finish_shared(action, dataset, trigger)
+        if dataset is not None and await self._still_computing(dataset, action.shared_with):
+            return None
+        return await self._detach(action, trigger)
+
+    async def settle_sharers(
+        self,
+        workflow_id: str,
+        action_id: int | None = None,
+        trigger: states.Trigger = T.CALLBACK,
+    ) -> int:
+        """`settle_shared` every action sharing with this workflow's action (or any of its
+        actions, without `action_id`); returns how many moved."""
+        moved = 0
+        while True:
+            batch = await self.store.list_attached_actions(
+                workflow_id, action_id, limit=_SETTLE_BATCH
+            )
+            settled = [r for r in await self._settle_all(batch, trigger) if r is not None]
+            moved += len(settled)
+            # Those still attached are waiting for a producer still at work: stop there.
+            if len(batch) < _SETTLE_BATCH or not settled:
+                return moved
+
+    async def settle_stranded(self, limit: int = _SETTLE_BATCH) -> int:
+        """The reaper's backstop: settle sharing actions whose settlement a dead node left
+        undone; returns how many moved."""
+        return await self.settle_waiting(
+            await self.store.list_attached_actions(limit=limit), T.REAPER
+        )
+
+    async def settle_waiting(
+        self, actions: Collection[protocol.ActionRecord], trigger: states.Trigger
+    ) -> int:
+        """`settle_shared` each of `actions`, skipping those whose producer is still at work
+        after one look per producer (most are); returns how many moved."""
+        by_producer: dict[str, list[protocol.ActionRecord]] = {}
+        for action in actions:
+            if action.is_attached and action.shared_with is not None:
+                by_producer.setdefault(action.shared_with, []).append(action)
+        moved = 0
+        for producer, waiting in by_producer.items():
+            dataset = await self.store.get_dataset(waiting[0].dataset_id)
+            if dataset is not None and await self._still_computing(dataset, producer):
+                continue
+            settled = await self._settle_all(waiting, trigger)
+            moved += sum(1 for r in settled if r is not None)
+        return moved
+
+    async def _settle_all(
+        self, actions: Collection[protocol.ActionRecord], trigger: states.Trigger
+    ) -> list[protocol.ActionRecord | None]:
+        return list(await asyncio.gather(*(self.settle_shared(a, trigger) for a in actions)))
+
+    async def _still_computing(self, dataset: protocol.DatasetRecord, producer: str) -> bool:
+        """Whether `producer` (a claim key) is still computing `dataset` and may store it."""
+        if dataset.state not in states.DATASET_COMPUTING:
+            return False
+        if protocol.claim_key(dataset.producer_workflow_id, dataset.producer_action_id) != producer:
+            return False
+        record = await self.store.get_action(*protocol.parse_claim_key(producer))
+        return record is not None and record.state not in states.ACTION_TERMINAL
+
+    async def _finish_shared(
+        self,
+        action: protocol.ActionRecord,
+        dataset: protocol.DatasetRecord,
+        trigger: states.Trigger,
+    ) -> protocol.ActionRecord | None:
+        """WAITING → FINISHED without running: the dataset it shared is on disk."""
+        states.ensure_transition(A.WAITING, A.FINISHED, trigger)
+        changes = protocol.ActionChanges(finished_at=self.store.clock(), error=None)
+        # Only while it still waits for its producer: once it let go (to compute the
+        # dataset itself), its own attempt decides.
+        outcome = await self.store.finish_action(
+            action.workflow_id,
+            action.action_id,
+            {A.WAITING},
+            changes,
+            if_waiting_on=action.action_id,
+        )
+        if outcome is None:
+            _log_cas_lost(action, A.FINISHED)
+            return None
+        finished, released = outcome
+        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
+        await self.store.record_dataset_use(dataset.id)
+        logger.info(
+            "action %s/%s shared %s's computation of dataset %s",
+            finished.workflow_id,
+            finished.action_id,
+            action.shared_with,
+            dataset.id,
+            extra={
+                "event": "action_shared",
+                "workflow_id": finished.workflow_id,
+                "action_id": finished.action_id,
+                "dataset_id": dataset.id,
+            },
+        )
+        if released:
+            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            self.on_ready()
+        else:
+            await self._finish_if_done(finished.workflow_id, T.CALLBACK)
+        return finished
+
+    async def _detach(
+        self, action: protocol.ActionRecord, trigger: states.Trigger
+    ) -> protocol.ActionRecord | None:
+        """Stop waiting for the producer: compute the dataset itself (READY once no parent
+        of its own is left to wait for). Releasing itself twice changes nothing."""
+        states.ensure_transition(A.WAITING, A.READY, trigger)
+        before = await self.store.get_action(action.workflow_id, action.action_id)
+        if before is None or not before.is_attached:
+            return None
+        ready = await self.store.release_parent(
+            action.workflow_id, action.action_id, [action.action_id]
+        )
+        moved = ready[0] if ready else await self.store.get_action(*action.key)
+        if moved is None or moved.state not in (A.READY, A.WAITING):
+            return None  # a finish won the race: it shared after all
+        logger.info(
+            "action %s/%s computes its dataset itself: %s will not store it",
+            action.workflow_id,
+            action.action_id,
+            action.shared_with,
+            extra={
+                "event": "action_unshared",
+                "workflow_id": action.workflow_id,
+                "action_id": action.action_id,
+            },
+        )
+        if ready:
+            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(ready))
+            self.on_ready()
+        return moved
+
     # ---------------------------------------------------------------- failure
 
     async def _fail_attempt(
@@ -610,6 +774,9 @@ class CallbackService:
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
         running = [a for a in await self.store.list_actions(workflow_id) if a.state in _EXECUTING]
         await asyncio.gather(*(self._stop_running(a, error, trigger) for a in running))
+        # Other workflows' actions sharing with the killed ones compute for themselves:
+        # a kill never kills another workflow's work.
+        await self.settle_sharers(workflow_id)
 
     async def _stop_running(
         self, action: protocol.ActionRecord, error: str, trigger: states.Trigger
@@ -691,18 +858,19 @@ class CallbackService:
             await asyncio.gather(*(self.store.remove_dataset_claim(ds, key) for ds in inputs))
 
     async def _discard(self, action: protocol.ActionRecord) -> None:
-        """An action that will not finish: release its claims, give up its dataset."""
+        """An action that will not finish: release its claims, give up its dataset, and
+        let the actions sharing its computation compute it themselves."""
         await self._release_inputs(action)
         dataset = await self.store.get_dataset(action.dataset_id)
+        # Someone else produces it, or it is on disk: theirs to finish, or kept.
         if (
-            dataset is None
-            or dataset.state not in states.DATASET_COMPUTING
-            or (dataset.producer_workflow_id, dataset.producer_action_id) != action.key
+            dataset is not None
+            and dataset.state in states.DATASET_COMPUTING
+            and (dataset.producer_workflow_id, dataset.producer_action_id) == action.key
         ):
-            # Someone else produces it (or it is on disk): theirs to finish.
-            return
-        states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
-        await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
+            states.ensure_transition(dataset.state, D.DELETED, T.CALLBACK)
+            await self.store.transition_dataset(dataset.id, {dataset.state}, D.DELETED)
+        await self.settle_sharers(action.workflow_id, action.action_id)
 
     async def _remove_staging(self, action: protocol.ActionRecord) -> None:
         """Remove the attempt's partial output (never an unmanaged action's own path)."""
@@ -756,6 +924,14 @@ class CallbackService:
                 exc.message,
                 extra={"event": "workflow_ended_hook_failed", "workflow_id": workflow.id},
             )
+
+
+def _holds_for(dataset: protocol.DatasetRecord, action: protocol.ActionRecord) -> bool:
+    """Whether the dataset is on disk for good for a sharing action: STORED or LEAF, or
+    marked for deletion while its children's claims hold it (never a final output)."""
+    if dataset.state in states.DATASET_REUSABLE:
+        return True
+    return dataset.state is D.STORED_TO_DELETE and bool(action.children)
 
 
 def _log_cas_lost(action: protocol.ActionRecord, new: states.ActionState) -> None:

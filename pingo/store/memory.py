@@ -76,6 +76,17 @@ def plan_upgrades(existing: DatasetState, planned: DatasetState) -> bool:
     return old is not None and new is not None and new > old
 
 
+def _shares_with(
+    action: ActionRecord, producer_workflow_id: str | None, producer_action_id: int | None
+) -> bool:
+    """Whether `action` shares with the producer named (any producer when none is)."""
+    if producer_workflow_id is None or action.shared_with is None:
+        return producer_workflow_id is None
+    if producer_action_id is not None:
+        return action.shared_with == claim_key(producer_workflow_id, producer_action_id)
+    return action.shared_with.startswith(producer_workflow_id + "/")
+
+
 def is_lease_expired(expires_at: datetime | None, now: datetime) -> bool:
     """A lease is expired from its expiry instant on; no lease never expires."""
     return expires_at is not None and expires_at <= now
@@ -700,8 +711,14 @@ class MemoryStore:
         changes: ActionChanges = _NO_ACTION_CHANGES,
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         # No await from here on: the three steps are one atomic step under asyncio.
+        current = self._actions.get((workflow_id, action_id))
+        if if_waiting_on is not None and (
+            current is None or if_waiting_on not in current.waiting_on
+        ):
+            return None
         finished = self._transition_action(
             workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
         )
@@ -711,6 +728,24 @@ class MemoryStore:
         for dataset_id in dict.fromkeys(finished.inputs.values()):
             self._remove_dataset_claim(dataset_id, claim)
         return finished, self._release_parent(workflow_id, action_id, finished.children)
+
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        found = [
+            record
+            for key in self._action_states.keys(ActionState.WAITING)
+            if (record := self._actions[key]).is_attached
+            and _shares_with(record, producer_workflow_id, producer_action_id)
+        ]
+        found.sort(key=lambda a: a.key)
+        return found[:limit]
 
     # ------------------------------------------------------------------- datasets
 

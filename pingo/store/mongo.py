@@ -242,6 +242,8 @@ def _action_doc(record: ActionRecord) -> Doc:
         "finished_at_us": _opt_us(record.finished_at),
         "runtime_s": record.runtime_s,
         "version": record.version,
+        # Only when set: the sparse index then holds the few actions that share.
+        **({} if record.shared_with is None else {"shared_with": record.shared_with}),
     }
 
 
@@ -273,6 +275,7 @@ def _action(doc: Doc) -> ActionRecord:
         finished_at=_opt_at(doc.get("finished_at_us")),
         runtime_s=doc.get("runtime_s"),
         version=doc.get("version", 0),
+        shared_with=doc.get("shared_with"),
     )
 
 
@@ -701,6 +704,14 @@ class MongoStore:
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
         # A dataset's page: the workflows that computed or reused it, newest first.
         await actions.create_index([("dataset_id", asc), ("workflow_id", desc)], name="dataset")
+        # In-flight deduplication (issue 16): the actions still WAITING that share with a
+        # producer. Partial: only the actions that share are in it (most share with none),
+        # and the state prefix keeps the settled ones (the history) out of every lookup.
+        await actions.create_index(
+            [("state", asc), ("shared_with", asc), ("workflow_id", asc), ("action_id", asc)],
+            name="waiting_shared",
+            partialFilterExpression={"shared_with": {"$exists": True}},
+        )
         # The deletor and retention: by state, oldest update first.
         await datasets.create_index(
             [("state", asc), ("updated_at_us", asc), ("id", asc)], name="state_age"
@@ -1020,6 +1031,7 @@ class MongoStore:
         *,
         if_owner: str | None = None,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> ActionRecord | None:
         query: Doc = {
             "_id": _action_id(workflow_id, action_id),
@@ -1029,6 +1041,8 @@ class MongoStore:
             query["owner"] = if_owner
         if if_attempt is not None:
             query["attempts"] = if_attempt
+        if if_waiting_on is not None:
+            query["waiting_on"] = if_waiting_on  # an array field matches any element
         _, now_us = self._now()
         fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
         doc = await self._actions.find_one_and_update(
@@ -1447,6 +1461,7 @@ class MongoStore:
         changes: ActionChanges = _NO_ACTION_CHANGES,
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         """Not atomic on MongoDB: ordered single-document steps, the CAS first.
 
@@ -1461,7 +1476,13 @@ class MongoStore:
         could delete. Until then a claim only delays a deletion, and a child only waits.
         """
         finished = await self._transition_action(
-            workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
+            workflow_id,
+            action_id,
+            expected,
+            ActionState.FINISHED,
+            changes,
+            if_attempt=if_attempt,
+            if_waiting_on=if_waiting_on,
         )
         if finished is None:
             return None
@@ -1484,6 +1505,32 @@ class MongoStore:
         )
 
     # ------------------------------------------------------------------- datasets
+
+    @_translated
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        # `$exists` in every form: a query must imply the partial index's filter to use it.
+        shared: Doc = {"$exists": True}
+        if producer_workflow_id is None:
+            shared["$gt"] = ""  # every claim key
+        elif producer_action_id is None:
+            # A range on the index: every claim key of the workflow, '/' then digits.
+            shared.update({"$gte": producer_workflow_id + "/", "$lt": producer_workflow_id + "0"})
+        else:
+            shared["$eq"] = claim_key(producer_workflow_id, producer_action_id)
+        query: Doc = {"state": ActionState.WAITING.value, "shared_with": shared}
+        found = self._actions.find(query, sort=[("workflow_id", 1), ("action_id", 1)])
+        # "Its own id in waiting_on" compares two fields of one document: filtered here
+        # (the candidates are the few WAITING actions sharing with the producer).
+        attached = [a for a in map(_action, await found.to_list(None)) if a.is_attached]
+        return attached[:limit]
 
     @_translated
     async def get_dataset(self, dataset_id: str) -> DatasetRecord | None:

@@ -41,6 +41,12 @@ def claim_key(workflow_id: str, action_id: int) -> str:
     return f"{workflow_id}/{action_id}"
 
 
+def parse_claim_key(key: str) -> tuple[str, int]:
+    """`claim_key`'s inverse: (workflow id, action id). Workflow ids hold no `/`."""
+    workflow_id, _, action_id = key.rpartition("/")
+    return workflow_id, int(action_id)
+
+
 # --------------------------------------------------------------------------- records
 
 
@@ -82,7 +88,9 @@ class ActionRecord:
     definition: Mapping[str, Any]
     #: Parent action id → the dataset id it reads (all parents, computed or reused).
     inputs: Mapping[int, str]
-    #: Parent action ids this action still waits for.
+    #: Parent action ids this action still waits for. Its own id means it waits for
+    #: another workflow's action computing its dataset (`shared_with`): releasing
+    #: itself (`release_parent(wf, id, [id])`) is how it stops waiting for that one.
     waiting_on: tuple[int, ...]
     #: Child action ids (those that compute) to release when this one finishes.
     children: tuple[int, ...]
@@ -106,10 +114,23 @@ class ActionRecord:
     #: Measured runtime of the successful attempt.
     runtime_s: float | None = None
     version: int = 0
+    #: In-flight deduplication: the `claim_key` of the other workflow's action that was
+    #: computing this action's dataset when it was planned, which it waits for instead
+    #: of computing it (fixed at planning; `pingo.callbacks.sharing`).
+    shared_with: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.workflow_id, self.action_id)
+
+    @property
+    def is_attached(self) -> bool:
+        """WAITING for the action it shares with (not yet settled)."""
+        return (
+            self.shared_with is not None
+            and self.state is ActionState.WAITING
+            and self.action_id in self.waiting_on
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,15 +587,33 @@ class Store(Protocol):
         changes: ActionChanges = ActionChanges(),
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         """Compare-and-set the action to FINISHED, then drop its claims and release its children.
 
+        With `if_waiting_on`, the compare-and-set also requires that id in its
+        `waiting_on` (a shared action finishes only while it still waits for its producer).
         None when another writer won the compare-and-set; nothing else changes then.
         Otherwise, in the same call, the action's claim (`claim_key`) is removed from
         every dataset in its `inputs` and it is released from each of its `children`
         as `release_parent` does; returns the finished record and the children that
         became READY. The memory and SQLite backends do all of it atomically; the
         MongoDB backend does it as ordered single-document steps (see there).
+        """
+        ...
+
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        """Actions still waiting for the action they share with (`ActionRecord.is_attached`).
+
+        Those sharing with an action of `producer_workflow_id` (and with that action, if
+        `producer_action_id` is given), or with any action when no producer is given;
+        ordered by (workflow id, action id), at most `limit`.
         """
         ...
 

@@ -343,6 +343,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         END""",
         "CREATE INDEX action_specs_dataset ON action_specs (dataset_id, workflow_id)",
     ),
+    # In-flight deduplication (issue 16): the action another workflow computes this
+    # action's dataset in, fixed at planning. On the hot row, so that a partial index
+    # holds exactly the actions still WAITING that share: a producer's outcome and the
+    # reaper's backstop read those few, never every WAITING action nor the history.
+    (
+        "ALTER TABLE actions ADD COLUMN shared_with TEXT",
+        "CREATE INDEX actions_waiting_shared ON actions (shared_with, workflow_id, action_id) "
+        "WHERE shared_with IS NOT NULL AND state = 'WAITING'",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -356,7 +365,7 @@ _WORKFLOW_NO_DOCUMENT = _WORKFLOW_COLUMNS.replace("document", "NULL")
 _HOT_COLUMNS = (
     "workflow_id, action_id, state, waiting_on, updated_at, attempts, owner, "
     "lease_expires_at, not_before, external_id, error, started_at, finished_at, runtime_s, "
-    "version"
+    "version, shared_with"
 )
 _SPEC_COLUMNS = (
     "name, type, dataset_id, reused, reason, definition, inputs, children, callback_id, "
@@ -387,7 +396,7 @@ _DELIVERY_COLUMNS = (
     "claim_expires_at, version"
 )
 
-_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 16)})"
+_HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 17)})"
 _SPEC_INSERT = (
     "INSERT INTO action_specs (workflow_id, action_id, "
     f"{_SPEC_COLUMNS}) VALUES ({', '.join('?' * 13)})"
@@ -447,6 +456,11 @@ _BULK_ROWS = 2000
 _dumps = _json.dumps
 """Compact JSON (one encoder for all calls: building one per call costs more than small
 values take to encode)."""
+
+
+def _qualified(table: str, columns: str) -> str:
+    """`columns` (comma-separated) each prefixed with `table.`."""
+    return ", ".join(f"{table}.{c.strip()}" for c in columns.split(","))
 
 
 def _ints(values: Sequence[int]) -> str:
@@ -535,6 +549,7 @@ def _hot_params(a: ActionRecord) -> tuple[Any, ...]:
         _us_or_none(a.finished_at),
         a.runtime_s,
         a.version,
+        a.shared_with,
         a.type,
     )
 
@@ -602,6 +617,7 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         finished_at=_dt(hot[12]),
         runtime_s=hot[13],
         version=hot[14],
+        shared_with=hot[15],
     )
 
 
@@ -769,6 +785,7 @@ def _transition_action_statement(
     *,
     if_owner: str | None = None,
     if_attempt: int | None = None,
+    if_waiting_on: int | None = None,
 ) -> tuple[str, list[Any]]:
     """The compare-and-set UPDATE of one action (RETURNING `_HOT_COLUMNS`) and its parameters."""
     sets, params = _set_clause(changes)
@@ -785,6 +802,9 @@ def _transition_action_statement(
     if if_attempt is not None:
         sql += " AND attempts = ?"
         args.append(if_attempt)
+    if if_waiting_on is not None:
+        sql += " AND EXISTS (SELECT 1 FROM json_each(waiting_on) WHERE value = ?)"
+        args.append(if_waiting_on)
     sql += f" RETURNING {_HOT_COLUMNS}"
     return sql, args
 
@@ -1242,7 +1262,7 @@ class SQLiteStore:
         key = (row[0], row[1])
         spec = self._specs.get(key)
         if spec is None:
-            spec = _spec(row[15:])
+            spec = _spec(row[16:])
             if cache:
                 self._cache_spec(key, spec)
         return _record(row, spec)
@@ -2028,6 +2048,7 @@ class SQLiteStore:
         changes: ActionChanges = _NO_ACTION_CHANGES,
         *,
         if_attempt: int | None = None,
+        if_waiting_on: int | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         if not expected:
             return None
@@ -2040,6 +2061,7 @@ class SQLiteStore:
             changes,
             now,
             if_attempt=if_attempt,
+            if_waiting_on=if_waiting_on,
         )
         outcome: tuple[ActionRecord, list[ActionRecord]] | None = await self._run_write(
             self._with_db,
@@ -2093,6 +2115,37 @@ class SQLiteStore:
             "UPDATE datasets SET claims = ?, updated_at = ?, version = version + 1 WHERE id = ?",
             (_dumps(kept), now, dataset_id),
         )
+
+    async def list_attached_actions(
+        self,
+        producer_workflow_id: str | None = None,
+        producer_action_id: int | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[ActionRecord]:
+        if limit <= 0:
+            return []
+        if producer_workflow_id is None:
+            where, params = "1", []
+        elif producer_action_id is None:
+            # A range on the index: every claim key of the workflow, '/' then digits.
+            where = "a.shared_with >= ? AND a.shared_with < ?"
+            params = [producer_workflow_id + "/", producer_workflow_id + "0"]
+        else:
+            where = "a.shared_with = ?"
+            params = [claim_key(producer_workflow_id, producer_action_id)]
+        # From the partial index: the planner would otherwise scan every WAITING
+        # action (a big workflow has many) for the few that share.
+        sql = (
+            f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
+            "FROM actions AS a INDEXED BY actions_waiting_shared "
+            "CROSS JOIN action_specs AS s "
+            "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
+            f"WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
+            "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
+            "ORDER BY a.workflow_id, a.action_id LIMIT ?"
+        )
+        return await self._run(self._all, self._action, sql, [*params, limit])
 
     # ------------------------------------------------------------------- datasets
 

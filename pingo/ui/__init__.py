@@ -743,13 +743,16 @@ async def revoke_user(request: web.Request) -> web.Response:
 
 
 def summarize(actions: list[ActionRecord]) -> dict[str, int]:
-    """What happened to a workflow's actions: computed, reused, not needed, failed, killed."""
-    result = {"computed": 0, "reused": 0, "notNeeded": 0, "failed": 0, "killed": 0}
+    """What happened to a workflow's actions: computed, reused, shared, not needed, failed,
+    killed."""
+    result = {"computed": 0, "reused": 0, "shared": 0, "notNeeded": 0, "failed": 0, "killed": 0}
     for action in actions:
         if action.reused:
             result["reused" if action.reason == "reused" else "notNeeded"] += 1
         elif action.state is states.ActionState.FINISHED:
-            result["computed"] += 1
+            # Another workflow's computation stored its dataset: it never ran.
+            shared = action.shared_with is not None and action.attempts == 0
+            result["shared" if shared else "computed"] += 1
         elif action.state is states.ActionState.FAILED:
             result["failed"] += 1
         elif action.state is states.ActionState.KILLED:

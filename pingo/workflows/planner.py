@@ -5,9 +5,13 @@ actions are processed from the leaves towards the roots, breadth-first; an
 action is visited only when it is a leaf or a child of it computes, so the
 ancestors of a reused action are left alone. A visited action computes when it
 is forced or unmanaged, when its dataset is absent or not on disk for good
-(DELETED, DELETING, PROCESSING, TO_DELETE, STORED_TO_DELETE), or when another
-workflow is computing it (TO_STORE, TO_LEAF: the original's documented
-inefficiency). A STORED or LEAF dataset is reused: a leaf promotes it to LEAF,
+(DELETED, DELETING, PROCESSING, TO_DELETE, STORED_TO_DELETE). When another
+workflow's action is computing it right now (TO_STORE, TO_LEAF: the original
+computed it again, its documented inefficiency), the action *shares* that
+computation instead: it is planned WAITING for the producer and still counts
+as computing here (its parents are planned, so that it can compute the dataset
+itself if the producer fails; `pingo.callbacks.service.CallbackService.settle_shared`
+decides). A STORED or LEAF dataset is reused: a leaf promotes it to LEAF,
 and every computing child claims it; a claim that fails (the dataset moved on)
 means computing after all.
 
@@ -48,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Actions decided between two yields to the event loop while planning.
 _PLAN_CHUNK = 2_000
+#: Producers of one workflow read one by one; past this, its actions are listed once.
+_PRODUCER_READS = 16
 
 A = states.ActionState
 D = states.DatasetState
@@ -96,6 +102,8 @@ class PlannedAction:
     reason: str
     #: The dataset's state when planning looked, None when absent.
     dataset_state: states.DatasetState | None
+    #: The other workflow's action it waits for instead of computing (in flight).
+    shared_with: reuse.SharedWith | None = None
 
     def to_json(self, *, twin: bool = False) -> dict[str, Any]:
         return {
@@ -106,6 +114,7 @@ class PlannedAction:
             "reuse": self.outcome(twin=twin).value,
             "reason": self.reason,
             "datasetState": None if self.dataset_state is None else self.dataset_state.value,
+            "sharedWith": None if self.shared_with is None else self.shared_with.to_json(),
         }
 
     def outcome(self, *, twin: bool = False) -> reuse.Reuse:
@@ -185,6 +194,9 @@ class _Decision:
     compute: bool
     reason: str
     state: states.DatasetState | None
+    #: The `claim_key` of the other workflow's action it shares (waits for), if any.
+    shared_with: str | None = None
+    shared_view: reuse.SharedWith | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +229,8 @@ class _Tally:
     ready: int
     #: Dataset ids reused (each once).
     reused: list[str]
+    #: Action ids sharing another workflow's computation in flight.
+    sharing: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -332,7 +346,7 @@ class WorkflowManager:
         records = await self.store.get_datasets(set(identified.dataset_ids.values()))
         planning = identified.planning(workflow_id, records)
         try:
-            await self._plan(planning, forced, live=True)
+            await self._plan(planning, forced, owner, live=True)
             plan, tally = await self._workflow_plan(
                 planning, owner, scope, now, idempotency_key, rerun_of
             )
@@ -350,6 +364,8 @@ class WorkflowManager:
             await asyncio.shield(self._release(planning.claims))
             raise
         reused, computing, ready = tally.reused, tally.computing, tally.ready
+        if tally.sharing:
+            await self._settle_sharing(plan, tally.sharing)
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
         metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
@@ -400,18 +416,33 @@ class WorkflowManager:
         identified = await self._identify(document, scope_for(self.settings, owner))
         records = await self.store.get_datasets(set(identified.dataset_ids.values()))
         planning = identified.planning(new_workflow_id(self.store.clock()), records)
-        await self._plan(planning, _forced(identified.definition, force), live=False)
+        await self._plan(planning, _forced(identified.definition, force), owner, live=False)
         return _to_plan(planning)
 
     async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
         """Kill a workflow (delegates to the callback service)."""
+        return await self._outcomes().kill_workflow(workflow_id)
+
+    def _outcomes(self) -> CallbackService:
         if self._callbacks is None:
             from pingo.callbacks.service import CallbackService
 
             self._callbacks = CallbackService(
                 self.store, self.storage, self.settings, on_ready=self.on_ready
             )
-        return await self._callbacks.kill_workflow(workflow_id)
+        return self._callbacks
+
+    async def _settle_sharing(self, plan: protocol.WorkflowPlan, sharing: Sequence[int]) -> None:
+        """Check each sharing action's producer once more, now that the action is stored.
+
+        The producer may have ended between planning's read and the persist, when its
+        own settlement could not see this action yet: whichever of the two looks last
+        settles it (a compare-and-set, so both looking changes nothing).
+        """
+        wanted = set(sharing)
+        await self._outcomes().settle_waiting(
+            [a for a in plan.actions if a.action_id in wanted], states.Trigger.PLANNER
+        )
 
     # ---------------------------------------------------------------- planning
 
@@ -438,7 +469,9 @@ class WorkflowManager:
             reverse_generations(definition, children),
         )
 
-    async def _plan(self, planning: _Planning, forced: frozenset[int], *, live: bool) -> None:
+    async def _plan(
+        self, planning: _Planning, forced: frozenset[int], owner: str, *, live: bool
+    ) -> None:
         """Fill `planning.decisions` for every action, adding claims when `live`."""
         definition = planning.definition
         decisions = planning.decisions
@@ -480,6 +513,34 @@ class WorkflowManager:
                     if not ok:
                         planning.decisions[aid].compute = True
                         planning.decisions[aid].reason = "claim-failed"
+        await self._share_in_flight(planning, owner)
+
+    async def _share_in_flight(self, planning: _Planning, owner: str) -> None:
+        """Make each in-flight action share its producer's computation, while that one runs.
+
+        One read per distinct producer (and its workflow, for what `owner` may see). A
+        producer found ended (its dataset still says otherwise: a crash in between) is
+        not shared: the action computes, as before.
+        """
+        wanted: dict[tuple[str, int], list[int]] = {}
+        for aid, decision in planning.decisions.items():
+            if decision.reason != reuse.IN_FLIGHT:
+                continue
+            record = planning.records[planning.dataset_ids[aid]]
+            key = (record.producer_workflow_id, record.producer_action_id)
+            wanted.setdefault(key, []).append(aid)
+        if not wanted:
+            return
+        keys = {protocol.claim_key(*k): k for k in wanted}
+        producers = await _producers(self.store, keys)
+        views = await shared_views(self.store, owner, producers)
+        for claim, key in keys.items():
+            producer = producers.get(claim)
+            if producer is None or producer.state in states.ACTION_TERMINAL:
+                continue
+            for aid in wanted[key]:
+                planning.decisions[aid].shared_with = claim
+                planning.decisions[aid].shared_view = views[claim]
 
     async def _check_integrity(
         self, planning: _Planning, reusing: list[int], *, live: bool
@@ -644,6 +705,9 @@ class WorkflowManager:
                 )
                 continue
             waiting = tuple(p for p in action.parents if decisions[p].compute)
+            if decision.shared_with is not None:
+                # Its own id: it waits for the producer too (`ActionRecord.waiting_on`).
+                waiting = (*waiting, aid)
             children = planning.computing_children(aid)
             actions.append(
                 protocol.ActionRecord(
@@ -651,6 +715,7 @@ class WorkflowManager:
                     reused=False,
                     waiting_on=waiting,
                     children=children,
+                    shared_with=decision.shared_with,
                     **common,
                 )
             )
@@ -701,6 +766,7 @@ class WorkflowManager:
             ready=sum(1 for a in actions if a.state is A.READY),
             # One use per dataset per workflow, however many of its actions reuse it.
             reused=sorted({ids[aid] for aid, d in decisions.items() if d.reason == "reused"}),
+            sharing=sorted(aid for aid, d in decisions.items() if d.shared_with is not None),
         )
         return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values())), tally
 
@@ -752,6 +818,52 @@ def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.Datas
     datasets[plan.id] = dataclasses.replace(twin, state=state, claims=claims)
 
 
+async def _producers(
+    store: protocol.Store, keys: Collection[str]
+) -> dict[str, protocol.ActionRecord]:
+    """The actions named by claim keys (those that exist): one read each, or one listing
+    of a workflow that many of them belong to (a big workflow resubmitted while it runs)."""
+    by_workflow: dict[str, list[str]] = {}
+    for key in keys:
+        by_workflow.setdefault(protocol.parse_claim_key(key)[0], []).append(key)
+    wanted = set(keys)
+    listed = [w for w, ks in by_workflow.items() if len(ks) > _PRODUCER_READS]
+    single = [k for ks in by_workflow.values() if len(ks) <= _PRODUCER_READS for k in ks]
+    found: dict[str, protocol.ActionRecord] = {}
+    for actions in await asyncio.gather(*(store.list_actions(w) for w in listed)):
+        for action in actions:
+            key = protocol.claim_key(*action.key)
+            if key in wanted:
+                found[key] = action
+    reads = await asyncio.gather(*(store.get_action(*protocol.parse_claim_key(k)) for k in single))
+    found.update((k, a) for k, a in zip(single, reads, strict=True) if a is not None)
+    return found
+
+
+async def shared_views(
+    store: protocol.Store,
+    owner: str,
+    producers: Mapping[str, protocol.ActionRecord] | Collection[str],
+) -> dict[str, reuse.SharedWith]:
+    """How `owner` sees each producer (by claim key) that their actions share with: the
+    action's name always, its workflow and id only when `owner` owns that workflow too.
+
+    `producers` are the records, or just their claim keys (read here).
+    """
+    if not isinstance(producers, Mapping):
+        producers = await _producers(store, producers)
+    workflow_ids = sorted({a.workflow_id for a in producers.values()})
+    found = await asyncio.gather(*(store.get_workflow(w) for w in workflow_ids))
+    owners = {w: r.owner for w, r in zip(workflow_ids, found, strict=True) if r is not None}
+    views = {}
+    for claim, producer in producers.items():
+        if owners.get(producer.workflow_id) == owner:
+            views[claim] = reuse.SharedWith(producer.name, producer.workflow_id, producer.action_id)
+        else:
+            views[claim] = reuse.SharedWith(producer.name)
+    return views
+
+
 def _forced(definition: WorkflowDefinition, force: Collection[int]) -> frozenset[int]:
     """The action ids to force, all of which must be actions of the workflow."""
     forced = frozenset(force)
@@ -780,6 +892,7 @@ def _to_plan(planning: _Planning) -> Plan:
                 compute=planning.decisions[aid].compute,
                 reason=planning.decisions[aid].reason,
                 dataset_state=planning.decisions[aid].state,
+                shared_with=planning.decisions[aid].shared_view,
             )
             for aid in sorted(planning.definition.actions)
         ),

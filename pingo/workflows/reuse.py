@@ -4,9 +4,11 @@ Every place that talks about reuse (the dry run, the workflow document, the CLI,
 the logs endpoint, the docs) uses these four words and nothing else:
 
 - **computed**: the action runs and stores its dataset;
-- **shared**: the action runs, but another computation of the same dataset is
-  under way (another workflow's, or a twin action's in this workflow, "in-flight"):
-  the first to succeed stores it, the other's output is dropped;
+- **shared**: another computation of the same dataset was under way. Another
+  workflow's ("in-flight"): the action waits for it and never runs, unless that
+  computation fails or is killed, when it computes the dataset itself (and is then
+  *computed*). A twin action's in this workflow: both run, the first to succeed
+  stores it, the other's output is dropped;
 - **reused**: the dataset was stored already: the action never runs;
 - **not needed**: every child of the action reuses a stored dataset, so its own
   output is never read: the action never runs.
@@ -19,12 +21,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 
 class Reuse(enum.StrEnum):
     #: The action runs and stores its dataset.
     COMPUTED = "computed"
-    #: The action runs while another computation of its dataset is under way.
+    #: Another computation of its dataset was under way: it waited for it (another
+    #: workflow's), or ran beside it (a twin's in the same workflow).
     SHARED = "shared"
     #: Its dataset was stored: the action never runs.
     REUSED = "reused"
@@ -32,10 +37,30 @@ class Reuse(enum.StrEnum):
     NOT_NEEDED = "not needed"
 
 
-#: The planner's reason for an action that runs while its dataset is computed elsewhere.
+#: The planner's reason for an action whose dataset another workflow is computing.
 IN_FLIGHT = "in-flight"
 #: The planner's reason for an action whose every child reuses a stored dataset.
 NOT_NEEDED_REASON = "not-needed"
+
+
+@dataclass(frozen=True, slots=True)
+class SharedWith:
+    """The other workflow's action whose computation an action shares, as shown to the
+    sharer's owner (`sharedWith` in the dry run and the workflow document).
+
+    `workflow_id` and `action_id` are None when the producer is another user's: they
+    see only the action's name, never the workflow.
+    """
+
+    name: str
+    workflow_id: str | None = None
+    action_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        view: dict[str, Any] = {"name": self.name}
+        if self.workflow_id is not None:
+            view.update(workflowId=self.workflow_id, actionId=self.action_id)
+        return view
 
 
 def outcome(*, runs: bool, reason: str, twin: bool = False) -> Reuse:

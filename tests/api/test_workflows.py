@@ -33,6 +33,7 @@ ACTION_KEYS = [
     "datasetId",
     "reused",
     "reuse",
+    "sharedWith",
     "attempts",
     "startedAt",
     "finishedAt",

@@ -424,6 +424,29 @@ def test_deleted_datasets_take_no_bytes(server: Server) -> None:
     assert "DELETED" not in _json(server, "storage")["bytesByState"]
 
 
+def test_status_and_dry_run_say_shared_with_the_producer(server: Server, tmp_path: Path) -> None:
+    # Dave's action sleeps while Erin plans and submits the same one: she shares it.
+    dave = server.run("users", "add", "dave").stdout.strip().splitlines()[-1]
+    erin = server.run("users", "add", "erin").stdout.strip().splitlines()[-1]
+    script = 'sleep 8; echo shared-by-dave > "$PINGO_OUTPUT"'
+    producer = _write(tmp_path, "dave", _one_action("slowstep", script))
+    submitted = server.run("submit", producer, "--json", token=dave)
+    assert submitted.returncode == 0, submitted.stderr
+    dave_id = json.loads(submitted.stdout)["id"]
+    consumer = _write(tmp_path, "erin", _one_action("slowstep", script))
+    plan = server.run("submit", consumer, "--dry-run", token=erin)
+    assert plan.returncode == 0, plan.stderr
+    assert "shared with slowstep" in plan.stdout and dave_id not in plan.stdout
+    # Dave sharing with himself sees his own workflow named.
+    own = server.run("submit", producer, "--dry-run", token=dave)
+    assert f"shared with {dave_id}/1 (slowstep)" in own.stdout
+    done = server.run("submit", consumer, "--wait", token=erin)
+    assert done.returncode == 0, done.stderr + done.stdout
+    erin_id = done.stdout.split()[0]
+    status = server.run("status", erin_id, token=erin)
+    assert "shared with slowstep" in status.stdout and dave_id not in status.stdout
+
+
 def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
     # Runs last in this module: it stops the shared server.
     server.process.send_signal(signal.SIGTERM)

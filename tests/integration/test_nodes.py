@@ -192,3 +192,48 @@ async def test_an_idle_node_finds_another_nodes_work_without_a_full_poll(
     assert asyncio.get_running_loop().time() - started < 5
     held = collections.Counter(a.owner for a in actions if a.state in states.ACTION_ACTIVE)
     assert held == {"busy": 1, "idle": 3}
+
+
+async def test_a_workflow_on_another_node_shares_a_computation_in_flight(
+    nodes: Any, tmp_path: Path
+) -> None:
+    # Alice's workflow is planned and run by node a; Bob's, needing the same dataset,
+    # is planned on node b while a computes it. Only the store joins the two nodes.
+    marker = tmp_path / "runs"
+    first = ["sh", "-c", f'echo run >> {marker}; sleep 1; echo once > "$PINGO_OUTPUT"']
+    reader = ["sh", "-c", 'cat "$PINGO_INPUT_1" > "$PINGO_OUTPUT"']
+
+    def document(*, read: bool) -> dict[str, Any]:
+        actions: list[dict[str, Any]] = [
+            {"id": 1, "name": "extract", "type": "command-line", "command": first}
+        ]
+        if read:
+            actions.append(
+                {
+                    "id": 2,
+                    "name": "read",
+                    "type": "command-line",
+                    "command": reader,
+                    "parentActions": [{"id": 1}],
+                }
+            )
+        return {
+            "name": "shared",
+            "startActionId": 1,
+            "endActionId": len(actions),
+            "actions": actions,
+        }
+
+    node_a = await nodes("a", sandbox="off")
+    node_b = await nodes("b", sandbox="off", local_slots=1)
+    alices = await node_a.workflows.submit(document(read=False), owner="alice")
+    bobs = await node_b.workflows.submit(document(read=True), owner="bob")
+    shared = await node_b.store.get_action(bobs.id, 1)
+    assert shared is not None and shared.is_attached
+    assert shared.shared_with == protocol.claim_key(alices.id, 1)
+    for workflow_id in (alices.id, bobs.id):
+        done = await node_b.wait_workflow(workflow_id, timeout_s=60)
+        assert done.state is W.SUCCEEDED, done.error
+    assert marker.read_text().splitlines() == ["run"]
+    finished = await node_b.store.get_action(bobs.id, 1)
+    assert finished is not None and finished.state is A.FINISHED and finished.attempts == 0

@@ -190,11 +190,13 @@ async def test_success_keeps_a_dataset_someone_else_stored(
     callbacks: CallbackService,
     manager: planner.WorkflowManager,
 ) -> None:
-    # Two workflows compute the same leaf at once (the original's in-flight rule).
-    w1 = await manager.submit(workflow({1: []}), owner="ann")
-    w2 = await manager.submit(workflow({1: []}), owner="bob")
+    # Twins of one workflow compute the same leaf at once (another workflow would
+    # share the computation instead: tests/contract/test_sharing.py).
+    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
+    w1 = w2 = await manager.submit(twins, owner="ann")
     a1 = await start_attempt(store, w1.id, 1)
-    a2 = await start_attempt(store, w2.id, 1)
+    a2 = await start_attempt(store, w2.id, 2)
+    assert a1.dataset_id == a2.dataset_id
     write_output(storage, a1, b"first")
     staging2 = write_output(storage, a2, b"second!")
     await callbacks.success(a1.callback_id, 1)

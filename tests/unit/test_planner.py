@@ -173,12 +173,18 @@ async def test_decision_for_every_dataset_state(
         assert protocol.claim_key(record.id, 3) in d2.claims
         assert d2.state is state  # not a leaf of this workflow: no promotion
     else:
-        expected = "in-flight" if state in (D.TO_STORE, D.TO_LEAF) else state.value
-        assert actions[2].reason == expected
-        assert actions[2].state is A.WAITING and actions[2].waiting_on == (1,)
-        # Its ancestors are visited now that it computes.
-        # (the seed workflow is still computing action 1's dataset).
-        assert actions[1].reason == "in-flight" and actions[1].state is A.READY
+        in_flight = state in (D.TO_STORE, D.TO_LEAF)
+        assert actions[2].reason == ("in-flight" if in_flight else state.value)
+        # In flight (the seed's action 2 has not ended): it shares that computation,
+        # waiting for its own parent and for the seed's action (its own id).
+        assert actions[2].state is A.WAITING
+        assert actions[2].waiting_on == ((1, 2) if in_flight else (1,))
+        assert actions[2].shared_with == (protocol.claim_key(seed.id, 2) if in_flight else None)
+        # Its ancestors are visited now that it computes (or may have to).
+        # (the seed workflow is still computing action 1's dataset: shared too).
+        assert actions[1].reason == "in-flight" and actions[1].state is A.WAITING
+        assert actions[1].shared_with == protocol.claim_key(seed.id, 1)
+        assert actions[1].waiting_on == (1,)
         assert actions[3].waiting_on == (2,)
         # Its computing child's read is claimed on the planned dataset.
         assert protocol.claim_key(record.id, 3) in d2.claims

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from pingo import states
+from pingo.actions.executors.noop import NoopExecutor
 from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Scraper
+from pingo.actions.submitter import Submitter
+from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.store import open_store, protocol
@@ -206,3 +209,41 @@ async def test_polls_fast_while_it_finds_work_and_backs_off_when_idle(
     scraper.pushed = True
     await scraper.run_once()
     assert scraper.interval_s == 5.0
+
+
+async def test_a_stale_claim_losing_its_submit_leaves_the_held_claim_alone(
+    store: protocol.Store, tmp_path: Path, clock: Clock
+) -> None:
+    # The node claims the action, its lease lapses before a submitter takes it, and the
+    # same node claims it again: two claims of one key in the queue, one hold.
+    settings = settings_for(tmp_path, lease_s=2.0)
+    workflow = await submit(store, settings, independent(1))
+    scraper, queue, held = make_scraper(store, settings)
+    await scraper.run_once()
+    clock.advance(3)
+    await scraper.run_once()
+    assert queue.qsize() == 2 and len(held) == 1
+    storage = DatasetStorage(str(settings.home / "data"))
+    callbacks = CallbackService(store, storage, settings)
+    executor = NoopExecutor(callbacks)
+    submitter = Submitter(
+        0,
+        store=store,
+        settings=settings,
+        queue=queue,
+        scraper=scraper,
+        held=held,
+        executors={"command-line": executor},
+        staging_path=storage.staging_path,
+        submit_failed=callbacks.submit_failed,
+        secret=b"s" * 32,
+    )
+    # The first claim submits it; the second loses its compare-and-set. Before the fix,
+    # that loss dropped the hold of the running attempt (its lease then went unrenewed
+    # and another node's reaper ran it again).
+    assert await submitter.run_once() and await submitter.run_once()
+    await executor.close()
+    action = await store.get_action(workflow.id, 1)
+    assert action is not None and action.attempts == 1
+    assert executor.submitted == 1
+    assert action.key in held

@@ -18,6 +18,7 @@ from pingo.api import auth, bodies, documents, problems, state
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 from pingo.webhooks import hooks
+from pingo.workflows import planner
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +52,28 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
 _INLINE_ACTIONS = 2_000
 
 
+async def _shared_views(
+    request: web.Request, record: WorkflowRecord, actions: Sequence[ActionRecord]
+) -> documents.SharedViews:
+    """What the workflow's owner may see of the actions its actions share with (never
+    another user's workflow id): the document is the owner's view, admins see the same."""
+    keys = {a.shared_with for a in actions if a.shared_with is not None}
+    if not keys:
+        return {}
+    return await planner.shared_views(state.node(request).store, record.owner, keys)
+
+
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
     """The workflow document, serialized; a big one off the event loop (issue 13)."""
     actions = await state.node(request).store.list_actions(record.id)
+    views = await _shared_views(request, record, actions)
     if len(actions) <= _INLINE_ACTIONS:
-        return documents.encode_workflow_document(record, actions)
+        return documents.encode_workflow_document(record, actions, views)
     try:
         with heap.full_collections_deferred():
-            return await asyncio.to_thread(documents.encode_workflow_document, record, actions)
+            return await asyncio.to_thread(
+                documents.encode_workflow_document, record, actions, views
+            )
     finally:
         # Hundreds of MiB came and go with a document this big: give them back after.
         state.api_state(request).trimmer.soon()
@@ -377,6 +392,10 @@ async def rerun_workflow(request: web.Request) -> web.Response:
 
 async def _visible_action(request: web.Request) -> ActionRecord:
     record = await visible_workflow(request, request.match_info["workflow_id"])
+    return await _action_of(request, record)
+
+
+async def _action_of(request: web.Request, record: WorkflowRecord) -> ActionRecord:
     action_id = bodies.path_int(request, "action_id")
     action = await state.node(request).store.get_action(record.id, action_id)
     if action is None:
@@ -387,9 +406,11 @@ async def _visible_action(request: web.Request) -> ActionRecord:
 @routes.get(PREFIX + "/workflows/{workflow_id}/actions/{action_id}", name="get_action")
 async def get_action(request: web.Request) -> web.Response:
     """One action, with its callback id, external id, definition and error."""
-    action = await _visible_action(request)
+    record = await visible_workflow(request, request.match_info["workflow_id"])
+    action = await _action_of(request, record)
     dataset = await state.node(request).store.get_dataset(action.dataset_id)
-    return bodies.json_response(documents.action_detail(action, dataset))
+    views = await _shared_views(request, record, [action])
+    return bodies.json_response(documents.action_detail(action, dataset, views))
 
 
 def _attempt_log(request: web.Request, action: ActionRecord) -> tuple[int, Path]:
@@ -433,6 +454,8 @@ def _never_ran(action: ActionRecord) -> str:
     if action.reused:
         word = documents.action_outcome(action).value
         return f"{label} never runs: its dataset was {word}"
+    if action.shared_with is not None and action.state is states.ActionState.FINISHED:
+        return f"{label} never ran: it shared another workflow's computation of its dataset"
     if action.error:
         return f"{label} never ran ({action.state.value}): {action.error}"
     return f"{label} has not run yet ({action.state.value})"
