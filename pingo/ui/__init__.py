@@ -499,7 +499,11 @@ async def action_page(request: web.Request) -> dict[str, object]:
         user,
         session,
         workflow=documents.workflow_summary(record),
-        action=documents.action_detail(action, await store.get_dataset(action.dataset_id)),
+        action=documents.action_detail(
+            action,
+            await store.get_dataset(action.dataset_id),
+            await workflow_routes.shared_views(request, record, [action]),
+        ),
         reason=action.reason,
         runtime_s=action.runtime_s,
         history=history(action, attempts),

@@ -73,6 +73,14 @@ async def test_two_users_needing_one_dataset_compute_it_once(
     bobs = await api.workflow(bob_id, user="bob")
     assert bobs["actions"][0]["reuse"] == "shared"
     assert bobs["actions"][0]["sharedWith"] == {"name": "<b>extract</b>"}
+    # The web UI's action page says the same, escaped, and never names Alice's workflow.
+    signed_in = await api.client.post(
+        "/login", data={"token": api.tokens["bob"]}, allow_redirects=False
+    )
+    assert signed_in.status == 303
+    page = await (await api.client.get(f"/workflows/{bob_id}/actions/1")).text()
+    assert "shared with &lt;b&gt;extract&lt;/b&gt;" in page
+    assert "<b>extract</b>" not in page and alice_id not in page
     assert (await api.wait(alice_id))["state"] == "SUCCEEDED"
     done = await api.wait(bob_id)
     assert done["state"] == "SUCCEEDED"

@@ -52,7 +52,7 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
 _INLINE_ACTIONS = 2_000
 
 
-async def _shared_views(
+async def shared_views(
     request: web.Request, record: WorkflowRecord, actions: Sequence[ActionRecord]
 ) -> documents.SharedViews:
     """What the workflow's owner may see of the actions its actions share with (never
@@ -66,7 +66,7 @@ async def _shared_views(
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
     """The workflow document, serialized; a big one off the event loop (issue 13)."""
     actions = await state.node(request).store.list_actions(record.id)
-    views = await _shared_views(request, record, actions)
+    views = await shared_views(request, record, actions)
     if len(actions) <= _INLINE_ACTIONS:
         return documents.encode_workflow_document(record, actions, views)
     try:
@@ -409,7 +409,7 @@ async def get_action(request: web.Request) -> web.Response:
     record = await visible_workflow(request, request.match_info["workflow_id"])
     action = await _action_of(request, record)
     dataset = await state.node(request).store.get_dataset(action.dataset_id)
-    views = await _shared_views(request, record, [action])
+    views = await shared_views(request, record, [action])
     return bodies.json_response(documents.action_detail(action, dataset, views))
 
 
