@@ -6,7 +6,7 @@ validate_100k_s      a 100,000-action layered workflow (make_workloads.py layere
                      --layers 100 --width 1000), target < 5 s
 
 Each figure is `language.parse` on the document's JSON bytes (as an HTTP body
-arrives) followed by `ids.dataset_ids` in the server scope. Generating the
+arrives) followed by `provenance.dataset_ids` in the server scope. Generating the
 workloads and one warm-up parse (which compiles the schema validators and loads
 the action-type plug-ins, once per process) are not timed.
 """
@@ -18,7 +18,7 @@ import json
 import time
 
 from bench import _workloads
-from pingo.workflows import ids, language
+from pingo.workflows import language, provenance
 
 
 @functools.cache
@@ -31,7 +31,7 @@ def _documents() -> tuple[bytes, bytes]:
 def _time_s(document: bytes) -> float:
     started = time.perf_counter()
     definition = language.parse(document)
-    ids.dataset_ids(definition, ids.SERVER_SCOPE)
+    provenance.dataset_ids(definition, provenance.SERVER_SCOPE)
     return time.perf_counter() - started
 
 

@@ -28,7 +28,7 @@ from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
-from pingo.retention import policy as retention_policy
+from pingo.retention import policy
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import RetentionPolicy
 from pingo.schedules import rules as schedule_rules
@@ -125,9 +125,9 @@ class Node:
         # asks it whether each new intermediate is worth keeping.
         self.retention_policy: RetentionPolicy | None = None
         if settings.storage_capacity_bytes is not None:
-            self.retention_policy = retention_policy.load_policy(settings.retention_policy)
+            self.retention_policy = policy.load_policy(settings.retention_policy)
             if keep_hook is None:
-                keep_hook = retention_policy.keep_hook(self.retention_policy, store)
+                keep_hook = policy.keep_hook(self.retention_policy, store)
         self.workflows = WorkflowManager(
             store,
             self.storage,

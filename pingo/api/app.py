@@ -49,9 +49,9 @@ async def auth_middleware(request: web.Request, handler: problems.Handler) -> we
 
 
 def _action_types() -> frozenset[str]:
-    from pingo.workflows import types
+    from pingo.workflows import action_types
 
-    return frozenset(types.load_action_types())
+    return frozenset(action_types.load_action_types())
 
 
 async def _attach(app: web.Application, node: Node) -> None:

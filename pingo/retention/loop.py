@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pingo import metrics, states
 from pingo.config import Settings
 from pingo.loops import Loop
-from pingo.retention import policy as policy_api
+from pingo.retention.policy import EVICT_EVENT, Candidate, RetentionPolicy, build_candidates
 from pingo.store.protocol import Store
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class RetentionLoop(Loop):
         self,
         store: Store,
         settings: Settings,
-        policy: policy_api.RetentionPolicy,
+        policy: RetentionPolicy,
         *,
         on_evict: Callable[[], None] = lambda: None,
     ) -> None:
@@ -80,7 +80,7 @@ class RetentionLoop(Loop):
         to_free = staying - int(self.settings.low_water * capacity)
         if to_free <= 0:
             return []
-        candidates = [c for c in await policy_api.build_candidates(self.store) if c.evictable]
+        candidates = [c for c in await build_candidates(self.store) if c.evictable]
         now = self.store.clock()
         try:
             decisions = self.policy.select_evictions(candidates, to_free, now)
@@ -127,7 +127,7 @@ class RetentionLoop(Loop):
             )
         return evicted
 
-    async def _evict(self, candidate: policy_api.Candidate, reason: str) -> bool:
+    async def _evict(self, candidate: Candidate, reason: str) -> bool:
         states.ensure_transition(D.STORED, D.STORED_TO_DELETE, states.Trigger.RETENTION)
         record = await self.store.transition_dataset(
             candidate.dataset_id, {D.STORED}, D.STORED_TO_DELETE, if_unclaimed=True
@@ -141,7 +141,7 @@ class RetentionLoop(Loop):
             )
             return False
         await self.store.append_event(
-            policy_api.EVICT_EVENT,
+            EVICT_EVENT,
             dataset_id=candidate.dataset_id,
             payload={
                 "policy": self.policy.name,

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 
 from pingo.simulation.sequence import Submission
 from pingo.simulation.traces import output_bytes, runtime_s
-from pingo.workflows import ids as provenance
-from pingo.workflows import language
+from pingo.workflows import language, provenance
 
 NEVER = 1 << 60
 

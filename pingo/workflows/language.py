@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pingo import errors, untrusted
 from pingo.errors import ValidationIssue
-from pingo.workflows import _schema
-from pingo.workflows import types as action_types_mod
+from pingo.workflows import _schema, action_types
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def parse(
     document: bytes | str | Mapping[str, Any],
     *,
     max_actions: int = 100_000,
-    action_types: Mapping[str, action_types_mod.ActionType] | None = None,
+    action_types: Mapping[str, action_types.ActionType] | None = None,
 ) -> WorkflowDefinition:
     """Parse and validate a workflow; raise `ValidationFailed` listing every issue."""
     issues, definition = _analyse(document, max_actions, action_types)
@@ -87,7 +86,7 @@ def validate(
     document: bytes | str | Mapping[str, Any],
     *,
     max_actions: int = 100_000,
-    action_types: Mapping[str, action_types_mod.ActionType] | None = None,
+    action_types: Mapping[str, action_types.ActionType] | None = None,
 ) -> list[ValidationIssue]:
     """Every issue of a workflow document; an empty list means it is valid."""
     # Only the issues: no definition (and no graph) is built.
@@ -142,7 +141,7 @@ class _Validators:
     #: For an action whose type is missing or unknown: the common fields only.
     common: _Checker
     by_type: Mapping[str, _Checker]
-    types: Mapping[str, action_types_mod.ActionType]
+    types: Mapping[str, action_types.ActionType]
 
 
 def _top_schema(root: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,7 +152,7 @@ def _top_schema(root: Mapping[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _action_schema(root: Mapping[str, Any], atype: action_types_mod.ActionType) -> dict[str, Any]:
+def _action_schema(root: Mapping[str, Any], atype: action_types.ActionType) -> dict[str, Any]:
     """The schema of a whole action of type `atype`: common fields plus the type's own."""
     common = root["$defs"]["actionCommon"]
     own = atype.schema
@@ -182,7 +181,7 @@ def _action_schema(root: Mapping[str, Any], atype: action_types_mod.ActionType) 
 
 
 @functools.lru_cache(maxsize=16)
-def _compile(types_key: tuple[action_types_mod.ActionType, ...]) -> _Validators:
+def _compile(types_key: tuple[action_types.ActionType, ...]) -> _Validators:
     root = _schema.workflow_schema()
     common = {"$defs": root["$defs"], "$ref": "#/$defs/actionCommon"}
     return _Validators(
@@ -193,9 +192,9 @@ def _compile(types_key: tuple[action_types_mod.ActionType, ...]) -> _Validators:
     )
 
 
-def _validators(types: Mapping[str, action_types_mod.ActionType] | None) -> _Validators:
+def _validators(types: Mapping[str, action_types.ActionType] | None) -> _Validators:
     if types is None:
-        types = action_types_mod.load_action_types()
+        types = action_types.load_action_types()
     return _compile(tuple(types[name] for name in sorted(types)))
 
 
@@ -275,7 +274,7 @@ def gc_paused() -> Iterator[None]:
 def _analyse(
     document: bytes | str | Mapping[str, Any],
     max_actions: int,
-    types: Mapping[str, action_types_mod.ActionType] | None,
+    types: Mapping[str, action_types.ActionType] | None,
     *,
     build: bool = True,
 ) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
@@ -286,7 +285,7 @@ def _analyse(
 def _analyse_document(
     document: bytes | str | Mapping[str, Any],
     max_actions: int,
-    types: Mapping[str, action_types_mod.ActionType] | None,
+    types: Mapping[str, action_types.ActionType] | None,
     *,
     build: bool = True,
 ) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
@@ -470,7 +469,7 @@ def _placeholder_issues(
     action: Mapping[str, Any], parents: set[int], base: str
 ) -> Iterator[ValidationIssue]:
     """`{input:<id>}` placeholders naming an action that is not a parent of this one."""
-    common = action_types_mod.common_fields()
+    common = action_types.common_fields()
     for key, value in action.items():
         if key in common:
             continue
@@ -591,7 +590,7 @@ def _digraph(nodes: Sequence[int], parents: Mapping[int, tuple[int, ...]]) -> nx
 def _build(
     doc: Mapping[str, Any],
     actions: list[dict[str, Any]],
-    types: Mapping[str, action_types_mod.ActionType],
+    types: Mapping[str, action_types.ActionType],
     checked: _Checked,
 ) -> WorkflowDefinition:
     definitions: dict[int, ActionDefinition] = {}

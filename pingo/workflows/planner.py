@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pingo import errors, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.store import protocol
-from pingo.workflows import ids as provenance
-from pingo.workflows import language, reuse
+from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pingo import errors
-from pingo.workflows import _schema, language, types
+from pingo.workflows import _schema, action_types, language
 from pingo.workflows.definition import WorkflowDefinition
 
 
@@ -451,13 +451,13 @@ def test_too_large_is_checked_before_anything_else() -> None:
 
 
 def test_builtin_types_come_from_the_entry_points() -> None:
-    loaded = types.load_action_types()
+    loaded = action_types.load_action_types()
     assert {"command-line", "mapreduce-v1", "mapreduce-v2", "spark"} <= set(loaded)
-    assert loaded["spark"] is types.SPARK
-    assert types.COMMAND_LINE.schema == _schema.workflow_schema()["$defs"]["command-line"]
+    assert loaded["spark"] is action_types.SPARK
+    assert action_types.COMMAND_LINE.schema == _schema.workflow_schema()["$defs"]["command-line"]
 
 
-SQL = types.ActionType(
+SQL = action_types.ActionType(
     name="sql",
     schema={
         "type": "object",
@@ -468,7 +468,7 @@ SQL = types.ActionType(
 
 
 def test_a_plugin_type_brings_its_schema() -> None:
-    plugged = {**types.load_action_types(), "sql": SQL}
+    plugged = {**action_types.load_action_types(), "sql": SQL}
     good = workflow({"id": 1, "name": "q", "type": "sql", "query": "select 1", "params": {}})
     definition = language.parse(good, action_types=plugged)
     assert dict(definition.actions[1].spec) == {"query": "select 1", "params": {}}
@@ -481,7 +481,7 @@ def test_a_plugin_type_brings_its_schema() -> None:
 
 
 def test_a_plugin_schema_outside_the_fast_subset_still_validates() -> None:
-    pattern = types.ActionType(
+    pattern = action_types.ActionType(
         name="pattern",
         schema={"type": "object", "properties": {"path": {"type": "string", "pattern": "^/"}}},
     )
@@ -566,7 +566,12 @@ def _jsonschema_agrees(schema: dict[str, Any], candidate: Any) -> None:
 @given(near_actions())
 def test_fast_predicate_matches_jsonschema(candidate: dict[str, Any]) -> None:
     root = _schema.workflow_schema()
-    for atype in (types.COMMAND_LINE, types.MAPREDUCE_V1, types.MAPREDUCE_V2, types.SPARK):
+    for atype in (
+        action_types.COMMAND_LINE,
+        action_types.MAPREDUCE_V1,
+        action_types.MAPREDUCE_V2,
+        action_types.SPARK,
+    ):
         _jsonschema_agrees(language._action_schema(root, atype), candidate)
     _jsonschema_agrees({"$defs": root["$defs"], "$ref": "#/$defs/actionCommon"}, candidate)
 
@@ -637,4 +642,4 @@ def test_placeholders_are_checked_in_raw_text(text: str, encoding: str) -> None:
 )
 def test_fast_predicate_agrees_on_patterns_names_and_ranges(candidate: dict[str, Any]) -> None:
     root = _schema.workflow_schema()
-    _jsonschema_agrees(language._action_schema(root, types.COMMAND_LINE), candidate)
+    _jsonschema_agrees(language._action_schema(root, action_types.COMMAND_LINE), candidate)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from pingo.cli import app
 from pingo.simulation import oracle, sequence, simulate, traces
-from pingo.workflows import ids, language
+from pingo.workflows import language, provenance
 
 SMALL = (
     "seismology-chameleon-100p-001.json",
@@ -52,7 +52,7 @@ def test_marked_tasks_are_distinct_datasets_and_both_formats_load_alike(
     raw = shared_dir / "traces" / SMALL[0]
     family = traces.load_family(raw)
     definition = language.parse(family.document)
-    dataset_ids = ids.dataset_ids(definition, "server")
+    dataset_ids = provenance.dataset_ids(definition, "server")
     assert len(set(dataset_ids.values())) == family.action_count == 101
     # The same trace already converted by make_workloads.py loads to the same family.
     with raw.open() as f:

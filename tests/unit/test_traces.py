@@ -9,7 +9,7 @@ from types import ModuleType
 import networkx as nx
 import pytest
 
-from pingo.workflows import ids, language
+from pingo.workflows import language, provenance
 
 TRACES = [
     "1000genome-chameleon-2ch-100k-001.json",
@@ -45,7 +45,7 @@ def test_trace_validates(make_workloads: ModuleType, shared_dir: Path, trace: st
     assert nx.is_directed_acyclic_graph(definition.graph)
     edges = sum(len(a.get("parentActions", [])) for a in document["actions"])
     assert definition.graph.number_of_edges() == edges
-    dataset_ids = ids.dataset_ids(definition, "server")
+    dataset_ids = provenance.dataset_ids(definition, "server")
     assert len(dataset_ids) == len(definition.actions)
 
 
@@ -57,7 +57,7 @@ def test_montage_metadata_is_kept_but_not_part_of_identity(
     assert len(definition.actions) == 1738
     assert "runtimeSeconds" in definition.actions[1].metadata
     # Every root runs the same command with no parent: one shared dataset.
-    dataset_ids = ids.dataset_ids(definition, "server")
+    dataset_ids = provenance.dataset_ids(definition, "server")
     roots = [a for a in definition.actions.values() if not a.parents]
     assert len({dataset_ids[a.id] for a in roots}) == 1
 

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pingo.workflows import ids, language
+from pingo.workflows import language, provenance
 from pingo.workflows.definition import WorkflowDefinition
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def dataset_ids(document: dict[str, Any], scope: str = "server") -> dict[int, str]:
-    return ids.dataset_ids(language.parse(document), scope)
+    return provenance.dataset_ids(language.parse(document), scope)
 
 
 def two_step(**second: Any) -> dict[str, Any]:
@@ -51,37 +51,37 @@ def test_ids_are_sha256_hex_and_deterministic() -> None:
 
 def test_identity_document_is_what_is_hashed() -> None:
     definition = language.parse(two_step(env={"A": "é"}))
-    found = ids.dataset_ids(definition, "server")
-    parent_doc = ids.identity(definition.actions[1], [], "server")
+    found = provenance.dataset_ids(definition, "server")
+    parent_doc = provenance.identity(definition.actions[1], [], "server")
     assert parent_doc == {
         "type": "command-line",
         "spec": {"command": ["extract"]},
         "parents": [],
         "scope": "server",
     }
-    assert ids.hash_identity(parent_doc) == found[1]
-    child_doc = ids.identity(definition.actions[2], [found[1]], "server")
+    assert provenance.hash_identity(parent_doc) == found[1]
+    child_doc = provenance.identity(definition.actions[2], [found[1]], "server")
     assert child_doc["spec"]["command"] == ["wc", "{input:" + found[1] + "}"]
     assert child_doc["parents"] == [found[1]]
-    assert ids.hash_identity(child_doc) == found[2]
+    assert provenance.hash_identity(child_doc) == found[2]
     # A mapping parent action id → dataset id is accepted too.
-    assert ids.identity(definition.actions[2], {1: found[1]}, "server") == child_doc
+    assert provenance.identity(definition.actions[2], {1: found[1]}, "server") == child_doc
 
 
 def test_canonical_json_is_sorted_compact_and_unescaped() -> None:
-    assert ids.canonical_json({"b": [1, "é"], "a": {}}) == '{"a":{},"b":[1,"é"]}'
+    assert provenance.canonical_json({"b": [1, "é"], "a": {}}) == '{"a":{},"b":[1,"é"]}'
 
 
 def test_identity_rejects_a_wrong_number_of_parent_ids() -> None:
     definition = language.parse(two_step())
     with pytest.raises(ValueError, match="1 parents"):
-        ids.identity(definition.actions[2], [], "server")
+        provenance.identity(definition.actions[2], [], "server")
 
 
 def test_scope_is_part_of_the_id() -> None:
     server = dataset_ids(two_step())
-    alice = dataset_ids(two_step(), ids.user_scope("alice"))
-    bob = dataset_ids(two_step(), ids.user_scope("bob"))
+    alice = dataset_ids(two_step(), provenance.user_scope("alice"))
+    bob = dataset_ids(two_step(), provenance.user_scope("bob"))
     assert len({server[1], alice[1], bob[1]}) == 3
     with pytest.raises(ValueError):
         dataset_ids(two_step(), "")
@@ -136,7 +136,7 @@ def test_a_definition_built_without_the_cached_order_gets_the_same_ids() -> None
         graph=graph,
         document=definition.document,
     )
-    assert ids.dataset_ids(bare, "server") == ids.dataset_ids(definition, "server")
+    assert provenance.dataset_ids(bare, "server") == provenance.dataset_ids(definition, "server")
 
 
 # -- properties ------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_adding_a_parent_changes_the_id(document: dict[str, Any], data: st.DataO
 @given(workflows())
 def test_fast_path_equals_hashing_the_identity_document(document: dict[str, Any]) -> None:
     definition = language.parse(document)
-    found = ids.dataset_ids(definition, "user:ann")
+    found = provenance.dataset_ids(definition, "user:ann")
     for aid, action in definition.actions.items():
-        doc = ids.identity(action, [found[p] for p in action.parents], "user:ann")
-        assert ids.hash_identity(doc) == found[aid]
+        doc = provenance.identity(action, [found[p] for p in action.parents], "user:ann")
+        assert provenance.hash_identity(doc) == found[aid]
