@@ -572,15 +572,15 @@ def _spec_params(a: ActionRecord) -> tuple[Any, ...]:
     )
 
 
-def _spec(row: Sequence[Any]) -> _Spec:
-    """Decode the `_SPEC_COLUMNS` of a row."""
+def _spec(row: Sequence[Any], *, lazy: bool = False) -> _Spec:
+    """Decode the `_SPEC_COLUMNS` of a row (with `lazy`, the definition on first use)."""
     return (
         row[0],
         row[1],
         row[2],
         bool(row[3]),
         row[4],
-        json.loads(row[5]),
+        untrusted.LazyObject(row[5]) if lazy else json.loads(row[5]),
         {parent: dataset for parent, dataset in json.loads(row[6])},
         tuple(json.loads(row[7])),
         row[8],
@@ -1258,11 +1258,15 @@ class SQLiteStore:
         return _dataset(row, fixed)
 
     def _action(self, row: Sequence[Any], *, cache: bool = True) -> ActionRecord:
-        """The record of a row of `_ACTION_SELECT` (both tables)."""
+        """The record of a row of `_ACTION_SELECT` (both tables).
+
+        Without `cache` (a bulk read), the definition is decoded only if something reads
+        it: a workflow's document and its kill, the bulk readers, never do.
+        """
         key = (row[0], row[1])
         spec = self._specs.get(key)
         if spec is None:
-            spec = _spec(row[16:])
+            spec = _spec(row[16:], lazy=not cache)
             if cache:
                 self._cache_spec(key, spec)
         return _record(row, spec)
@@ -1275,17 +1279,16 @@ class SQLiteStore:
         """The records of rows of `_HOT_COLUMNS`, fetching missing specs in one query.
 
         Bulk (a kill of a whole big workflow) as in `_all_actions`: no full collection
-        meanwhile, and the specs it decodes are not cached.
+        meanwhile, the specs it decodes are not cached, and definitions stay text
+        until read.
         """
         if len(rows) <= _BULK_ROWS:
-            return self._actions_hot_specs(rows, self._cache_spec)
+            return self._actions_hot_specs(rows, bulk=False)
         with heap.full_collections_deferred():
-            return self._actions_hot_specs(rows, lambda _key, spec: spec)
+            return self._actions_hot_specs(rows, bulk=True)
 
     def _actions_hot_specs(
-        self,
-        rows: Sequence[Sequence[Any]],
-        keep: Callable[[tuple[str, int], _Spec], _Spec],
+        self, rows: Sequence[Sequence[Any]], *, bulk: bool
     ) -> list[ActionRecord]:
         specs: dict[tuple[str, int], _Spec] = {}
         missing = []
@@ -1311,7 +1314,8 @@ class SQLiteStore:
                 ).fetchall()
                 for spec_row in found:
                     key = (workflow_id, spec_row[0])
-                    specs[key] = keep(key, _spec(spec_row[1:]))
+                    spec = _spec(spec_row[1:], lazy=bulk)
+                    specs[key] = spec if bulk else self._cache_spec(key, spec)
         return [_record(row, specs[(row[0], row[1])]) for row in rows]
 
     async def ping(self) -> None:
