@@ -9,16 +9,18 @@ rss_mb_after_100k      VmRSS once the workflow is KILLED and the server idled
 rss_after_100k_ratio   the two divided (goal <= 1.10)
 
 The server is the real one (`pingo server` subprocess, embedded SQLite, free loopback
-port; see bench_memory.Server). A poller asks `/healthz` back to back on its own
-connection during the submission and the kill; a gap is the time between two answers, so
-it includes the request's own round trip (about 1 ms on loopback). Action i of the
-workflow is `["true"]` with parent i - 1; the kill comes as soon as the 201 has.
+port; see bench_memory.Server). A poller, in a process of its own, asks `/healthz`
+back to back on its own connection during the submission and the kill; a gap is the
+time between two answers, so it includes the request's own round trip (about 1 ms on
+loopback). Action i of the workflow is `["true"]` with parent i - 1; the kill comes as
+soon as the 201 has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -80,6 +82,45 @@ class _Poller:
         self._stop.set()
 
 
+def _poll_until_stopped(url: str, stop: Any, results: Any) -> None:
+    """A `_Poller` in a process of its own (see `_PollerProcess`)."""
+
+    async def main() -> None:
+        poller = _Poller(url)
+        task = asyncio.create_task(poller.run())
+        # The stop event is a multiprocessing one: waited for in a thread.
+        await asyncio.to_thread(stop.wait)
+        poller.stop()
+        await task
+        results.put((poller.max_gap_s, poller.answers))
+
+    asyncio.run(main())
+
+
+class _PollerProcess:
+    """The poller in its own process: the driver decodes 30 MB workflow documents, and
+    doing that in the poller's event loop would count the driver's own pauses as the
+    server's."""
+
+    def __init__(self, url: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results: Any = context.Queue()
+        self._process = context.Process(
+            target=_poll_until_stopped, args=(url, self._stop, self._results), daemon=True
+        )
+        self.max_gap_s = 0.0
+        self.answers = 0
+
+    def start(self) -> None:
+        self._process.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.max_gap_s, self.answers = self._results.get(timeout=120)
+        self._process.join(timeout=30)
+
+
 async def _state(session: aiohttp.ClientSession, server: Server, workflow_id: str) -> str:
     async with session.get(f"{server.url}{API}/workflows/{workflow_id}") as response:
         response.raise_for_status()
@@ -95,9 +136,9 @@ async def _drive(server: Server, body: bytes) -> dict[str, float]:
         await asyncio.sleep(IDLE_S)
         before = rss_mb(server.pid)
 
-        poller = _Poller(server.url)
-        polling = asyncio.create_task(poller.run())
-        await asyncio.sleep(0.5)  # a few answers first, so the baseline gap is known
+        poller = _PollerProcess(server.url)
+        poller.start()
+        await asyncio.sleep(2.0)  # the process starts, then a few answers: the baseline gap
         started = time.perf_counter()
         async with session.post(f"{server.url}{API}/workflows", data=body) as response:
             text = await response.text()
@@ -114,8 +155,7 @@ async def _drive(server: Server, body: bytes) -> dict[str, float]:
                 raise TimeoutError(f"workflow not KILLED after {KILL_TIMEOUT_S:.0f} s")
             await asyncio.sleep(0.2)
         killed = time.perf_counter()
-        poller.stop()
-        await polling
+        await asyncio.to_thread(poller.stop)
 
         await asyncio.sleep(IDLE_S)
         server.check_alive()
