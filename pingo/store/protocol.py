@@ -154,6 +154,9 @@ class EventRecord:
     dataset_id: str | None = None
     workflow_id: str | None = None
     payload: Mapping[str, Any] | None = None
+    #: The user whose feed shows it (`GET /api/v1/events`); None for server events
+    #: (retention decisions, the audit log), which no user's feed shows.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -644,14 +647,23 @@ class Store(Protocol):
         dataset_id: str | None = None,
         workflow_id: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        owner: str | None = None,
     ) -> EventRecord:
-        """Record an event, stamped now."""
+        """Record an event, stamped now, with the next sequence number."""
         ...
 
     async def list_events(
-        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+        self,
+        *,
+        kind: str | None = None,
+        dataset_id: str | None = None,
+        owner: str | None = None,
+        before_seq: int | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
     ) -> list[EventRecord]:
-        """Events (of `kind`, about `dataset_id`, if given), newest first."""
+        """Events matching every filter given, newest first; oldest first when
+        `after_seq` is given (a feed following what came since)."""
         ...
 
     # ---- users
