@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, metrics, states, untrusted
+from pingo import errors, events, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.store import protocol
 from pingo.workflows import ids as provenance
@@ -349,6 +349,13 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
+        await events.record(
+            self.store,
+            events.WORKFLOW_SUBMITTED,
+            owner=owner,
+            workflow_id=record.id,
+            payload={"name": record.name, "rerunOf": rerun_of},
+        )
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
