@@ -355,9 +355,7 @@ class Node:
             await self.store.create_deliveries(deliveries)
             self.webhooks.wake()
 
-    async def _queue_failure_webhooks(
-        self, action: ActionRecord, workflow: WorkflowRecord
-    ) -> None:
+    async def _queue_failure_webhooks(self, action: ActionRecord, workflow: WorkflowRecord) -> None:
         """Queue the `action.failed` deliveries of an action's failure (CallbackService's hook)."""
         schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
         deliveries = hooks.action_failed_deliveries(

@@ -271,7 +271,8 @@ def test_ids_are_taken_by_unique_prefix(server: Server, tmp_path: Path) -> None:
     for attempt in range(2):
         ids = [
             server.run(
-                "submit", _write(tmp_path, f"p{i}", _one_action(f"p{i}", f"true {attempt}")),
+                "submit",
+                _write(tmp_path, f"p{i}", _one_action(f"p{i}", f"true {attempt}")),
                 token=twins,
             ).stdout.splitlines()[0]
             for i in range(2)
