@@ -183,7 +183,7 @@ class Node:
             store, settings, self.executors, self.callbacks, self.held, storage=self.storage
         )
         self.deletor = Deletor(store, self.storage, settings)
-        self.schedules = ScheduleService(store, settings, self.workflows)
+        self.schedules = ScheduleService(store, settings, self.workflows, self.storage)
         self.scheduler = Scheduler(self.schedules)
         self.webhooks = WebhookSender(store, settings)
         self.retention: loops.Loop | None = None

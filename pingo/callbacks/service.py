@@ -123,8 +123,8 @@ class CallbackService:
         #: Told of each action this node moved to FAILED for good (webhooks).
         self.on_action_failed = on_action_failed
         self._on_failure_cache: dict[str, str] = {}
-        #: Workflow id -> owner (immutable), for the feed events of dataset stores.
-        self._owner_cache: dict[str, str] = {}
+        #: Workflow id -> (owner, name) (immutable), for the feed events of dataset stores.
+        self._owner_cache: dict[str, tuple[str, str]] = {}
 
     # -------------------------------------------------------------- callbacks
 
@@ -477,9 +477,10 @@ class CallbackService:
         self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
     ) -> None:
         """Tell the owner's feed (and the data triggers that read it) of a stored dataset."""
-        owner = await self._owner(action.workflow_id)
-        if owner is None:
+        known = await self._owner(action.workflow_id)
+        if known is None:
             return
+        owner, workflow_name = known
         await events.record(
             self.store,
             events.DATASET_STORED,
@@ -487,6 +488,7 @@ class CallbackService:
             workflow_id=action.workflow_id,
             dataset_id=dataset.id,
             payload={
+                "workflowName": workflow_name,
                 "actionId": action.action_id,
                 "actionName": action.name,
                 "state": dataset.state.value,
@@ -494,8 +496,8 @@ class CallbackService:
             },
         )
 
-    async def _owner(self, workflow_id: str) -> str | None:
-        """The workflow's owner (immutable, so cached); None for a workflow gone."""
+    async def _owner(self, workflow_id: str) -> tuple[str, str] | None:
+        """The workflow's owner and name (immutable, so cached); None for a workflow gone."""
         cached = self._owner_cache.get(workflow_id)
         if cached is not None:
             return cached
@@ -504,8 +506,8 @@ class CallbackService:
             return None
         if len(self._owner_cache) >= _CACHE_SIZE:
             self._owner_cache.pop(next(iter(self._owner_cache)))
-        self._owner_cache[workflow_id] = workflow.owner
-        return workflow.owner
+        known = self._owner_cache[workflow_id] = (workflow.owner, workflow.name)
+        return known
 
     async def _on_failure(self, workflow_id: str) -> str:
         """The workflow's onFailure (immutable, so cached)."""
