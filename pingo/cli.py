@@ -775,7 +775,7 @@ _SCHEDULE_PARAMS = typer.Option(
     None, "--param", metavar="NAME=VALUE", help="A parameter for {param.NAME}; repeat."
 )
 _SCHEDULE_WORKFLOW = typer.Argument(
-    ..., metavar="WORKFLOW", help="The workflow document (JSON); '-' reads stdin."
+    None, metavar="WORKFLOW", help="The workflow document (JSON); '-' reads stdin."
 )
 _SCHEDULE_HOOKS = typer.Option(
     None,
@@ -791,7 +791,7 @@ def schedules_add(
     cron: str | None = typer.Argument(
         None, help="5 fields, or 6 with the seconds first; quote it (or a --when-* trigger)."
     ),
-    file: Path = _SCHEDULE_WORKFLOW,
+    file: Path | None = _SCHEDULE_WORKFLOW,
     when_stored: tuple[str, str] | None = typer.Option(
         None,
         "--when-stored",
@@ -818,7 +818,14 @@ def schedules_add(
     ),
     paused: bool = typer.Option(False, "--paused", help="Create it paused."),
 ) -> None:
-    """Create a schedule; prints its id and next fire times."""
+    """Create a schedule (NAME CRON WORKFLOW, or NAME WORKFLOW --when-…); prints its id and
+    next fire times."""
+    if file is None:
+        # With a trigger there is no CRON: the second argument is the workflow.
+        if cron is None:
+            typer.echo("error: missing the WORKFLOW document", err=True)
+            raise typer.Exit(2)
+        file, cron = Path(cron), None
     try:
         workflow = json.loads(_read_file(file))
     except ValueError as exc:
