@@ -169,8 +169,72 @@ class ScheduleService:
         # Nodes walk the due schedules in different orders, so that they mostly claim
         # different ticks instead of all racing for the same ones first.
         random.shuffle(due)
-        progressed = await asyncio.gather(*(self._guarded(s, now) for s in due))
+        ticking = [s for s in due if self._claimable_tick(s)]
+        others = [s for s in due if not self._claimable_tick(s)]
+        claimed = await self._claim_ticks(ticking, now)
+        progressed = await asyncio.gather(
+            *(self._guarded(s, now) for s in others),
+            *(self._guarded_settle(c, d, now) for c, d in claimed),
+        )
         return any(progressed)
+
+    def _claimable_tick(self, schedule: ScheduleRecord) -> bool:
+        """Whether the schedule's next cron tick is to be claimed (the batched path)."""
+        if schedule.pending_tick_at is not None or schedule.next_fire_at is None:
+            return False
+        try:
+            return self.spec(schedule).trigger is None
+        except errors.PingoError:
+            return False  # `_guarded` logs why
+
+    async def _claim_ticks(
+        self, due: list[ScheduleRecord], now: datetime
+    ) -> list[tuple[ScheduleRecord, rules.TickDecision]]:
+        """Claim the next tick of every schedule in `due` in one store call: each claim
+        is its own compare-and-set (as in `_advance`), so nodes racing for the same
+        schedules split them, one winner each. Returns the claims won."""
+        node_id = self.settings.node_id
+        lease = now + timedelta(seconds=self.settings.schedule_lease_s)
+        decisions: list[rules.TickDecision] = []
+        updates: list[tuple[str, int, ScheduleChanges]] = []
+        for schedule in due:
+            assert schedule.next_fire_at is not None
+            decision = rules.decide(
+                self.spec(schedule), schedule.next_fire_at, now, self.settings.schedule_grace_s
+            )
+            decisions.append(decision)
+            runs = decision.run is not None
+            updates.append(
+                (
+                    schedule.id,
+                    schedule.version,
+                    ScheduleChanges(
+                        next_fire_at=decision.next_fire_at,
+                        pending_tick_at=decision.run,
+                        claimed_by=node_id if runs else None,
+                        claim_expires_at=lease if runs else None,
+                    ),
+                )
+            )
+        results = await self.store.update_schedules(updates)
+        return [(won, d) for won, d in zip(results, decisions, strict=True) if won is not None]
+
+    async def _guarded_settle(
+        self, schedule: ScheduleRecord, decision: rules.TickDecision, now: datetime
+    ) -> bool:
+        async with self._parallel:
+            try:
+                return await self._claimed(schedule, decision, now)
+            except errors.StoreUnavailable:
+                raise
+            except errors.PingoError as exc:
+                logger.warning(
+                    "schedule %s: %s",
+                    schedule.id,
+                    exc.message,
+                    extra={"event": "schedule_tick_error", "schedule_id": schedule.id},
+                )
+                return False
 
     async def _guarded(self, schedule: ScheduleRecord, now: datetime) -> bool:
         async with self._parallel:
@@ -227,17 +291,24 @@ class ScheduleService:
         )
         if claimed is None:
             return False  # another node claimed it first
+        return await self._claimed(claimed, decision, now)
+
+    async def _claimed(
+        self, claimed: ScheduleRecord, decision: rules.TickDecision, now: datetime
+    ) -> bool:
+        """After a won claim: record the ticks skipped, then settle the one to run."""
+        spec = self.spec(claimed)
         for tick in decision.skipped:
             await self._record(claimed, tick, "skipped", reason=f"catch-up {spec.catch_up}")
         if decision.skipped:
             metrics.SCHEDULE_TICKS.labels(outcome="skipped").inc(len(decision.skipped))
             logger.info(
                 "schedule %s: skipped %d tick(s) up to %s (catch-up %s)",
-                schedule.id,
+                claimed.id,
                 len(decision.skipped),
                 decision.skipped[0],
                 spec.catch_up,
-                extra={"event": "schedule_ticks_skipped", "schedule_id": schedule.id},
+                extra={"event": "schedule_ticks_skipped", "schedule_id": claimed.id},
             )
         if decision.run is None:
             return True

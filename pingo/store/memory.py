@@ -962,6 +962,11 @@ class MemoryStore:
         self._schedules[schedule_id] = updated
         return updated
 
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        return [await self.update_schedule(i, v, c) for i, v, c in updates]
+
     async def delete_schedule(self, schedule_id: str) -> bool:
         self._schedule_runs.pop(schedule_id, None)
         return self._schedules.pop(schedule_id, None) is not None

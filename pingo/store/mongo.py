@@ -1796,6 +1796,14 @@ class MongoStore:
         return None if doc is None else _schedule(doc)
 
     @_translated
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        # One compare-and-set per document (MongoDB has no multi-document CAS that
+        # returns each outcome), sent together rather than one round trip after another.
+        return list(await asyncio.gather(*(self.update_schedule(i, v, c) for i, v, c in updates)))
+
+    @_translated
     async def delete_schedule(self, schedule_id: str) -> bool:
         result = await self._schedules.delete_one({"_id": schedule_id})
         await self._schedule_runs.delete_many({"schedule_id": schedule_id})

@@ -726,6 +726,13 @@ class Store(Protocol):
         """Compare-and-set on the version; None when another writer changed it first."""
         ...
 
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        """`update_schedule` for each `(schedule_id, expected_version, changes)`, in one
+        store call (a scheduler pass claims every due tick at once); results in order."""
+        ...
+
     async def delete_schedule(self, schedule_id: str) -> bool:
         """Delete the schedule and its runs; False when there was none."""
         ...

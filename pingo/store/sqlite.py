@@ -2436,6 +2436,28 @@ class SQLiteStore:
             )
         return record
 
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        now = _us(self.clock())
+
+        def update_all(conn: sqlite3.Connection) -> list[ScheduleRecord | None]:
+            results: list[ScheduleRecord | None] = []
+            for schedule_id, expected_version, changes in updates:
+                sets, params = _set_clause(changes)
+                row = conn.execute(
+                    f"UPDATE schedules SET version = version + 1, updated_at = ?{sets} "
+                    f"WHERE id = ? AND version = ? RETURNING {_SCHEDULE_COLUMNS}",
+                    [now, *params, schedule_id, expected_version],
+                ).fetchone()
+                results.append(None if row is None else _schedule(row))
+            return results
+
+        if not updates:
+            return []
+        # One transaction: a pass's claims cost one hop to the writer thread and one commit.
+        return await self._run_write(self._with_db, update_all)
+
     async def delete_schedule(self, schedule_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM schedule_runs WHERE schedule_id = ?", (schedule_id,))
