@@ -133,6 +133,12 @@ async def test_kill_needs_csrf_and_ownership(users_api: Api) -> None:
     done = await users_api.client.post(url, data={"csrf": csrf}, allow_redirects=False)
     assert done.status == 303
     assert (await users_api.wait(submitted["id"]))["state"] == "KILLED"
+    # The audit log holds the UI's kill (alice's), and neither refused attempt.
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    kills = [e for e in (await audit.json())["items"] if e["action"] == "workflow.kill"]
+    assert [(e["actor"], e["target"]["workflow_id"], e["status"]) for e in kills] == [
+        ("alice", submitted["id"], 303)
+    ]
 
 
 async def test_dataset_pages_show_lineage(users_api: Api) -> None:
