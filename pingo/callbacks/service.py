@@ -112,6 +112,7 @@ class CallbackService:
         kill_action: KillAction | None = None,
         on_workflow_ended: WorkflowEnded | None = None,
         on_action_failed: ActionFailed | None = None,
+        feed: bool = True,
     ) -> None:
         self.store = store
         self.storage = storage
@@ -122,6 +123,8 @@ class CallbackService:
         self.on_workflow_ended = on_workflow_ended
         #: Told of each action this node moved to FAILED for good (webhooks).
         self.on_action_failed = on_action_failed
+        #: Whether outcomes go to their owner's events feed (the simulator has no users).
+        self.feed = feed
         self._on_failure_cache: dict[str, str] = {}
         #: Workflow id -> (owner, name) (immutable), for the feed events of dataset stores.
         self._owner_cache: dict[str, tuple[str, str]] = {}
@@ -477,6 +480,8 @@ class CallbackService:
         self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
     ) -> None:
         """Tell the owner's feed (and the data triggers that read it) of a stored dataset."""
+        if not self.feed:
+            return
         known = await self._owner(action.workflow_id)
         if known is None:
             return
@@ -789,22 +794,13 @@ class CallbackService:
 
     async def _action_failed(self, action: protocol.ActionRecord, error: str) -> None:
         """Tell the owner's feed and `on_action_failed`; neither can fail the transition."""
+        if not self.feed and self.on_action_failed is None:
+            return
         workflow = await self.store.get_workflow(action.workflow_id)
         if workflow is None:
             return
-        await events.record(
-            self.store,
-            events.ACTION_FAILED,
-            owner=workflow.owner,
-            workflow_id=workflow.id,
-            dataset_id=action.dataset_id,
-            payload={
-                "actionId": action.action_id,
-                "actionName": action.name,
-                "attempts": action.attempts,
-                "error": error,
-            },
-        )
+        if self.feed:
+            await self._record_failure(workflow, action, error)
         if self.on_action_failed is None:
             return
         try:
@@ -818,15 +814,37 @@ class CallbackService:
                 extra={"event": "action_failed_hook_failed", "workflow_id": workflow.id},
             )
 
-    async def _ended(self, workflow: protocol.WorkflowRecord) -> None:
-        """Tell the owner's feed and `on_workflow_ended`; neither can fail the transition."""
+    async def _record_failure(
+        self, workflow: protocol.WorkflowRecord, action: protocol.ActionRecord, error: str
+    ) -> None:
         await events.record(
             self.store,
-            events.WORKFLOW_FINISHED,
+            events.ACTION_FAILED,
             owner=workflow.owner,
             workflow_id=workflow.id,
-            payload={"name": workflow.name, "state": workflow.state.value, "error": workflow.error},
+            dataset_id=action.dataset_id,
+            payload={
+                "actionId": action.action_id,
+                "actionName": action.name,
+                "attempts": action.attempts,
+                "error": error,
+            },
         )
+
+    async def _ended(self, workflow: protocol.WorkflowRecord) -> None:
+        """Tell the owner's feed and `on_workflow_ended`; neither can fail the transition."""
+        if self.feed:
+            await events.record(
+                self.store,
+                events.WORKFLOW_FINISHED,
+                owner=workflow.owner,
+                workflow_id=workflow.id,
+                payload={
+                    "name": workflow.name,
+                    "state": workflow.state.value,
+                    "error": workflow.error,
+                },
+            )
         if self.on_workflow_ended is None:
             return
         try:

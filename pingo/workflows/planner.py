@@ -279,8 +279,11 @@ class WorkflowManager:
         on_ready: Callable[[], None] = lambda: None,
         keep_hook: KeepHook | None = None,
         callbacks: CallbackService | None = None,
+        feed: bool = True,
     ) -> None:
         self.store = store
+        #: Whether submissions go to their owner's events feed (the simulator has no users).
+        self.feed = feed
         self.storage = storage
         self.settings = settings
         self.on_ready = on_ready
@@ -349,13 +352,14 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
-        await events.record(
-            self.store,
-            events.WORKFLOW_SUBMITTED,
-            owner=owner,
-            workflow_id=record.id,
-            payload={"name": record.name, "rerunOf": rerun_of},
-        )
+        if self.feed:
+            await events.record(
+                self.store,
+                events.WORKFLOW_SUBMITTED,
+                owner=owner,
+                workflow_id=record.id,
+                payload={"name": record.name, "rerunOf": rerun_of},
+            )
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
