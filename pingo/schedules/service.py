@@ -34,7 +34,9 @@ from pingo.workflows.planner import WorkflowManager
 logger = logging.getLogger(__name__)
 
 #: How many schedules one scheduler pass handles at once.
-_PARALLEL = 16
+_PARALLEL = 50
+#: How many due cron ticks one pass claims (in one store call).
+_CLAIM_BATCH = _PARALLEL
 #: Parsed schedule definitions kept per node.
 _SPEC_CACHE = 10_000
 #: Retries of a pause or resume that lost a compare-and-set to the scheduler.
@@ -171,12 +173,14 @@ class ScheduleService:
         random.shuffle(due)
         ticking = [s for s in due if self._claimable_tick(s)]
         others = [s for s in due if not self._claimable_tick(s)]
-        claimed = await self._claim_ticks(ticking, now)
+        # A share at a time: claiming every due tick at once would hand them all to the
+        # first node to look, which then submits them alone while the others idle.
+        claimed = await self._claim_ticks(ticking[:_CLAIM_BATCH], now)
         progressed = await asyncio.gather(
             *(self._guarded(s, now) for s in others),
             *(self._guarded_settle(c, d, now) for c, d in claimed),
         )
-        return any(progressed)
+        return any(progressed) or len(ticking) > _CLAIM_BATCH
 
     def _claimable_tick(self, schedule: ScheduleRecord) -> bool:
         """Whether the schedule's next cron tick is to be claimed (the batched path)."""
