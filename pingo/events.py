@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from pingo import errors
+from pingo import errors, metrics
 from pingo.store.protocol import EventRecord, Store
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ async def record(
         await store.append_event(
             kind, owner=owner, workflow_id=workflow_id, dataset_id=dataset_id, payload=payload
         )
+        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="recorded").inc()
     except errors.PingoError as exc:
+        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="lost").inc()
         logger.warning(
             "feed event %s of %s not recorded: %s",
             kind,
@@ -81,7 +83,9 @@ async def audit(
     }
     try:
         await store.append_event(AUDIT, payload=payload)
+        metrics.EVENTS_RECORDED.labels(kind=AUDIT, outcome="recorded").inc()
     except errors.PingoError as exc:
+        metrics.EVENTS_RECORDED.labels(kind=AUDIT, outcome="lost").inc()
         logger.error(
             "audit entry lost: %s did %s on %s: %s",
             actor,

@@ -344,6 +344,7 @@ class ScheduleService:
         )
         if claimed is None:
             return False
+        metrics.SCHEDULE_TRIGGERS.labels(kind=spec.trigger.kind).inc()
         logger.info(
             "schedule %s: %s trigger fired at %s",
             schedule.id,
@@ -429,7 +430,9 @@ class ScheduleService:
             return await self._clear(schedule)
         await self._record(schedule, tick, "submitted", workflow_id=workflow.id)
         metrics.SCHEDULE_TICKS.labels(outcome="submitted").inc()
-        metrics.SCHEDULE_FIRE_LAG.observe(max(0.0, (self.store.clock() - tick).total_seconds()))
+        if spec.trigger is None:
+            # A data trigger's tick is when its data came, which may be long before.
+            metrics.SCHEDULE_FIRE_LAG.observe(max(0.0, (self.store.clock() - tick).total_seconds()))
         logger.info(
             "schedule %s: tick %s submitted as workflow %s",
             schedule.id,

@@ -93,6 +93,8 @@ async def test_feed_holds_the_owners_workflow_events(users_api: Api) -> None:
     assert all(s["datasetId"] for s in stored)
     only = await feed(api, "alice", kind="workflow.finished")
     assert [i["id"] for i in only["items"]] == [finished["id"]]
+    metrics = await (await api.client.get("/metrics")).text()
+    assert 'pingo_events_recorded_total{kind="workflow.finished",outcome="recorded"}' in metrics
     # Another user's feed never shows them, nor does the admin's own feed.
     assert (await feed(api, "bob"))["items"] == []
     assert (await feed(api, "admin"))["items"] == []

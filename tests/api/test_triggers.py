@@ -61,6 +61,8 @@ async def test_a_stored_dataset_fires_the_owners_schedule_once(users_api: Api) -
     assert fired["name"] == "consumer-ds"
     assert fired["owner"] == "alice"
 
+    metrics = await (await api.client.get("/metrics")).text()
+    assert 'pingo_schedule_triggers_total{kind="dataset"}' in metrics
     await produce(api, "second", "alice")
     both = await wait_runs(api, schedule["id"], 2)
     assert len({r["workflowId"] for r in both}) == 2
