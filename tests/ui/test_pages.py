@@ -236,6 +236,24 @@ async def test_the_schedules_page_shows_only_ones_own_escaped(users_api: Api) ->
     assert "No schedules yet" in page
 
 
+async def test_the_schedules_page_shows_data_triggers_escaped(users_api: Api) -> None:
+    api = users_api
+    body = {
+        "name": "on-data",
+        "trigger": {"dataset": {"workflow": SCRIPT, "action": "<b>count</b>"}},
+        "workflow": chain("ui-trigger"),
+    }
+    response = await api.client.post("/api/v1/schedules", json=body, headers=api.auth("alice"))
+    assert response.status == 201, await response.text()
+    await sign_in(api, "alice")
+    page = await (await api.client.get("/schedules")).text()
+    assert SCRIPT not in page and "<b>count</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;b&gt;count&lt;/b&gt;" in page
+    assert "on data" in page
+    assert "None" not in page
+
+
 async def test_pages_carry_the_security_headers(users_api: Api) -> None:
     await sign_in(users_api, "alice")
     for path in ("/login", "/workflows", "/storage", "/nowhere"):
