@@ -705,8 +705,11 @@ def _schedule_paths() -> dict[str, Any]:
 
 # ---- events and audit (issue 18): self-contained, merged into the document above.
 
-#: An event's position: what `next`, `cursor` and `Last-Event-ID` hold.
+#: An event's position: what `id` and `next` hold.
 _EVENT_POSITION = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+#: What `cursor` and `Last-Event-ID` take: a position, or empty (absent, like any empty
+#: parameter).
+_EVENT_POSITION_PARAM = {"type": "string", "pattern": "^[0-9]{0,18}$"}
 
 
 def _event_schemas() -> dict[str, Any]:
@@ -750,7 +753,7 @@ def _event_schemas() -> dict[str, Any]:
 
 
 def _event_paths() -> dict[str, Any]:
-    cursor = _param("cursor", "query", _EVENT_POSITION, "the `next` of the previous page")
+    cursor = _param("cursor", "query", _EVENT_POSITION_PARAM, "the `next` of the previous page")
     bad_position = _problem(
         "A malformed cursor or Last-Event-ID (INVALID_CURSOR), or another query parameter "
         "(INVALID_PARAMETER)."
@@ -783,7 +786,9 @@ def _event_paths() -> dict[str, Any]:
                         {"enum": list(events.FEED_KINDS)},
                         "only this kind",
                     ),
-                    _param("Last-Event-ID", "header", _EVENT_POSITION, "resume a stream after it"),
+                    _param(
+                        "Last-Event-ID", "header", _EVENT_POSITION_PARAM, "resume a stream after it"
+                    ),
                 ],
             )
         },

@@ -227,6 +227,8 @@ async def test_the_audit_log_is_for_admins_only(users_api: Api) -> None:
         ({}, {**SSE, "Last-Event-ID": "x'; DROP TABLE events"}),
         ({}, {**SSE, "Last-Event-ID": "-5"}),
         ({"kind": "nope"}, SSE),
+        # A malformed position is refused even where only a stream would read it.
+        ({}, {"Last-Event-ID": "12a"}),
     ],
 )
 async def test_bad_bytes_are_refused(

@@ -71,8 +71,9 @@ async def list_events(request: web.Request) -> web.StreamResponse:
     a stream of new ones (resumed after `Last-Event-ID`)."""
     user = auth.current_user(request)
     kind = _kind(request)
+    # Checked on every request, though only a stream reads it: a malformed one is refused.
+    after = _position(request.headers.get("Last-Event-ID"), "Last-Event-ID")
     if _wants_stream(request):
-        after = _position(request.headers.get("Last-Event-ID"), "Last-Event-ID")
         return await _stream(request, user.name, kind, after)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     before = _position(request.query.get("cursor"), "cursor")
