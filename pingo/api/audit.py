@@ -49,6 +49,8 @@ async def _record(request: web.Request, action: str, response: web.StreamRespons
     user = request.get(auth.USER_KEY)
     if user is None or response.status >= 400:
         return
+    if request.query.get("dryRun", "").strip().lower() in ("true", "1", "yes"):
+        return  # a plan shown, nothing changed
     target = dict(request.match_info)
     location = response.headers.get("Location")
     if location is not None:

@@ -156,6 +156,10 @@ async def test_sse_streams_new_events_and_resumes_after_last_event_id(users_api:
 
 async def test_audit_log_records_who_what_and_from_where(users_api: Api) -> None:
     api = users_api
+    dry = await api.client.post(
+        "/api/v1/workflows?dryRun=true", json=chain("dry"), headers=api.auth("alice")
+    )
+    assert dry.status == 200, await dry.text()
     submitted = await api.submit(sleeper("audited", 30), user="alice")
     killed = await api.client.post(
         f"/api/v1/workflows/{submitted['id']}/kill", headers=api.auth("alice")
