@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pingo import errors, metrics
-from pingo.store.protocol import EventRecord, Store
+from pingo.store.protocol import EventRecord, Store, WorkflowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,17 @@ async def record(
             exc.message,
             extra={"event": "feed_event_lost", "kind": kind, "workflow_id": workflow_id},
         )
+
+
+async def record_end(store: Store, workflow: WorkflowRecord) -> None:
+    """Append `workflow.finished` to the workflow's owner's feed."""
+    await record(
+        store,
+        WORKFLOW_FINISHED,
+        owner=workflow.owner,
+        workflow_id=workflow.id,
+        payload={"name": workflow.name, "state": workflow.state.value, "error": workflow.error},
+    )
 
 
 async def audit(

@@ -831,20 +831,15 @@ class CallbackService:
             },
         )
 
+    async def announce_end(self, workflow: protocol.WorkflowRecord) -> None:
+        """Tell the feed and `on_workflow_ended` of a workflow that ended with no callback
+        (planned SUCCEEDED: every dataset it needs was reused)."""
+        await self._ended(workflow)
+
     async def _ended(self, workflow: protocol.WorkflowRecord) -> None:
         """Tell the owner's feed and `on_workflow_ended`; neither can fail the transition."""
         if self.feed:
-            await events.record(
-                self.store,
-                events.WORKFLOW_FINISHED,
-                owner=workflow.owner,
-                workflow_id=workflow.id,
-                payload={
-                    "name": workflow.name,
-                    "state": workflow.state.value,
-                    "error": workflow.error,
-                },
-            )
+            await events.record_end(self.store, workflow)
         if self.on_workflow_ended is None:
             return
         try:

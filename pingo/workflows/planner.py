@@ -360,6 +360,12 @@ class WorkflowManager:
                 workflow_id=record.id,
                 payload={"name": record.name, "rerunOf": rerun_of},
             )
+        if record.state in states.WORKFLOW_TERMINAL:
+            # Nothing to run (every dataset it needs was reused): it ended at submission.
+            if self._callbacks is not None:
+                await self._callbacks.announce_end(record)
+            elif self.feed:
+                await events.record_end(self.store, record)
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))

@@ -98,6 +98,14 @@ async def test_feed_holds_the_owners_workflow_events(users_api: Api) -> None:
     # Another user's feed never shows them, nor does the admin's own feed.
     assert (await feed(api, "bob"))["items"] == []
     assert (await feed(api, "admin"))["items"] == []
+    # The same workflow again: every dataset reused, it ends at submission, and says so.
+    again = await api.submit(chain("feed", 2, name="feed-chain"), user="alice")
+    assert again["state"] == "SUCCEEDED"
+    latest = (await feed(api, "alice", limit="2"))["items"]
+    assert [(i["kind"], i["workflowId"]) for i in latest] == [
+        ("workflow.finished", again["id"]),
+        ("workflow.submitted", again["id"]),
+    ]
 
 
 async def test_action_failure_is_in_the_feed(users_api: Api) -> None:

@@ -122,6 +122,20 @@ async def test_a_finished_workflow_posts_a_signed_summary(
     assert response.status == 404
 
 
+async def test_a_workflow_reused_whole_at_submission_is_announced_too(
+    open_api: Api, receiver: Receiver
+) -> None:
+    api = open_api
+    first = await api.submit(chain("whole"), user="alice")
+    await api.wait(first["id"])
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.succeeded"]}
+    again = await api.submit({**chain("whole"), "webhooks": [hook]}, user="alice")
+    assert again["state"] == "SUCCEEDED"  # nothing to run: it ended at submission
+    [delivery] = await settled(api, again["id"])
+    assert delivery["state"] == "delivered"
+    assert json.loads(receiver.received[0][1])["workflowId"] == again["id"]
+
+
 async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
     open_api: Api, receiver: Receiver
 ) -> None:
