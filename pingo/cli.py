@@ -787,7 +787,7 @@ _SCHEDULE_PARAMS = typer.Option(
     None, "--param", metavar="NAME=VALUE", help="A parameter for {param.NAME}; repeat."
 )
 _SCHEDULE_WORKFLOW = typer.Argument(
-    ..., metavar="WORKFLOW", help="The workflow document (JSON); '-' reads stdin."
+    None, metavar="WORKFLOW", help="The workflow document (JSON); '-' reads stdin."
 )
 _SCHEDULE_HOOKS = typer.Option(
     None,
@@ -800,8 +800,22 @@ _SCHEDULE_HOOKS = typer.Option(
 @schedules_app.command("add")
 def schedules_add(
     name: str = typer.Argument(...),
-    cron: str = typer.Argument(..., help="5 fields, or 6 with the seconds first; quote it."),
-    file: Path = _SCHEDULE_WORKFLOW,
+    cron: str | None = typer.Argument(
+        None, help="5 fields, or 6 with the seconds first; quote it (or a --when-* trigger)."
+    ),
+    file: Path | None = _SCHEDULE_WORKFLOW,
+    when_stored: tuple[str, str] | None = typer.Option(
+        None,
+        "--when-stored",
+        metavar="WORKFLOW ACTION",
+        help="Instead of a cron: run each time your workflow's action stores its dataset.",
+    ),
+    when_appears: str | None = typer.Option(
+        None,
+        "--when-appears",
+        metavar="PATH",
+        help="Instead of a cron: run when PATH (relative to the data root) appears or changes.",
+    ),
     timezone: str = typer.Option("UTC", "--timezone", "--tz", help="An IANA zone name."),
     catch_up: str = typer.Option("latest", "--catch-up", help="none, latest or all."),
     catch_up_limit: int = typer.Option(100, "--catch-up-limit", min=1, max=1000),
@@ -816,7 +830,14 @@ def schedules_add(
     ),
     paused: bool = typer.Option(False, "--paused", help="Create it paused."),
 ) -> None:
-    """Create a schedule; prints its id and next fire times."""
+    """Create a schedule (NAME CRON WORKFLOW, or NAME WORKFLOW --when-…); prints its id and
+    next fire times."""
+    if file is None:
+        # With a trigger there is no CRON: the second argument is the workflow.
+        if cron is None:
+            typer.echo("error: missing the WORKFLOW document", err=True)
+            raise typer.Exit(2)
+        file, cron = Path(cron), None
     try:
         workflow = json.loads(_read_file(file))
     except ValueError as exc:
@@ -832,9 +853,10 @@ def schedules_add(
     if webhook and not webhook_secret:
         typer.echo("error: --webhook needs --webhook-secret", err=True)
         raise typer.Exit(2)
+    firing = _schedule_firing(cron, when_stored, when_appears)
     body: dict[str, Any] = {
         "name": name,
-        "cron": cron,
+        **firing,
         "timezone": timezone,
         "workflow": workflow,
         "catchUp": catch_up,
@@ -853,6 +875,33 @@ def schedules_add(
         typer.echo(f"  next {at}")
 
 
+def _schedule_firing(
+    cron: str | None, when_stored: tuple[str, str] | None, when_appears: str | None
+) -> dict[str, Any]:
+    """`{"cron"}` or `{"trigger"}`: exactly one of the three ways to fire must be given."""
+    given = [g for g in (cron, when_stored, when_appears) if g is not None]
+    if len(given) != 1:
+        typer.echo("error: give a CRON, --when-stored or --when-appears (one of them)", err=True)
+        raise typer.Exit(2)
+    if when_stored is not None:
+        workflow, action = when_stored
+        return {"trigger": {"dataset": {"workflow": workflow, "action": action}}}
+    if when_appears is not None:
+        return {"trigger": {"path": when_appears}}
+    return {"cron": cron}
+
+
+def _firing_text(schedule: Mapping[str, Any]) -> str:
+    """How a schedule fires, for `pingo schedules list`."""
+    trigger = schedule.get("trigger")
+    if isinstance(trigger, Mapping) and isinstance(trigger.get("dataset"), Mapping):
+        watched = trigger["dataset"]
+        return f"stored {watched.get('workflow')}/{watched.get('action')}"
+    if isinstance(trigger, Mapping) and "path" in trigger:
+        return f"appears {trigger['path']}"
+    return str(schedule.get("cron"))
+
+
 @schedules_app.command("list")
 def schedules_list(
     as_json: bool = typer.Option(False, "--json", help="Print the schedules as JSON."),
@@ -864,8 +913,14 @@ def schedules_list(
         _print_json(found)
         return
     for s in found:
-        next_at = "paused" if s["paused"] else (s["nextFireAt"] or "ended")
-        typer.echo(f"{s['id']}  {s['name']:<20} {s['cron']:<20} {s['timezone']:<16} {next_at}")
+        if s["paused"]:
+            next_at = "paused"
+        elif s.get("trigger"):
+            next_at = "on data"
+        else:
+            next_at = s["nextFireAt"] or "ended"
+        firing = _firing_text(s)
+        typer.echo(f"{s['id']}  {s['name']:<20} {firing:<20} {s['timezone']:<16} {next_at}")
 
 
 @schedules_app.command("show")

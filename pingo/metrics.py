@@ -59,3 +59,12 @@ WEBHOOK_DELIVERIES = Counter(
     "pingo_webhook_deliveries", "Webhook delivery attempts by this node.", ["outcome"],
     registry=REGISTRY,
 )  # fmt: skip
+SCHEDULE_TRIGGERS = Counter(
+    "pingo_schedule_triggers", "Data-trigger occurrences claimed by this node.", ["kind"],
+    registry=REGISTRY,
+)  # fmt: skip
+EVENTS_RECORDED = Counter(
+    "pingo_events_recorded", "Feed events and audit entries written (or lost) by this node.",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)  # fmt: skip

@@ -120,6 +120,7 @@ class Node:
             on_ready=self.scraper.wake,
             kill_action=self._kill_action,
             on_workflow_ended=self._queue_webhooks,
+            on_action_failed=self._queue_failure_webhooks,
         )
         # Retention's policy (with a budget): the loop evicts with it, and the planner
         # asks it whether each new intermediate is worth keeping.
@@ -182,7 +183,7 @@ class Node:
             store, settings, self.executors, self.callbacks, self.held, storage=self.storage
         )
         self.deletor = Deletor(store, self.storage, settings)
-        self.schedules = ScheduleService(store, settings, self.workflows)
+        self.schedules = ScheduleService(store, settings, self.workflows, self.storage)
         self.scheduler = Scheduler(self.schedules)
         self.webhooks = WebhookSender(store, settings)
         self.retention: loops.Loop | None = None
@@ -356,6 +357,16 @@ class Node:
             deliveries = await asyncio.to_thread(hooks.deliveries_for, workflow, schedule_id, now)
         else:
             deliveries = hooks.deliveries_for(workflow, schedule_id, now)
+        if deliveries:
+            await self.store.create_deliveries(deliveries)
+            self.webhooks.wake()
+
+    async def _queue_failure_webhooks(self, action: ActionRecord, workflow: WorkflowRecord) -> None:
+        """Queue the `action.failed` deliveries of an action's failure (CallbackService's hook)."""
+        schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
+        deliveries = hooks.action_failed_deliveries(
+            workflow, action, schedule_id, self.store.clock()
+        )
         if deliveries:
             await self.store.create_deliveries(deliveries)
             self.webhooks.wake()

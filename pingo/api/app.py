@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from pingo import errors, ui
-from pingo.api import auth, problems, state
+from pingo.api import audit, auth, problems, state
 from pingo.api.routes import setup_routes
 from pingo.config import Settings
 
@@ -71,7 +71,7 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
     """
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[problems.problem_middleware, auth_middleware],
+        middlewares=[problems.problem_middleware, auth_middleware, audit.audit_middleware],
     )
     app[state.STATE_KEY] = state.ApiState(settings=settings)
 

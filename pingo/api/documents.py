@@ -13,7 +13,13 @@ from pingo import limits, states
 from pingo.actions.executors import cluster
 from pingo.config import Settings
 from pingo.datasets.integrity import Verdict
-from pingo.store.protocol import ActionRecord, DatasetRecord, UserRecord, WorkflowRecord
+from pingo.store.protocol import (
+    ActionRecord,
+    DatasetRecord,
+    EventRecord,
+    UserRecord,
+    WorkflowRecord,
+)
 from pingo.workflows import reuse
 
 #: Actions per call of the JSON encoder in `encode_workflow_document`.
@@ -355,4 +361,30 @@ def callback_answer(action: ActionRecord) -> Mapping[str, Any]:
         "callbackId": action.callback_id,
         "attempt": action.attempts,
         "state": action.state.value,
+    }
+
+
+def event_document(event: EventRecord) -> dict[str, Any]:
+    """An event of a user's feed (`GET /api/v1/events`)."""
+    return {
+        "id": str(event.seq),
+        "kind": event.kind,
+        "at": timestamp(event.at),
+        "workflowId": event.workflow_id,
+        "datasetId": event.dataset_id,
+        "data": dict(event.payload or {}),
+    }
+
+
+def audit_document(event: EventRecord) -> dict[str, Any]:
+    """An entry of the audit log (`GET /api/v1/audit`)."""
+    payload = event.payload or {}
+    return {
+        "id": str(event.seq),
+        "at": timestamp(event.at),
+        "actor": payload.get("actor"),
+        "action": payload.get("action"),
+        "remote": payload.get("remote"),
+        "target": payload.get("target", {}),
+        "status": payload.get("status"),
     }

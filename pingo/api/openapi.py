@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pingo import __version__, limits, states, untrusted
+from pingo import __version__, events, limits, states, untrusted
 from pingo.api import documents, problems
 from pingo.schedules import rules
 from pingo.store import _cursor
@@ -436,6 +436,7 @@ def _schemas() -> dict[str, Any]:
         },
         "UserList": _object({"items": {"type": "array", "items": _ref("User")}}),
         **_schedule_schemas(),
+        **_event_schemas(),
         "Status": _object({"status": {"type": "string"}}),
         "Readiness": _object(
             {
@@ -500,11 +501,13 @@ def _schedule_schemas() -> dict[str, Any]:
     return {
         "ScheduleRequest": {
             "type": "object",
-            "required": ["name", "cron", "workflow"],
+            "required": ["name", "workflow"],
+            "oneOf": [{"required": ["cron"]}, {"required": ["trigger"]}],
             "additionalProperties": False,
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 200},
                 **settings,
+                "trigger": _ref("Trigger"),
                 "workflow": {
                     "oneOf": [
                         _ref("Workflow"),
@@ -516,6 +519,45 @@ def _schedule_schemas() -> dict[str, Any]:
                 "paused": {"type": "boolean", "default": False},
             },
         },
+        "Trigger": {
+            "description": "Fire on data instead of a cron (docs/schedules.md#data-triggers).",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["dataset"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "dataset": {
+                            "type": "object",
+                            "required": ["workflow", "action"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "workflow": {"type": "string", "minLength": 1, "maxLength": 200},
+                                "action": {"type": "string", "minLength": 1, "maxLength": 200},
+                            },
+                            "description": "Your workflow and action (by name) whose dataset "
+                            "being stored fires the schedule.",
+                        }
+                    },
+                },
+                {
+                    "type": "object",
+                    "required": ["path"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "path": {
+                            "type": "string",
+                            "maxLength": 500,
+                            "pattern": r"^[A-Za-z0-9_=-][A-Za-z0-9_.=-]*"
+                            r"(/[A-Za-z0-9_=-][A-Za-z0-9_.=-]*)*$",
+                            "description": "Relative to the data root; fires when it appears "
+                            "or its modification time moves forward. Not under a dataset "
+                            "directory (a first segment of two hex digits).",
+                        }
+                    },
+                },
+            ],
+        },
         "Webhook": dict(workflow_schema()["$defs"]["webhook"]),
         "WebhookView": webhook_view,
         "Schedule": _object(
@@ -525,7 +567,9 @@ def _schedule_schemas() -> dict[str, Any]:
                 "owner": {"type": "string"},
                 **settings,
                 "paused": {"type": "boolean"},
+                "trigger": _nullable(_ref("Trigger")),
                 "nextFireAt": _TIME_OR_NULL,
+                "firesOnDataAfter": _TIME_OR_NULL,
                 "nextFireTimes": {"type": "array", "items": _TIME},
                 "pendingTickAt": _TIME_OR_NULL,
                 "createdAt": _TIME,
@@ -680,6 +724,111 @@ def _schedule_paths() -> dict[str, Any]:
     }
 
 
+# ---- events and audit (issue 18): self-contained, merged into the document above.
+
+#: An event's position: what `id` and `next` hold.
+_EVENT_POSITION = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+#: What `cursor` and `Last-Event-ID` take: a position, or empty (absent, like any empty
+#: parameter).
+_EVENT_POSITION_PARAM = {"type": "string", "pattern": "^[0-9]{0,18}$"}
+
+
+def _event_schemas() -> dict[str, Any]:
+    return {
+        "Event": _object(
+            {
+                "id": _EVENT_POSITION,
+                "kind": {"enum": list(events.FEED_KINDS)},
+                "at": _TIME,
+                "workflowId": {"type": ["string", "null"]},
+                "datasetId": {"type": ["string", "null"]},
+                "data": {"type": "object", "description": "per kind: see docs/api.md#events"},
+            },
+            description="An event of your feed.",
+        ),
+        "EventPage": _object(
+            {
+                "items": {"type": "array", "items": _ref("Event")},
+                "next": _nullable(_EVENT_POSITION),
+            }
+        ),
+        "AuditEntry": _object(
+            {
+                "id": _EVENT_POSITION,
+                "at": _TIME,
+                "actor": {"type": "string"},
+                "action": {"type": "string", "description": "workflow.submit, user.add, …"},
+                "remote": {"type": ["string", "null"], "description": "the peer address"},
+                "target": {"type": "object", "additionalProperties": {"type": "string"}},
+                "status": {"type": "integer"},
+            },
+            description="A user action: who, what, when, from where.",
+        ),
+        "AuditPage": _object(
+            {
+                "items": {"type": "array", "items": _ref("AuditEntry")},
+                "next": _nullable(_EVENT_POSITION),
+            }
+        ),
+    }
+
+
+def _event_paths() -> dict[str, Any]:
+    cursor = _param("cursor", "query", _EVENT_POSITION_PARAM, "the `next` of the previous page")
+    bad_position = _problem(
+        "A malformed cursor or Last-Event-ID (INVALID_CURSOR), or another query parameter "
+        "(INVALID_PARAMETER)."
+    )
+    return {
+        "/api/v1/events": {
+            "get": _op(
+                "listEvents",
+                "Your workflows' events: pages, or a stream of server-sent events",
+                "events",
+                {
+                    "200": {
+                        "description": "Newest first; with `Accept: text/event-stream`, "
+                        "each new event as `id`, `event` (its kind) and `data` (the Event).",
+                        "content": {
+                            JSON: {"schema": _ref("EventPage")},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    "400": bad_position,
+                },
+                description="Only your own workflows' events, admins included. A stream "
+                "resumes after `Last-Event-ID`. See docs/api.md#events.",
+                parameters=[
+                    _LIMIT,
+                    cursor,
+                    _param(
+                        "kind",
+                        "query",
+                        {"enum": list(events.FEED_KINDS)},
+                        "only this kind",
+                    ),
+                    _param(
+                        "Last-Event-ID", "header", _EVENT_POSITION_PARAM, "resume a stream after it"
+                    ),
+                ],
+            )
+        },
+        "/api/v1/audit": {
+            "get": _op(
+                "listAudit",
+                "Every user action, newest first (admins)",
+                "events",
+                {
+                    "200": _json_body(_ref("AuditPage"), "The audit log."),
+                    "400": bad_position,
+                    "403": _problem("Not an admin (FORBIDDEN)."),
+                },
+                parameters=[_LIMIT, cursor],
+            )
+        },
+    }
+
+
 def _json_body(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": dict(schema)}}}
 
@@ -809,6 +958,7 @@ def _paths() -> dict[str, Any]:
     workflow_ok = _json_body(_ref("WorkflowDocument"), "The workflow document.")
     return {
         **_schedule_paths(),
+        **_event_paths(),
         "/api/v1/workflows": {
             "post": _op(
                 "submitWorkflow",
@@ -1290,6 +1440,7 @@ def document() -> dict[str, Any]:
                 "description": "Recurring workflows, fired once per tick across nodes.",
             },
             {"name": "datasets", "description": "Stored datasets, their lineage and storage."},
+            {"name": "events", "description": "Your workflows' events; the audit log (admins)."},
             {"name": "callbacks", "description": "Executors report progress (signed)."},
             {"name": "users", "description": "Bearer-token users (admins)."},
             {"name": "operations", "description": "Health, metrics and this documentation."},

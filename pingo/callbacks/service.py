@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from pingo import errors, metrics, states
+from pingo import errors, events, metrics, states
 from pingo.datasets import integrity
 from pingo.store import protocol
 
@@ -98,6 +98,7 @@ class StaleCallback(errors.Conflict):
 
 KillAction = Callable[[protocol.ActionRecord], Awaitable[None]]
 WorkflowEnded = Callable[[protocol.WorkflowRecord], Awaitable[None]]
+ActionFailed = Callable[[protocol.ActionRecord, protocol.WorkflowRecord], Awaitable[None]]
 
 
 class CallbackService:
@@ -112,6 +113,8 @@ class CallbackService:
         on_ready: Callable[[], None] = lambda: None,
         kill_action: KillAction | None = None,
         on_workflow_ended: WorkflowEnded | None = None,
+        on_action_failed: ActionFailed | None = None,
+        feed: bool = True,
     ) -> None:
         self.store = store
         self.storage = storage
@@ -120,7 +123,13 @@ class CallbackService:
         self.kill_action = kill_action
         #: Told of each workflow this node moved to SUCCEEDED, FAILED or KILLED (webhooks).
         self.on_workflow_ended = on_workflow_ended
+        #: Told of each action this node moved to FAILED for good (webhooks).
+        self.on_action_failed = on_action_failed
+        #: Whether outcomes go to their owner's events feed (the simulator has no users).
+        self.feed = feed
         self._on_failure_cache: dict[str, str] = {}
+        #: Workflow id -> (owner, name) (immutable), for the feed events of dataset stores.
+        self._owner_cache: dict[str, tuple[str, str]] = {}
 
     # -------------------------------------------------------------- callbacks
 
@@ -428,6 +437,7 @@ class CallbackService:
                 dataset.id, {dataset.state}, target, changes
             )
             if moved is not None:
+                await self._dataset_stored(action, moved)
                 if replace and dataset.digest not in (None, digest):
                     logger.info(
                         "dataset %s replaced (%s): digest %s -> %s",
@@ -475,6 +485,44 @@ class CallbackService:
         if not finished.children:
             return True
         return await self._on_failure(finished.workflow_id) == "continue"
+
+    async def _dataset_stored(
+        self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
+    ) -> None:
+        """Tell the owner's feed (and the data triggers that read it) of a stored dataset."""
+        if not self.feed:
+            return
+        known = await self._owner(action.workflow_id)
+        if known is None:
+            return
+        owner, workflow_name = known
+        await events.record(
+            self.store,
+            events.DATASET_STORED,
+            owner=owner,
+            workflow_id=action.workflow_id,
+            dataset_id=dataset.id,
+            payload={
+                "workflowName": workflow_name,
+                "actionId": action.action_id,
+                "actionName": action.name,
+                "state": dataset.state.value,
+                "sizeBytes": dataset.size_bytes,
+            },
+        )
+
+    async def _owner(self, workflow_id: str) -> tuple[str, str] | None:
+        """The workflow's owner and name (immutable, so cached); None for a workflow gone."""
+        cached = self._owner_cache.get(workflow_id)
+        if cached is not None:
+            return cached
+        workflow = await self.store.get_workflow(workflow_id)
+        if workflow is None:
+            return None
+        if len(self._owner_cache) >= _CACHE_SIZE:
+            self._owner_cache.pop(next(iter(self._owner_cache)))
+        known = self._owner_cache[workflow_id] = (workflow.owner, workflow.name)
+        return known
 
     async def _on_failure(self, workflow_id: str) -> str:
         """The workflow's onFailure (immutable, so cached)."""
@@ -708,6 +756,7 @@ class CallbackService:
             },
         )
         await self._discard(moved)
+        await self._action_failed(moved, error)
         await self._after_failure(
             moved, f"action {moved.action_id} ({moved.name}) failed: {error}", trigger
         )
@@ -911,8 +960,54 @@ class CallbackService:
             )
             await self._ended(moved)
 
+    async def _action_failed(self, action: protocol.ActionRecord, error: str) -> None:
+        """Tell the owner's feed and `on_action_failed`; neither can fail the transition."""
+        if not self.feed and self.on_action_failed is None:
+            return
+        workflow = await self.store.get_workflow(action.workflow_id)
+        if workflow is None:
+            return
+        if self.feed:
+            await self._record_failure(workflow, action, error)
+        if self.on_action_failed is None:
+            return
+        try:
+            await self.on_action_failed(action, workflow)
+        except errors.PingoError as exc:
+            logger.warning(
+                "action %s/%s failed, but its notifications were not queued: %s",
+                action.workflow_id,
+                action.action_id,
+                exc.message,
+                extra={"event": "action_failed_hook_failed", "workflow_id": workflow.id},
+            )
+
+    async def _record_failure(
+        self, workflow: protocol.WorkflowRecord, action: protocol.ActionRecord, error: str
+    ) -> None:
+        await events.record(
+            self.store,
+            events.ACTION_FAILED,
+            owner=workflow.owner,
+            workflow_id=workflow.id,
+            dataset_id=action.dataset_id,
+            payload={
+                "actionId": action.action_id,
+                "actionName": action.name,
+                "attempts": action.attempts,
+                "error": error,
+            },
+        )
+
+    async def announce_end(self, workflow: protocol.WorkflowRecord) -> None:
+        """Tell the feed and `on_workflow_ended` of a workflow that ended with no callback
+        (planned SUCCEEDED: every dataset it needs was reused)."""
+        await self._ended(workflow)
+
     async def _ended(self, workflow: protocol.WorkflowRecord) -> None:
-        """Tell `on_workflow_ended`; its failure never undoes or fails the transition."""
+        """Tell the owner's feed and `on_workflow_ended`; neither can fail the transition."""
+        if self.feed:
+            await events.record_end(self.store, workflow)
         if self.on_workflow_ended is None:
             return
         try:

@@ -17,6 +17,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import fsspec.core
@@ -257,6 +258,25 @@ class DatasetStorage:
         with contextlib.suppress(FileNotFoundError):
             if self._fs.exists(p):
                 self._fs.rm(p, recursive=True)
+
+    async def modified_at(self, relative: str) -> datetime | None:
+        """When the file or directory at `relative` (under the root) last changed, in UTC;
+        None when nothing is there (or the filesystem cannot tell)."""
+        path = f"{self.root}/{relative}"
+        if self._local:
+            try:
+                # lstat: a symlink is not followed out of the data root.
+                return datetime.fromtimestamp(os.lstat(path).st_mtime, UTC)
+            except OSError:
+                return None
+        return await asyncio.to_thread(self._modified_remote, path)
+
+    def _modified_remote(self, path: str) -> datetime | None:
+        try:
+            at: datetime = self._fs.modified(self._fs._strip_protocol(path))
+        except (FileNotFoundError, NotImplementedError, OSError):
+            return None
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
     async def exists(self, path: str) -> bool:
         """Whether anything is at `path`."""

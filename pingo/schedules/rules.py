@@ -11,6 +11,13 @@
   runs only the latest due tick if it is not missed; `latest` runs the latest
   due tick however late; `all` runs every due tick, the most recent `catchUpLimit`
   of them when more are due. Ticks not run are recorded as skipped.
+- Data triggers (Oozie's coordinators): instead of a cron, a schedule may name a
+  `trigger`: a dataset (`{"dataset": {"workflow", "action"}}`, by the names of the
+  owner's workflow and action) that becomes STORED, or a path under the data root
+  (`{"path": "incoming/_SUCCESS"}`) that appears. Each occurrence is one tick, at
+  the time it happened (the dataset's store, the path's modification time), and is
+  claimed once across nodes like a cron tick. The schedule's `next_fire_at` is then
+  a watermark: only occurrences at or after it are due.
 - Parameters: `{schedule.time}` (the tick, ISO 8601 in the schedule's zone),
   `{schedule.date}` (its local date) and `{param.NAME}` (the schedule's
   `parameters`) are replaced in every string of the workflow document before it
@@ -63,10 +70,30 @@ _FIELDS = frozenset(
         "overlap",
         "webhooks",
         "paused",
+        "trigger",
     }
 )
+#: A path under the data root: relative, no `..`, no empty segment, plain characters.
+_TRIGGER_PATH = re.compile(r"[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*")
+_NAME_LIMIT = 200
+#: Pingo's own dataset directories (`DatasetStorage.path_for`): never a trigger's path,
+#: so that a trigger cannot watch another user's datasets appear.
+_DATASET_SHARD = re.compile(r"[0-9a-f]{2}")
 _PLACEHOLDER = re.compile(r"\{(schedule\.time|schedule\.date|param\.[A-Za-z0-9_.-]+)\}")
 _PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """What fires a data-triggered schedule: a dataset stored, or a path appearing."""
+
+    #: "dataset" or "path".
+    kind: str
+    #: The owner's workflow and action whose output is watched ("dataset").
+    workflow: str | None = None
+    action: str | None = None
+    #: Relative to the data root ("path").
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +112,8 @@ class ScheduleSpec:
     max_concurrent: int | None
     overlap: str
     webhooks: tuple[Mapping[str, Any], ...]
+    #: Fires on data instead of a cron (then `cron` is "").
+    trigger: Trigger | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -107,7 +136,10 @@ def parse_spec(body: Any) -> ScheduleSpec:
         if key not in _FIELDS
     ]
     name = _string(body, "name", issues, required=True, max_length=200)
-    cron = _string(body, "cron", issues, required=True, max_length=200)
+    trigger = _trigger(body.get("trigger"), issues) if "trigger" in body else None
+    if trigger is not None and "cron" in body:
+        issues.append(ValidationIssue(SCHEMA_VIOLATION, "a cron or a trigger, not both", "/cron"))
+    cron = "" if "trigger" in body else _string(body, "cron", issues, required=True, max_length=200)
     timezone = _string(body, "timezone", issues, default="UTC", max_length=100)
     zone = _zone(timezone, issues)
     if cron and zone is not None:
@@ -150,7 +182,52 @@ def parse_spec(body: Any) -> ScheduleSpec:
         max_concurrent=max_concurrent,
         overlap=overlap,
         webhooks=tuple(w for w in webhooks if isinstance(w, Mapping)),
+        trigger=trigger,
     )
+
+
+def _trigger(value: Any, issues: list[ValidationIssue]) -> Trigger | None:
+    """`{"dataset": {"workflow": name, "action": name}}` or `{"path": relative path}`."""
+    if isinstance(value, Mapping) and set(value) == {"dataset"}:
+        watched = value["dataset"]
+        if isinstance(watched, Mapping) and set(watched) == {"workflow", "action"}:
+            workflow = _string(watched, "workflow", [], required=True, max_length=_NAME_LIMIT)
+            action = _string(watched, "action", [], required=True, max_length=_NAME_LIMIT)
+            if workflow and action:
+                return Trigger("dataset", workflow=workflow, action=action)
+        issues.append(
+            ValidationIssue(
+                SCHEMA_VIOLATION,
+                f"{{workflow, action}}: the names (1 to {_NAME_LIMIT} characters) of your "
+                "workflow and of its action whose dataset is watched",
+                "/trigger/dataset",
+            )
+        )
+        return None
+    if isinstance(value, Mapping) and set(value) == {"path"}:
+        path = value["path"]
+        if (
+            isinstance(path, str)
+            and len(path) <= 500
+            and _TRIGGER_PATH.fullmatch(path)
+            and not any(part.startswith(".") for part in path.split("/"))
+            and not _DATASET_SHARD.fullmatch(path.split("/")[0])
+        ):
+            return Trigger("path", path=path)
+        issues.append(
+            ValidationIssue(
+                SCHEMA_VIOLATION,
+                "a path relative to the data root, outside Pingo's own datasets: segments of "
+                "letters, digits and _ . = -, none starting with '.', the first not two hex "
+                "digits (a dataset directory), at most 500 characters",
+                "/trigger/path",
+            )
+        )
+        return None
+    issues.append(
+        ValidationIssue(SCHEMA_VIOLATION, '{"dataset": {...}} or {"path": "..."}', "/trigger")
+    )
+    return None
 
 
 def _failed(issues: list[ValidationIssue]) -> errors.ValidationFailed:
@@ -287,6 +364,15 @@ def _iterator(cron: str, start: datetime) -> croniter:
     it = copy.copy(_expanded(cron))
     it.set_current(start, force=True)
     return it
+
+
+def first_due(spec: ScheduleSpec, now: datetime) -> datetime | None:
+    """A new (or resumed) schedule's `next_fire_at`: its next cron tick, or for a data
+    trigger the watermark `now` (what happened while it did not exist or was paused is
+    not run)."""
+    if spec.trigger is not None:
+        return now
+    return next_tick(spec, now)
 
 
 def next_tick(spec: ScheduleSpec, after: datetime) -> datetime | None:

@@ -17,12 +17,14 @@ import asyncio
 import logging
 import random
 import secrets
+import time
 from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
-from pingo import errors, metrics, states
+from pingo import errors, events, metrics, states
 from pingo.config import Settings
+from pingo.datasets.storage import DatasetStorage
 from pingo.schedules import rules
 from pingo.store.protocol import ScheduleChanges, ScheduleRecord, ScheduleRunRecord, Store
 from pingo.webhooks import hooks
@@ -32,11 +34,19 @@ from pingo.workflows.planner import WorkflowManager
 logger = logging.getLogger(__name__)
 
 #: How many schedules one scheduler pass handles at once.
-_PARALLEL = 16
+_PARALLEL = 50
+#: How many due cron ticks one pass claims (in one store call).
+_CLAIM_BATCH = _PARALLEL
 #: Parsed schedule definitions kept per node.
 _SPEC_CACHE = 10_000
 #: Retries of a pause or resume that lost a compare-and-set to the scheduler.
 _CAS_RETRIES = 20
+#: A path trigger is looked at this often per node (a remote data root is slow to ask).
+_PATH_POLL_S = 1.0
+#: How many of the owner's latest dataset stores a dataset trigger looks through.
+_TRIGGER_SCAN = 500
+#: The watermark moves just past the occurrence that fired.
+_AFTER = timedelta(microseconds=1)
 
 
 def new_schedule_id() -> str:
@@ -46,10 +56,20 @@ def new_schedule_id() -> str:
 class ScheduleService:
     """Create, pause, resume and delete schedules; claim and settle their ticks."""
 
-    def __init__(self, store: Store, settings: Settings, workflows: WorkflowManager) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        workflows: WorkflowManager,
+        storage: DatasetStorage | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self.workflows = workflows
+        #: The data root that path triggers watch.
+        self.storage = storage
+        #: When this node last looked at each path trigger (monotonic seconds).
+        self._polled: dict[str, float] = {}
         self._parallel = asyncio.Semaphore(_PARALLEL)
         #: Parsed definitions by schedule id (a schedule's definition never changes).
         self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
@@ -77,7 +97,7 @@ class ScheduleService:
             name=spec.name,
             spec=dict(body),
             paused=bool(body.get("paused", False)),
-            next_fire_at=rules.next_tick(spec, now),
+            next_fire_at=rules.first_due(spec, now),
             pending_tick_at=None,
             claimed_by=None,
             claim_expires_at=None,
@@ -118,7 +138,7 @@ class ScheduleService:
             if not paused:
                 spec = rules.parse_spec(current.spec)
                 changes = ScheduleChanges(
-                    paused=False, next_fire_at=rules.next_tick(spec, self.store.clock())
+                    paused=False, next_fire_at=rules.first_due(spec, self.store.clock())
                 )
             updated = await self.store.update_schedule(schedule_id, current.version, changes)
             if updated is not None:
@@ -151,8 +171,74 @@ class ScheduleService:
         # Nodes walk the due schedules in different orders, so that they mostly claim
         # different ticks instead of all racing for the same ones first.
         random.shuffle(due)
-        progressed = await asyncio.gather(*(self._guarded(s, now) for s in due))
-        return any(progressed)
+        ticking = [s for s in due if self._claimable_tick(s)]
+        others = [s for s in due if not self._claimable_tick(s)]
+        # A share at a time: claiming every due tick at once would hand them all to the
+        # first node to look, which then submits them alone while the others idle.
+        claimed = await self._claim_ticks(ticking[:_CLAIM_BATCH], now)
+        progressed = await asyncio.gather(
+            *(self._guarded(s, now) for s in others),
+            *(self._guarded_settle(c, d, now) for c, d in claimed),
+        )
+        return any(progressed) or len(ticking) > _CLAIM_BATCH
+
+    def _claimable_tick(self, schedule: ScheduleRecord) -> bool:
+        """Whether the schedule's next cron tick is to be claimed (the batched path)."""
+        if schedule.pending_tick_at is not None or schedule.next_fire_at is None:
+            return False
+        try:
+            return self.spec(schedule).trigger is None
+        except errors.PingoError:
+            return False  # `_guarded` logs why
+
+    async def _claim_ticks(
+        self, due: list[ScheduleRecord], now: datetime
+    ) -> list[tuple[ScheduleRecord, rules.TickDecision]]:
+        """Claim the next tick of every schedule in `due` in one store call: each claim
+        is its own compare-and-set (as in `_advance`), so nodes racing for the same
+        schedules split them, one winner each. Returns the claims won."""
+        node_id = self.settings.node_id
+        lease = now + timedelta(seconds=self.settings.schedule_lease_s)
+        decisions: list[rules.TickDecision] = []
+        updates: list[tuple[str, int, ScheduleChanges]] = []
+        for schedule in due:
+            assert schedule.next_fire_at is not None
+            decision = rules.decide(
+                self.spec(schedule), schedule.next_fire_at, now, self.settings.schedule_grace_s
+            )
+            decisions.append(decision)
+            runs = decision.run is not None
+            updates.append(
+                (
+                    schedule.id,
+                    schedule.version,
+                    ScheduleChanges(
+                        next_fire_at=decision.next_fire_at,
+                        pending_tick_at=decision.run,
+                        claimed_by=node_id if runs else None,
+                        claim_expires_at=lease if runs else None,
+                    ),
+                )
+            )
+        results = await self.store.update_schedules(updates)
+        return [(won, d) for won, d in zip(results, decisions, strict=True) if won is not None]
+
+    async def _guarded_settle(
+        self, schedule: ScheduleRecord, decision: rules.TickDecision, now: datetime
+    ) -> bool:
+        async with self._parallel:
+            try:
+                return await self._claimed(schedule, decision, now)
+            except errors.StoreUnavailable:
+                raise
+            except errors.PingoError as exc:
+                logger.warning(
+                    "schedule %s: %s",
+                    schedule.id,
+                    exc.message,
+                    extra={"event": "schedule_tick_error", "schedule_id": schedule.id},
+                )
+                return False
 
     async def _guarded(self, schedule: ScheduleRecord, now: datetime) -> bool:
         async with self._parallel:
@@ -194,6 +280,8 @@ class ScheduleService:
         if schedule.next_fire_at is None:
             return False
         spec = self.spec(schedule)
+        if spec.trigger is not None:
+            return await self._triggered(schedule, spec, now)
         decision = rules.decide(spec, schedule.next_fire_at, now, self.settings.schedule_grace_s)
         claimed = await self.store.update_schedule(
             schedule.id,
@@ -207,21 +295,98 @@ class ScheduleService:
         )
         if claimed is None:
             return False  # another node claimed it first
+        return await self._claimed(claimed, decision, now)
+
+    async def _claimed(
+        self, claimed: ScheduleRecord, decision: rules.TickDecision, now: datetime
+    ) -> bool:
+        """After a won claim: record the ticks skipped, then settle the one to run."""
+        spec = self.spec(claimed)
         for tick in decision.skipped:
             await self._record(claimed, tick, "skipped", reason=f"catch-up {spec.catch_up}")
         if decision.skipped:
             metrics.SCHEDULE_TICKS.labels(outcome="skipped").inc(len(decision.skipped))
             logger.info(
                 "schedule %s: skipped %d tick(s) up to %s (catch-up %s)",
-                schedule.id,
+                claimed.id,
                 len(decision.skipped),
                 decision.skipped[0],
                 spec.catch_up,
-                extra={"event": "schedule_ticks_skipped", "schedule_id": schedule.id},
+                extra={"event": "schedule_ticks_skipped", "schedule_id": claimed.id},
             )
         if decision.run is None:
             return True
         return await self._settle(claimed, now)
+
+    async def _triggered(
+        self, schedule: ScheduleRecord, spec: rules.ScheduleSpec, now: datetime
+    ) -> bool:
+        """Claim the data trigger's oldest occurrence at or after the watermark; settle it."""
+        assert spec.trigger is not None and schedule.next_fire_at is not None
+        if spec.trigger.kind == "dataset":
+            tick = await self._stored_since(schedule, spec.trigger, schedule.next_fire_at)
+        else:
+            tick = await self._appeared_since(schedule, spec.trigger, schedule.next_fire_at)
+        if tick is None:
+            return False
+        lease = now + timedelta(seconds=self.settings.schedule_lease_s)
+        # The same compare-and-set as a cron tick's: the watermark moves past the
+        # occurrence, which becomes the pending tick; one node wins it.
+        claimed = await self.store.update_schedule(
+            schedule.id,
+            schedule.version,
+            ScheduleChanges(
+                next_fire_at=tick + _AFTER,
+                pending_tick_at=tick,
+                claimed_by=self.settings.node_id,
+                claim_expires_at=lease,
+            ),
+        )
+        if claimed is None:
+            return False
+        metrics.SCHEDULE_TRIGGERS.labels(kind=spec.trigger.kind).inc()
+        logger.info(
+            "schedule %s: %s trigger fired at %s",
+            schedule.id,
+            spec.trigger.kind,
+            tick.isoformat(),
+            extra={"event": "schedule_triggered", "schedule_id": schedule.id},
+        )
+        return await self._settle(claimed, now)
+
+    async def _stored_since(
+        self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime
+    ) -> datetime | None:
+        """When the watched dataset was first stored at or after `since` (its owner's feed)."""
+        found = await self.store.list_events(
+            owner=schedule.owner, kind=events.DATASET_STORED, limit=_TRIGGER_SCAN
+        )
+        times = [
+            e.at
+            for e in found
+            if e.at >= since
+            and e.payload is not None
+            and e.payload.get("workflowName") == trigger.workflow
+            and e.payload.get("actionName") == trigger.action
+        ]
+        return min(times, default=None)
+
+    async def _appeared_since(
+        self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime
+    ) -> datetime | None:
+        """The watched path's modification time, if it exists and changed at or after `since`."""
+        if self.storage is None or trigger.path is None:
+            return None
+        clock = time.monotonic()
+        if clock - self._polled.get(schedule.id, -_PATH_POLL_S) < _PATH_POLL_S:
+            return None
+        self._polled[schedule.id] = clock
+        if len(self._polled) > _SPEC_CACHE:
+            self._polled.pop(next(iter(self._polled)))
+        modified = await self.storage.modified_at(trigger.path)
+        if modified is None or modified < since:
+            return None
+        return modified
 
     async def _settle(self, schedule: ScheduleRecord, now: datetime) -> bool:
         """Submit the pending tick (or skip or queue it per `maxConcurrent`); clear it."""
@@ -265,7 +430,9 @@ class ScheduleService:
             return await self._clear(schedule)
         await self._record(schedule, tick, "submitted", workflow_id=workflow.id)
         metrics.SCHEDULE_TICKS.labels(outcome="submitted").inc()
-        metrics.SCHEDULE_FIRE_LAG.observe(max(0.0, (self.store.clock() - tick).total_seconds()))
+        if spec.trigger is None:
+            # A data trigger's tick is when its data came, which may be long before.
+            metrics.SCHEDULE_FIRE_LAG.observe(max(0.0, (self.store.clock() - tick).total_seconds()))
         logger.info(
             "schedule %s: tick %s submitted as workflow %s",
             schedule.id,
@@ -330,7 +497,7 @@ class ScheduleService:
 
 def next_fire_times(record: ScheduleRecord, count: int) -> list[datetime]:
     """The schedule's next `count` ticks from its `next_fire_at` (none while paused)."""
-    if record.paused or record.next_fire_at is None:
+    if record.paused or record.next_fire_at is None or "trigger" in record.spec:
         return []
     spec = rules.parse_spec(record.spec)
     times = [record.next_fire_at]

@@ -262,8 +262,8 @@ async def run_engine(
             dropped += not keep
             return keep
 
-        manager = WorkflowManager(store, storage, settings, keep_hook=counting_hook)
-        callbacks = CallbackService(store, storage, settings)
+        manager = WorkflowManager(store, storage, settings, keep_hook=counting_hook, feed=False)
+        callbacks = CallbackService(store, storage, settings, feed=False)
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
         executor = SimulatedExecutor(store, storage, callbacks, clock)

@@ -896,6 +896,7 @@ class MemoryStore:
         dataset_id: str | None = None,
         workflow_id: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        owner: str | None = None,
     ) -> EventRecord:
         event = EventRecord(
             seq=len(self._events) + 1,
@@ -904,19 +905,33 @@ class MemoryStore:
             dataset_id=dataset_id,
             workflow_id=workflow_id,
             payload=payload,
+            owner=owner,
         )
         self._events.append(event)
         return event
 
     async def list_events(
-        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+        self,
+        *,
+        kind: str | None = None,
+        dataset_id: str | None = None,
+        owner: str | None = None,
+        before_seq: int | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
     ) -> list[EventRecord]:
-        events: Iterable[EventRecord] = reversed(self._events)
+        events: Iterable[EventRecord] = (
+            self._events[max(after_seq, 0) :] if after_seq is not None else reversed(self._events)
+        )
         if kind is not None:
             events = (e for e in events if e.kind == kind)
         if dataset_id is not None:
             events = (e for e in events if e.dataset_id == dataset_id)
-        return list(itertools.islice(events, limit))
+        if owner is not None:
+            events = (e for e in events if e.owner == owner)
+        if before_seq is not None:
+            events = (e for e in events if e.seq < before_seq)
+        return list(itertools.islice(events, max(limit, 0)))
 
     # ---------------------------------------------------------------------- users
 
@@ -1002,6 +1017,11 @@ class MemoryStore:
         )
         self._schedules[schedule_id] = updated
         return updated
+
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        return [await self.update_schedule(i, v, c) for i, v, c in updates]
 
     async def delete_schedule(self, schedule_id: str) -> bool:
         self._schedule_runs.pop(schedule_id, None)

@@ -185,6 +185,9 @@ class EventRecord:
     dataset_id: str | None = None
     workflow_id: str | None = None
     payload: Mapping[str, Any] | None = None
+    #: The user whose feed shows it (`GET /api/v1/events`); None for server events
+    #: (retention decisions, the audit log), which no user's feed shows.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -713,14 +716,23 @@ class Store(Protocol):
         dataset_id: str | None = None,
         workflow_id: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        owner: str | None = None,
     ) -> EventRecord:
-        """Record an event, stamped now."""
+        """Record an event, stamped now, with the next sequence number."""
         ...
 
     async def list_events(
-        self, *, kind: str | None = None, dataset_id: str | None = None, limit: int = 100
+        self,
+        *,
+        kind: str | None = None,
+        dataset_id: str | None = None,
+        owner: str | None = None,
+        before_seq: int | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
     ) -> list[EventRecord]:
-        """Events (of `kind`, about `dataset_id`, if given), newest first."""
+        """Events matching every filter given, newest first; oldest first when
+        `after_seq` is given (a feed following what came since)."""
         ...
 
     # ---- users
@@ -781,6 +793,13 @@ class Store(Protocol):
         self, schedule_id: str, expected_version: int, changes: ScheduleChanges
     ) -> ScheduleRecord | None:
         """Compare-and-set on the version; None when another writer changed it first."""
+        ...
+
+    async def update_schedules(
+        self, updates: Sequence[tuple[str, int, ScheduleChanges]]
+    ) -> list[ScheduleRecord | None]:
+        """`update_schedule` for each `(schedule_id, expected_version, changes)`, in one
+        store call (a scheduler pass claims every due tick at once); results in order."""
         ...
 
     async def delete_schedule(self, schedule_id: str) -> bool:

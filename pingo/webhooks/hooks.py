@@ -28,15 +28,23 @@ from urllib.parse import urlsplit
 from pingo import errors
 from pingo.config import Settings
 from pingo.errors import ValidationIssue
-from pingo.store.protocol import WebhookDeliveryRecord, WorkflowRecord
+from pingo.store.protocol import ActionRecord, WebhookDeliveryRecord, WorkflowRecord
 
 SIGNATURE_HEADER = "X-Pingo-Signature"
 EVENT_HEADER = "X-Pingo-Event"
 DELIVERY_HEADER = "X-Pingo-Delivery"
 
 WORKFLOW_FINISHED = "workflow.finished"
+#: Each action that fails for good (optional: a webhook asks for it by name).
+ACTION_FAILED = "action.failed"
 #: Every event a webhook may ask for; `workflow.finished` is any end.
-EVENTS = (WORKFLOW_FINISHED, "workflow.succeeded", "workflow.failed", "workflow.killed")
+EVENTS = (
+    WORKFLOW_FINISHED,
+    "workflow.succeeded",
+    "workflow.failed",
+    "workflow.killed",
+    ACTION_FAILED,
+)
 INVALID_WEBHOOK = "INVALID_WEBHOOK"
 MAX_WEBHOOKS = 10
 
@@ -195,6 +203,65 @@ def deliveries_for(
     return deliveries
 
 
+def action_failed_deliveries(
+    workflow: WorkflowRecord, action: ActionRecord, schedule_id: str | None, now: datetime
+) -> list[WebhookDeliveryRecord]:
+    """The deliveries an action's failure queues, for the webhooks that ask for `action.failed`."""
+    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    if not isinstance(raw, list) or not raw:
+        return []
+    deliveries = []
+    for index, hook in enumerate(raw):
+        if not isinstance(hook, Mapping) or not isinstance(hook.get("url"), str):
+            continue
+        if ACTION_FAILED not in hook.get("events", [WORKFLOW_FINISHED]):
+            continue
+        the_id = delivery_id(workflow.id, index, _action_event_key(action.action_id))
+        document = _summary(workflow, schedule_id, ACTION_FAILED, the_id)
+        document.update(
+            actionId=action.action_id,
+            actionName=action.name,
+            actionError=action.error,
+            attempts=action.attempts,
+        )
+        deliveries.append(
+            WebhookDeliveryRecord(
+                id=the_id,
+                owner=workflow.owner,
+                workflow_id=workflow.id,
+                schedule_id=schedule_id,
+                url=hook["url"],
+                event=ACTION_FAILED,
+                body=_encode(document),
+                state="pending",
+                attempts=0,
+                next_attempt_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    return deliveries
+
+
+def _action_event_key(action_id: int) -> str:
+    """What a failure's delivery id is derived from: one delivery per action and webhook."""
+    return f"{ACTION_FAILED}/{action_id}"
+
+
+def _delivery_keys(hook: Mapping[str, Any], delivery: WebhookDeliveryRecord) -> list[str]:
+    """The event keys whose delivery ids `hook` could have produced for `delivery`."""
+    events = hook.get("events", [WORKFLOW_FINISHED])
+    keys = [e for e in events if e != ACTION_FAILED]
+    if ACTION_FAILED in events and delivery.event == ACTION_FAILED:
+        try:
+            action_id = json.loads(delivery.body).get("actionId")
+        except (ValueError, AttributeError):
+            action_id = None
+        if isinstance(action_id, int):
+            keys.append(_action_event_key(action_id))
+    return keys
+
+
 def secret_for(workflow: WorkflowRecord, delivery: WebhookDeliveryRecord) -> str | None:
     """The secret that signs `delivery`: read from the workflow, never stored beside it."""
     raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
@@ -203,7 +270,7 @@ def secret_for(workflow: WorkflowRecord, delivery: WebhookDeliveryRecord) -> str
     for index, hook in enumerate(raw):
         if isinstance(hook, Mapping) and any(
             delivery_id(workflow.id, index, e) == delivery.id
-            for e in hook.get("events", [WORKFLOW_FINISHED])
+            for e in _delivery_keys(hook, delivery)
         ):
             secret = hook.get("secret")
             return secret if isinstance(secret, str) else None
@@ -211,10 +278,22 @@ def secret_for(workflow: WorkflowRecord, delivery: WebhookDeliveryRecord) -> str
 
 
 def _body(workflow: WorkflowRecord, schedule_id: str | None, event: str, the_id: str) -> bytes:
+    return _encode(_summary(workflow, schedule_id, event, the_id))
+
+
+def _encode(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _summary(
+    workflow: WorkflowRecord, schedule_id: str | None, event: str, the_id: str
+) -> dict[str, Any]:
+    """The workflow summary every delivery's body holds."""
+
     def stamp(at: datetime | None) -> str | None:
         return None if at is None else at.isoformat().replace("+00:00", "Z")
 
-    document = {
+    return {
         "event": event,
         "deliveryId": the_id,
         "workflowId": workflow.id,
@@ -226,4 +305,3 @@ def _body(workflow: WorkflowRecord, schedule_id: str | None, event: str, the_id:
         "finishedAt": stamp(workflow.finished_at),
         "error": workflow.error,
     }
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

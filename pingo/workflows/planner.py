@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, metrics, states, untrusted
+from pingo import errors, events, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.store import protocol
 from pingo.workflows import language, provenance, reuse
@@ -292,8 +292,11 @@ class WorkflowManager:
         on_ready: Callable[[], None] = lambda: None,
         keep_hook: KeepHook | None = None,
         callbacks: CallbackService | None = None,
+        feed: bool = True,
     ) -> None:
         self.store = store
+        #: Whether submissions go to their owner's events feed (the simulator has no users).
+        self.feed = feed
         self.storage = storage
         self.settings = settings
         self.on_ready = on_ready
@@ -362,6 +365,20 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
+        if self.feed:
+            await events.record(
+                self.store,
+                events.WORKFLOW_SUBMITTED,
+                owner=owner,
+                workflow_id=record.id,
+                payload={"name": record.name, "rerunOf": rerun_of},
+            )
+        if record.state in states.WORKFLOW_TERMINAL:
+            # Nothing to run (every dataset it needs was reused): it ended at submission.
+            if self._callbacks is not None:
+                await self._callbacks.announce_end(record)
+            elif self.feed:
+                await events.record_end(self.store, record)
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if tally.sharing:
             await self._settle_sharing(plan, tally.sharing)

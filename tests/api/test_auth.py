@@ -66,6 +66,8 @@ MATRIX: dict[str, Case] = {
     "list_schedule_runs": Case("GET", "/api/v1/schedules/{sch}/runs", 404, 200),
     "list_schedule_deliveries": Case("GET", "/api/v1/schedules/{sch}/deliveries", 404, 200),
     "list_workflow_deliveries": Case("GET", "/api/v1/workflows/{wf}/deliveries", 404, 200),
+    "list_events": Case("GET", "/api/v1/events", 200, 200),
+    "list_audit": Case("GET", "/api/v1/audit", 403, 200),
 }
 
 PUBLIC = {"post_callback", "get_callback", "healthz", "readyz", "metrics", "openapi", "docs"}

@@ -144,6 +144,20 @@ async def test_a_big_killed_workflow_still_calls_its_webhook(
     assert json.loads(body)["state"] == "KILLED"
 
 
+async def test_a_workflow_reused_whole_at_submission_is_announced_too(
+    open_api: Api, receiver: Receiver
+) -> None:
+    api = open_api
+    first = await api.submit(chain("whole"), user="alice")
+    await api.wait(first["id"])
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.succeeded"]}
+    again = await api.submit({**chain("whole"), "webhooks": [hook]}, user="alice")
+    assert again["state"] == "SUCCEEDED"  # nothing to run: it ended at submission
+    [delivery] = await settled(api, again["id"])
+    assert delivery["state"] == "delivered"
+    assert json.loads(receiver.received[0][1])["workflowId"] == again["id"]
+
+
 async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
     open_api: Api, receiver: Receiver
 ) -> None:
@@ -161,6 +175,39 @@ async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
     assert json.loads(receiver.received[0][1])["state"] == "FAILED"
     bodies = {body for _, body in receiver.received}
     assert len(bodies) == 1  # every attempt sends the same signed bytes
+
+
+async def test_each_action_failure_posts_when_asked_for(open_api: Api, receiver: Receiver) -> None:
+    """`action.failed`: one delivery per action failing for good, signed like the others,
+    beside the workflow's own end; a webhook that did not ask for it gets none."""
+    api = open_api
+    hook = {"url": receiver.url, "secret": SECRET, "events": ["action.failed", "workflow.failed"]}
+    quiet = {"url": receiver.url, "secret": "other-secret", "events": ["workflow.succeeded"]}
+    failing = command_workflow(
+        {1: ["sh", "-c", "exit 3"], 2: ["sh", "-c", "exit 4"], 3: ["true"]},
+        {3: [1, 2]},
+        extra={1: {"maxAttempts": 2}, 2: {"maxAttempts": 1}},
+    )
+    failing["onFailure"] = "continue"
+    workflow = await api.submit({**failing, "webhooks": [hook, quiet]}, user="alice")
+    assert (await api.wait(workflow["id"]))["state"] == "FAILED"
+    found = await settled(api, workflow["id"], count=3)
+    assert sorted(d["event"] for d in found) == [
+        "action.failed",
+        "action.failed",
+        "workflow.failed",
+    ]
+    assert all(d["state"] == "delivered" for d in found)
+    failures = [json.loads(b) for _, b in receiver.received if b"action.failed" in b]
+    assert sorted(f["actionId"] for f in failures) == [1, 2]
+    by_action = {f["actionId"]: f for f in failures}
+    assert by_action[1]["attempts"] == 2
+    assert by_action[2]["attempts"] == 1
+    assert by_action[1]["workflowId"] == workflow["id"]
+    for headers, body in receiver.received:
+        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        assert headers["X-Pingo-Signature"] == expected
+        assert SECRET.encode() not in body
 
 
 async def test_events_not_asked_for_are_not_sent(open_api: Api, receiver: Receiver) -> None:

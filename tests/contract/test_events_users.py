@@ -38,6 +38,35 @@ async def test_events_newest_first_with_filters(store: Store, clock: FakeClock) 
     assert await store.list_events(kind="nothing") == []
 
 
+async def test_events_by_owner_page_by_sequence(store: Store) -> None:
+    """A user's feed: only their events, newest first by `before_seq`, forward by `after_seq`."""
+    a1 = await store.append_event("workflow.submitted", workflow_id="wf-a1", owner="alice")
+    b1 = await store.append_event("workflow.submitted", workflow_id="wf-b1", owner="bob")
+    server = await store.append_event("audit", payload={"actor": "root"})
+    a2 = await store.append_event(
+        "workflow.finished", workflow_id="wf-a1", owner="alice", payload={"state": "SUCCEEDED"}
+    )
+    a3 = await store.append_event("action.failed", workflow_id="wf-a2", owner="alice")
+
+    assert (a1.owner, server.owner, a2.payload) == ("alice", None, {"state": "SUCCEEDED"})
+    assert await store.list_events(owner="alice") == [a3, a2, a1]
+    assert await store.list_events(owner="bob") == [b1]
+    assert await store.list_events(owner="carol") == []
+    # Newest first, one page at a time, each page strictly older than the last item.
+    assert await store.list_events(owner="alice", limit=2) == [a3, a2]
+    assert await store.list_events(owner="alice", before_seq=a2.seq, limit=2) == [a1]
+    assert await store.list_events(owner="alice", before_seq=a1.seq) == []
+    # Forward from a position (an SSE client's Last-Event-ID): oldest first.
+    assert await store.list_events(owner="alice", after_seq=a1.seq) == [a2, a3]
+    assert await store.list_events(owner="alice", after_seq=a1.seq, limit=1) == [a2]
+    assert await store.list_events(owner="alice", after_seq=a3.seq) == []
+    assert await store.list_events(owner="alice", after_seq=0) == [a1, a2, a3]
+    assert await store.list_events(after_seq=b1.seq, before_seq=a3.seq) == [server, a2]
+    assert await store.list_events(kind="audit") == [server]
+    assert await store.list_events(owner="alice", kind="action.failed") == [a3]
+    assert await store.list_events(owner="alice", limit=0) == []
+
+
 async def test_event_is_stamped_with_the_store_clock(store: Store, clock: FakeClock) -> None:
     now = clock.advance(42)
     event = await store.append_event("tick")

@@ -196,3 +196,26 @@ async def test_deliveries_claimed_once_then_updated(store: Store, clock: FakeClo
     assert [d.id for d in await store.list_deliveries(owner="alice")] == [due.id]
     assert {d.id for d in await store.list_deliveries(workflow_id="wf-1")} == {due.id, later.id}
     assert await store.list_deliveries(schedule_id="nope") == []
+
+
+async def test_update_schedules_claims_many_at_once_each_by_compare_and_set(
+    store: Store, clock: FakeClock
+) -> None:
+    first = await store.create_schedule(make_schedule(clock))
+    second = await store.create_schedule(make_schedule(clock))
+    tick = clock() + timedelta(seconds=1)
+    claim = ScheduleChanges(pending_tick_at=tick, claimed_by="node-a")
+    # The second is claimed with a stale version: it loses, the first wins.
+    won = await store.update_schedules(
+        [(first.id, first.version, claim), (second.id, second.version + 7, claim)]
+    )
+    assert won[1] is None
+    assert won[0] is not None
+    assert (won[0].pending_tick_at, won[0].claimed_by) == (tick, "node-a")
+    assert won[0].version == first.version + 1
+    assert await store.get_schedule(first.id) == won[0]
+    assert await store.get_schedule(second.id) == second
+    # Another node's batch with the versions it read before loses every claim.
+    again = await store.update_schedules([(first.id, first.version, claim)])
+    assert again == [None]
+    assert await store.update_schedules([]) == []

@@ -47,3 +47,36 @@ def test_schedules_from_the_command_line(server: Server) -> None:
     bad = server.run("schedules", "add", "bad", "61 * * * *", "examples/wordcount.json")
     assert bad.returncode == 1
     assert "INVALID_CRON" in bad.stderr or "cron" in bad.stderr
+
+
+def test_data_triggered_schedules_from_the_command_line(server: Server) -> None:
+    added = server.run(
+        "schedules", "add", "after-counts", "examples/wordcount.json",
+        "--when-stored", "daily-clicks", "count",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    stored_id = added.stdout.strip().splitlines()[0]
+    added = server.run(
+        "schedules", "add", "on-drop", "examples/wordcount.json", "--when-appears", "in/_SUCCESS"
+    )
+    assert added.returncode == 0, added.stderr
+    path_id = added.stdout.strip().splitlines()[0]
+    listed = server.run("schedules", "list").stdout.splitlines()
+    [stored_row] = [line for line in listed if line.startswith(stored_id)]
+    [path_row] = [line for line in listed if line.startswith(path_id)]
+    assert "stored daily-clicks/count" in stored_row and "on data" in stored_row
+    assert "appears in/_SUCCESS" in path_row
+    shown = json.loads(server.run("schedules", "show", path_id).stdout)
+    assert shown["trigger"] == {"path": "in/_SUCCESS"}
+
+    both = server.run(
+        "schedules", "add", "both", "* * * * *", "examples/wordcount.json",
+        "--when-appears", "in/_SUCCESS",
+    )  # fmt: skip
+    assert both.returncode == 2
+    assert "one of them" in both.stderr
+    outside = server.run(
+        "schedules", "add", "out", "examples/wordcount.json", "--when-appears", "../etc"
+    )
+    assert outside.returncode == 1
+    assert "trigger" in outside.stderr

@@ -133,6 +133,12 @@ async def test_kill_needs_csrf_and_ownership(users_api: Api) -> None:
     done = await users_api.client.post(url, data={"csrf": csrf}, allow_redirects=False)
     assert done.status == 303
     assert (await users_api.wait(submitted["id"]))["state"] == "KILLED"
+    # The audit log holds the UI's kill (alice's), and neither refused attempt.
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    kills = [e for e in (await audit.json())["items"] if e["action"] == "workflow.kill"]
+    assert [(e["actor"], e["target"]["workflow_id"], e["status"]) for e in kills] == [
+        ("alice", submitted["id"], 303)
+    ]
 
 
 async def test_dataset_pages_show_lineage(users_api: Api) -> None:
@@ -229,6 +235,24 @@ async def test_the_schedules_page_shows_only_ones_own_escaped(users_api: Api) ->
     page = await (await api.client.get("/schedules")).text()
     assert "0 3 * * *" not in page
     assert "No schedules yet" in page
+
+
+async def test_the_schedules_page_shows_data_triggers_escaped(users_api: Api) -> None:
+    api = users_api
+    body = {
+        "name": "on-data",
+        "trigger": {"dataset": {"workflow": SCRIPT, "action": "<b>count</b>"}},
+        "workflow": chain("ui-trigger"),
+    }
+    response = await api.client.post("/api/v1/schedules", json=body, headers=api.auth("alice"))
+    assert response.status == 201, await response.text()
+    await sign_in(api, "alice")
+    page = await (await api.client.get("/schedules")).text()
+    assert SCRIPT not in page and "<b>count</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;b&gt;count&lt;/b&gt;" in page
+    assert "on data" in page
+    assert "None" not in page
 
 
 async def test_pages_carry_the_security_headers(users_api: Api) -> None:

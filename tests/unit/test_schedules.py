@@ -5,6 +5,7 @@ claiming a tick, or after submitting it, loses nothing and doubles nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pingo import errors, states
+from pingo import errors, events, states
 from pingo.config import Settings
 from pingo.node import Node
 from pingo.schedules import rules
@@ -300,3 +301,104 @@ async def test_pause_resume_and_a_deleted_owner(
     with pytest.raises(errors.NotFound):
         await node.schedules.set_paused("sch-missing", True)
     assert states.WorkflowState.RUNNING  # the enum the service counts on
+
+
+# ------------------------------------------------------------------ data triggers
+
+
+async def store_dataset_event(store: Store, workflow_name: str, action_name: str) -> None:
+    """What the callback service appends when an action of alice's stores its dataset."""
+    await store.append_event(
+        events.DATASET_STORED,
+        owner="alice",
+        workflow_id="wf-producer",
+        dataset_id="d" * 64,
+        payload={"workflowName": workflow_name, "actionName": action_name, "actionId": 2},
+    )
+
+
+async def test_nodes_racing_on_a_dataset_trigger_run_each_store_once(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    nodes = [make_node(tmp_path, store, f"n{i}") for i in range(3)]
+    body = {
+        "name": "on-count",
+        "trigger": {"dataset": {"workflow": "clicks", "action": "count"}},
+        "workflow": workflow(),
+    }
+    created = await nodes[0].schedules.create(body, owner="alice")
+    stored_at = []
+    for _ in range(4):
+        clock.advance(1)
+        await store_dataset_event(store, "clicks", "count")
+        stored_at.append(clock())
+        # Neither another action nor another workflow of the same action's name fires it.
+        await store_dataset_event(store, "clicks", "extract")
+        await store_dataset_event(store, "views", "count")
+    for _ in range(6):
+        await asyncio.gather(*(n.schedules.fire_due() for n in nodes))
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == stored_at
+    assert all(r.outcome == "submitted" for r in runs)
+    submitted = await workflows_of(store)
+    assert len(submitted) == 4
+    assert len({w.idempotency_key for w in submitted}) == 4
+
+
+async def test_a_node_dying_after_claiming_a_trigger_loses_nothing(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    a, b = make_node(tmp_path, store, "a"), make_node(tmp_path, store, "b")
+    body = {
+        "name": "on-count",
+        "trigger": {"dataset": {"workflow": "clicks", "action": "count"}},
+        "workflow": workflow(),
+    }
+    created = await a.schedules.create(body, owner="alice")
+    clock.advance(1)
+    await store_dataset_event(store, "clicks", "count")
+    fired_at = clock()
+
+    async def die(*args: Any, **kwargs: Any) -> Any:
+        raise Crash
+
+    a.workflows.submit = die  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await a.schedules.fire_due()
+    pending = await store.get_schedule(created.id)
+    assert pending is not None and pending.pending_tick_at == fired_at
+    await b.schedules.fire_due()  # the claim holds
+    assert await workflows_of(store) == []
+    clock.advance(6)
+    await b.schedules.fire_due()
+    runs = await store.list_schedule_runs(created.id)
+    assert [(r.tick_at, r.outcome) for r in runs] == [(fired_at, "submitted")]
+    for _ in range(3):
+        await b.schedules.fire_due()
+    assert len(await workflows_of(store)) == 1
+
+
+async def test_nodes_racing_on_a_path_trigger_run_each_change_once(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    nodes = [make_node(tmp_path, store, f"n{i}") for i in range(3)]
+    body = {"name": "on-drop", "trigger": {"path": "in/_SUCCESS"}, "workflow": workflow()}
+    created = await nodes[0].schedules.create(body, owner="alice")
+    clock.advance(60)  # the changes below happened after the schedule was made, before now
+    marker = tmp_path / "data" / "in" / "_SUCCESS"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    changes = []
+    for seconds in (10, 20):
+        at = START + timedelta(seconds=seconds)
+        os.utime(marker, (at.timestamp(), at.timestamp()))
+        changes.append(at)
+        for node in nodes:
+            node.schedules._polled.clear()  # each node looks again now
+        await asyncio.gather(*(n.schedules.fire_due() for n in nodes))
+        for node in nodes:
+            node.schedules._polled.clear()
+        await asyncio.gather(*(n.schedules.fire_due() for n in nodes))
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == changes
+    assert len(await workflows_of(store)) == 2

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pingo.api.routes import callbacks, datasets, schedules, system, users, workflows
+from pingo.api.routes import callbacks, datasets, events, schedules, system, users, workflows
 
 
 def setup_routes(app: web.Application) -> None:
     """Add every route of the API to `app`."""
-    for module in (workflows, schedules, datasets, callbacks, users, system):
+    for module in (workflows, schedules, datasets, callbacks, users, events, system):
         app.router.add_routes(module.routes)
+    events.setup(app)

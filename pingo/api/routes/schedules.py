@@ -32,6 +32,7 @@ def schedule_location(schedule_id: str) -> str:
 def schedule_document(record: ScheduleRecord) -> dict[str, Any]:
     """A schedule as the API shows it: its definition, state and next ticks; no secret."""
     spec = record.spec
+    triggered = "trigger" in spec
     workflow = spec.get("workflow")
     if isinstance(workflow, Mapping):
         workflow = dict(workflow)
@@ -42,6 +43,7 @@ def schedule_document(record: ScheduleRecord) -> dict[str, Any]:
         "name": record.name,
         "owner": record.owner,
         "cron": spec.get("cron"),
+        "trigger": spec.get("trigger"),
         "timezone": spec.get("timezone", "UTC"),
         "catchUp": spec.get("catchUp", "latest"),
         "catchUpLimit": spec.get("catchUpLimit", 100),
@@ -51,7 +53,9 @@ def schedule_document(record: ScheduleRecord) -> dict[str, Any]:
         "start": spec.get("start"),
         "end": spec.get("end"),
         "paused": record.paused,
-        "nextFireAt": documents.timestamp(record.next_fire_at),
+        # A data trigger has no next fire time: its next_fire_at is a watermark.
+        "nextFireAt": None if triggered else documents.timestamp(record.next_fire_at),
+        "firesOnDataAfter": documents.timestamp(record.next_fire_at) if triggered else None,
         "nextFireTimes": [documents.timestamp(t) for t in next_fire_times(record, NEXT_FIRE_TIMES)],
         "pendingTickAt": documents.timestamp(record.pending_tick_at),
         "createdAt": documents.timestamp(record.created_at),

@@ -1,0 +1,140 @@
+"""Each user's feed of their workflows' events, and the admins' audit log.
+
+Both are rows of the store's one event log (`Store.append_event`). A feed event
+names its `owner`, the user whose feed (`GET /api/v1/events`) shows it; an audit
+entry names no owner (no user's feed shows it) and is read by admins only
+(`GET /api/v1/audit`). Writing either is best effort: the change it reports has
+happened already, so a store error here is logged and never fails or undoes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from pingo import errors, metrics
+from pingo.store.protocol import EventRecord, Store, WorkflowRecord
+
+logger = logging.getLogger(__name__)
+
+#: A workflow was planned and stored (by its owner, a schedule or a re-run).
+WORKFLOW_SUBMITTED = "workflow.submitted"
+#: A workflow ended; the payload's `state` says how.
+WORKFLOW_FINISHED = "workflow.finished"
+#: An action failed for good (its attempts spent, or the cluster killed it).
+ACTION_FAILED = "action.failed"
+#: An action's output was stored as a dataset.
+DATASET_STORED = "dataset.stored"
+#: Every kind a user's feed holds, for the `kind` filter.
+FEED_KINDS = (WORKFLOW_SUBMITTED, WORKFLOW_FINISHED, ACTION_FAILED, DATASET_STORED)
+#: The kind of an audit entry (who did what, when, from where).
+AUDIT = "audit"
+
+#: How long a follower waits before it counts an event as settled. The MongoDB store
+#: hands out a sequence number before it inserts the event, so an event with a lower
+#: number may become visible just after one with a higher number.
+SETTLE_S = 2.0
+
+
+async def record(
+    store: Store,
+    kind: str,
+    *,
+    owner: str,
+    workflow_id: str | None = None,
+    dataset_id: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+) -> None:
+    """Append an event to `owner`'s feed; a store error is logged, not raised."""
+    try:
+        await store.append_event(
+            kind, owner=owner, workflow_id=workflow_id, dataset_id=dataset_id, payload=payload
+        )
+        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="recorded").inc()
+    except errors.PingoError as exc:
+        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="lost").inc()
+        logger.warning(
+            "feed event %s of %s not recorded: %s",
+            kind,
+            workflow_id,
+            exc.message,
+            extra={"event": "feed_event_lost", "kind": kind, "workflow_id": workflow_id},
+        )
+
+
+async def record_end(store: Store, workflow: WorkflowRecord) -> None:
+    """Append `workflow.finished` to the workflow's owner's feed."""
+    await record(
+        store,
+        WORKFLOW_FINISHED,
+        owner=workflow.owner,
+        workflow_id=workflow.id,
+        payload={"name": workflow.name, "state": workflow.state.value, "error": workflow.error},
+    )
+
+
+async def audit(
+    store: Store,
+    *,
+    actor: str,
+    action: str,
+    remote: str | None,
+    target: Mapping[str, str],
+    status: int,
+) -> None:
+    """Append an audit entry: `actor` did `action` on `target` from `remote`."""
+    payload = {
+        "actor": actor,
+        "action": action,
+        "remote": remote,
+        "target": dict(target),
+        "status": status,
+    }
+    try:
+        await store.append_event(AUDIT, payload=payload)
+        metrics.EVENTS_RECORDED.labels(kind=AUDIT, outcome="recorded").inc()
+    except errors.PingoError as exc:
+        metrics.EVENTS_RECORDED.labels(kind=AUDIT, outcome="lost").inc()
+        logger.error(
+            "audit entry lost: %s did %s on %s: %s",
+            actor,
+            action,
+            dict(target),
+            exc.message,
+            extra={"event": "audit_entry_lost", "actor": actor, "action": action},
+        )
+
+
+class Follower:
+    """Hands out each new event of one feed once, in sequence order, as it appears.
+
+    It asks the store for what came after its *floor*, the highest number below which
+    everything has settled, and remembers what it handed out above it; an event that
+    becomes visible late (see `SETTLE_S`) is still handed out.
+    """
+
+    def __init__(self, store: Store, owner: str, after_seq: int, kind: str | None = None) -> None:
+        self.store = store
+        self.owner = owner
+        self.kind = kind
+        self._floor = after_seq
+        self._sent: set[int] = set()
+
+    async def poll(self, now: datetime, limit: int = 100) -> list[EventRecord]:
+        """The events not handed out yet, oldest first."""
+        found = await self.store.list_events(
+            owner=self.owner, kind=self.kind, after_seq=self._floor, limit=limit
+        )
+        fresh = [e for e in found if e.seq not in self._sent]
+        self._sent.update(e.seq for e in fresh)
+        settled_before = now - timedelta(seconds=SETTLE_S)
+        settled = [e.seq for e in found if e.at <= settled_before]
+        if len(found) >= limit and not settled:
+            # A full page of unsettled events: move on rather than read it forever.
+            settled = [found[-1].seq]
+        if settled:
+            self._floor = max(self._floor, *settled)
+            self._sent = {seq for seq in self._sent if seq > self._floor}
+        return fresh
