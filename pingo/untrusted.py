@@ -107,6 +107,18 @@ def stored_object(text: str) -> Mapping[str, Any]:
     return value
 
 
+def json_integer(value: object) -> int | None:
+    """`value` as an int when JSON Schema calls it an `integer` (`3` and `3.0`), else None.
+
+    Booleans are not integers here, whatever Python says.
+    """
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
 def is_undecoded(value: object) -> bool:
     """Whether `value` is a `LazyObject` whose first read would decode its text now."""
     return isinstance(value, LazyObject) and value.undecoded

@@ -246,11 +246,7 @@ def _decode(document: bytes | str | Mapping[str, Any]) -> tuple[Any, ValidationI
 
 def _as_id(value: Any) -> int | None:
     """An action id as an int, or None when `value` is not one (JSON Schema's `integer`)."""
-    if type(value) is int:
-        return value
-    if type(value) is float and value.is_integer():
-        return int(value)
-    return None
+    return untrusted.json_integer(value)
 
 
 @contextlib.contextmanager

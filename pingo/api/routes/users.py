@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from pingo import errors, limits
+from pingo import errors, limits, untrusted
 from pingo.api import auth, bodies, documents, state
 from pingo.store.protocol import UserRecord
 
@@ -172,18 +172,16 @@ def _limits_request(body: object) -> dict[str, int | None]:
         )
         raise errors.ValidationFailed(issues)
     changes: dict[str, int | None] = {}
-    for key, value in wanted.items():
+    for key, raw in wanted.items():
         pointer = "/limits/" + _pointer_token(key)
         attr = documents.LIMIT_FIELDS.get(key)
+        # JSON Schema's integer: 3.0 is one, as the OpenAPI document promises.
+        value = None if raw is None else untrusted.json_integer(raw)
         if attr is None:
             issues.append(
                 errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown limit {key!r}", pointer)
             )
-        elif value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 1 <= value <= limits.MAX_LIMIT
-        ):
+        elif raw is not None and (value is None or not 1 <= value <= limits.MAX_LIMIT):
             issues.append(
                 errors.ValidationIssue(
                     "INVALID_LIMIT",
