@@ -114,6 +114,12 @@ def _schemathesis(served: Served, token: str, report: Path) -> subprocess.Comple
             f"Authorization: Bearer {token}",
             "--checks",
             "all",
+            # A deleted dataset stays a readable DELETED record by design, and the
+            # per-operation switch in schemathesis.toml does not reach the stateful
+            # phase's use-after-free check (schemathesis 4.32: `--checks all` wins).
+            # DELETE → 404 of users and schedules is asserted in tests/api instead.
+            "--exclude-checks",
+            "use_after_free",
             "--phases",
             "examples,coverage,fuzzing,stateful",
             "--seed",
