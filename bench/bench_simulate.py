@@ -2,7 +2,7 @@
 
 simulate_200_s         200 submissions over the seven shipped WfCommons traces (seed 1, Zipf
                        1.1, perturbations accumulating per family) replayed through the real
-                       WorkflowManager, CallbackService, RetentionLoop and Deletor on the
+                       WorkflowManager, OutcomeService, RetentionLoop and Deletor on the
                        in-memory store, with `gdsf` at 20% of the working set; target < 60 s
 simulate_oracle_200_s  the same sequence's planning model and offline oracle at 20%
 

@@ -23,11 +23,11 @@ from pingo.actions.reaper import Reaper
 from pingo.actions.scraper import ActionQueue, ReadyWatch, Scraper
 from pingo.actions.submitter import Submitter, hand_back
 from pingo.callbacks import tokens
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.retention import policy
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import RetentionPolicy
@@ -60,7 +60,7 @@ class _HeldReporter:
     held set (and its type's concurrency slot frees) as soon as it ended.
     """
 
-    def __init__(self, callbacks: CallbackService, held: HeldActions) -> None:
+    def __init__(self, callbacks: OutcomeService, held: HeldActions) -> None:
         self._callbacks = callbacks
         self._held = held
 
@@ -113,7 +113,7 @@ class Node:
         #: executors exist below.
         self.capacities: dict[str, int] = {}
         self.scraper = Scraper(store, settings, self.queue, self.held, self.capacities)
-        self.callbacks = CallbackService(
+        self.callbacks = OutcomeService(
             store,
             self.storage,
             settings,
@@ -348,7 +348,7 @@ class Node:
             read_workflow = polls % 10 == 0 or not any(counts.get(s) for s in _LEFT)
 
     async def _queue_webhooks(self, workflow: WorkflowRecord) -> None:
-        """Queue the deliveries a workflow's end owes its webhooks (CallbackService's hook)."""
+        """Queue the deliveries a workflow's end owes its webhooks (OutcomeService's hook)."""
         schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
         now = self.store.clock()
         if untrusted.is_undecoded(workflow.document):
@@ -362,7 +362,7 @@ class Node:
             self.webhooks.wake()
 
     async def _queue_failure_webhooks(self, action: ActionRecord, workflow: WorkflowRecord) -> None:
-        """Queue the `action.failed` deliveries of an action's failure (CallbackService's hook)."""
+        """Queue the `action.failed` deliveries of an action's failure (OutcomeService's hook)."""
         schedule_id = schedule_rules.schedule_of(workflow.idempotency_key)
         deliveries = hooks.action_failed_deliveries(
             workflow, action, schedule_id, self.store.clock()
@@ -372,7 +372,7 @@ class Node:
             self.webhooks.wake()
 
     async def _kill_action(self, action: ActionRecord) -> None:
-        """Stop an action's running work through its executor (CallbackService's hook)."""
+        """Stop an action's running work through its executor (OutcomeService's hook)."""
         executor = self.executors.get(action.type)
         if executor is None or action.external_id is None:
             return

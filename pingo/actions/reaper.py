@@ -23,7 +23,7 @@ single-effect.
 
 Every lease it also settles the actions sharing another workflow's computation
 whose producer ended without their settlement (a node died in between:
-`CallbackService.settle_stranded`). It also sweeps the local data root's staging
+`OutcomeService.settle_stranded`). It also sweeps the local data root's staging
 directory, on its first run and every lease after (`sweep_staging`): an entry
 (a staging output, or a sandbox box) belongs to an attempt, named in its file
 name; once that attempt no longer holds a lease (its action moved on, another
@@ -54,7 +54,7 @@ A = states.ActionState
 
 
 class Resolver(Protocol):
-    """The callbacks the reaper resolves actions through (`CallbackService`)."""
+    """The callbacks the reaper resolves actions through (`OutcomeService`)."""
 
     async def success(
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None

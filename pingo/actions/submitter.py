@@ -5,7 +5,7 @@ it PROCESSING → SUBMITTED by compare-and-set (only if this node still owns it;
 `attempts + 1`, a fresh lease, `started_at`), resolves its output (the staging
 path, or the user's `outputPath` when unmanaged) and its inputs (the parents'
 dataset paths), and calls `executor.submit`. A submit error goes to
-`CallbackService.submit_failed` (READY with backoff, or FAILED past
+`OutcomeService.submit_failed` (READY with backoff, or FAILED past
 `maxAttempts`). The executor's external id is recorded on the action, for kills
 and reconciliation: with the SUBMITTED transition when the executor names its
 work beforehand (`external_id_for`), else once `submit` returns.
@@ -37,7 +37,7 @@ A = states.ActionState
 
 #: Where a staging path comes from (`DatasetStorage.staging_path`).
 StagingPath = Callable[[str, str, int, int], str]
-#: `CallbackService.submit_failed`.
+#: `OutcomeService.submit_failed`.
 SubmitFailed = Callable[[ActionRecord, str], Awaitable[object]]
 
 

@@ -2,7 +2,7 @@
 
 Each run is the real engine on a virtual clock: the real `WorkflowManager`
 plans every submission (reuse, claims, the policy's keep hook), the real
-`CallbackService` stores datasets and releases children, the real
+`OutcomeService` stores datasets and releases children, the real
 `RetentionLoop` asks the policy what to evict and the real `Deletor` deletes,
 all on the in-memory store. Only two things are simulated:
 
@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from pingo import errors, states
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.retention.loop import RetentionLoop
 from pingo.retention.policy import keep_hook, load_policy
 from pingo.simulation import bound, oracle, sequence, traces
@@ -150,7 +150,7 @@ class SimulatedExecutor:
         self,
         store: Store,
         storage: SimulatedStorage,
-        callbacks: CallbackService,
+        callbacks: OutcomeService,
         clock: VirtualClock,
     ) -> None:
         self.store = store
@@ -263,7 +263,7 @@ async def run_engine(
             return keep
 
         manager = WorkflowManager(store, storage, settings, keep_hook=counting_hook, feed=False)
-        callbacks = CallbackService(store, storage, settings, feed=False)
+        callbacks = OutcomeService(store, storage, settings, feed=False)
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
         executor = SimulatedExecutor(store, storage, callbacks, clock)

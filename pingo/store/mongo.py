@@ -1096,7 +1096,7 @@ class MongoStore:
     ) -> list[ActionRecord]:
         """Ordered steps (no multi-document transactions): the compare-and-sets, then claims
         and datasets, one update_many each. A node that dies in between leaves claims that
-        `CallbackService.recover_workflow` and the deletor's orphan-claim sweep drop, and
+        `OutcomeService.recover_workflow` and the deletor's orphan-claim sweep drop, and
         datasets the next kill of the (KILLED) workflow gives up."""
         if not expected or limit <= 0:
             return []
@@ -1471,7 +1471,7 @@ class MongoStore:
         transaction are taken one by one here. That is safe because the compare-and-set
         comes first and each later step is idempotent. A caller that loses the CAS
         changes nothing. A node that dies after the CAS leaves a FINISHED action whose
-        claims or children were not all released: `CallbackService.recover_workflow`
+        claims or children were not all released: `OutcomeService.recover_workflow`
         (run for every RUNNING workflow when a node starts) releases the children still
         waiting on a FINISHED parent and drops the claims ended actions hold, and the
         deletor's `release_orphan_claims` drops ended actions' claims on the datasets it

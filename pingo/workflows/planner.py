@@ -10,7 +10,7 @@ workflow's action is computing it right now (TO_STORE, TO_LEAF: the original
 computed it again, its documented inefficiency), the action *shares* that
 computation instead: it is planned WAITING for the producer and still counts
 as computing here (its parents are planned, so that it can compute the dataset
-itself if the producer fails; `pingo.callbacks.service.CallbackService.settle_shared`
+itself if the producer fails; `pingo.outcomes.service.OutcomeService.settle_shared`
 decides). A STORED or LEAF dataset is reused: a leaf promotes it to LEAF,
 and every computing child claims it; a claim that fails (the dataset moved on)
 means computing after all.
@@ -43,9 +43,9 @@ from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
 if TYPE_CHECKING:
-    from pingo.callbacks.service import CallbackService
     from pingo.config import Settings
     from pingo.datasets.storage import DatasetStorage
+    from pingo.outcomes.service import OutcomeService
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class WorkflowManager:
         *,
         on_ready: Callable[[], None] = lambda: None,
         keep_hook: KeepHook | None = None,
-        callbacks: CallbackService | None = None,
+        callbacks: OutcomeService | None = None,
         feed: bool = True,
     ) -> None:
         self.store = store
@@ -439,11 +439,11 @@ class WorkflowManager:
         """Kill a workflow (delegates to the callback service)."""
         return await self._outcomes().kill_workflow(workflow_id)
 
-    def _outcomes(self) -> CallbackService:
+    def _outcomes(self) -> OutcomeService:
         if self._callbacks is None:
-            from pingo.callbacks.service import CallbackService
+            from pingo.outcomes.service import OutcomeService
 
-            self._callbacks = CallbackService(
+            self._callbacks = OutcomeService(
                 self.store, self.storage, self.settings, on_ready=self.on_ready
             )
         return self._callbacks

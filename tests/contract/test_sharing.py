@@ -3,7 +3,7 @@ action is computing shares that computation instead of running it again.
 
 The store verbs (`list_attached_actions`, `finish_action(if_waiting_on=…)`, releasing an
 action's own id) and every interleaving of the planner, the producer's outcomes and
-the settlers (`CallbackService.settle_shared`) that the state machine in
+the settlers (`OutcomeService.settle_shared`) that the state machine in
 docs/states.md names: success, failure, kill, a retry, the producer ending while a
 consumer is planned, two consumers and two settlers racing, a node that died before
 settling.
@@ -21,9 +21,9 @@ import pytest
 from pingo import states
 from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol
 from pingo.store.protocol import ActionChanges, Store, claim_key
 from pingo.workflows import planner
@@ -66,13 +66,13 @@ def storage(settings: Settings) -> DatasetStorage:
 
 
 @pytest.fixture
-def callbacks(store: Store, storage: DatasetStorage, settings: Settings) -> CallbackService:
-    return CallbackService(store, storage, settings)
+def callbacks(store: Store, storage: DatasetStorage, settings: Settings) -> OutcomeService:
+    return OutcomeService(store, storage, settings)
 
 
 @pytest.fixture
 def manager(
-    store: Store, storage: DatasetStorage, settings: Settings, callbacks: CallbackService
+    store: Store, storage: DatasetStorage, settings: Settings, callbacks: OutcomeService
 ) -> planner.WorkflowManager:
     return planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
 
@@ -90,7 +90,7 @@ async def state_of(store: Store, workflow_id: str) -> W:
 
 
 async def succeed(
-    store: Store, storage: DatasetStorage, callbacks: CallbackService, workflow_id: str, aid: int
+    store: Store, storage: DatasetStorage, callbacks: OutcomeService, workflow_id: str, aid: int
 ) -> None:
     action = await start_attempt(store, workflow_id, aid)
     write_output(storage, action)
@@ -98,7 +98,7 @@ async def succeed(
 
 
 async def fail_for_good(
-    store: Store, callbacks: CallbackService, workflow_id: str, aid: int, clock: Any
+    store: Store, callbacks: OutcomeService, workflow_id: str, aid: int, clock: Any
 ) -> None:
     for _ in range(3):
         action = await start_attempt(store, workflow_id, aid)
@@ -173,7 +173,7 @@ async def test_finishing_a_shared_action_requires_it_still_waits_for_its_produce
 async def test_a_consumer_shares_the_computation_and_finishes_when_it_is_stored(
     store: Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -230,7 +230,7 @@ async def test_forced_and_per_user_scopes_never_share(
 
 
 async def test_a_retry_of_the_producer_keeps_the_consumer_waiting(
-    store: Store, callbacks: CallbackService, manager: planner.WorkflowManager
+    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
@@ -241,7 +241,7 @@ async def test_a_retry_of_the_producer_keeps_the_consumer_waiting(
 
 
 async def test_the_producer_failing_makes_every_consumer_compute_it(
-    store: Store, callbacks: CallbackService, manager: planner.WorkflowManager, clock: Any
+    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager, clock: Any
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     consumers = await asyncio.gather(
@@ -258,7 +258,7 @@ async def test_the_producer_failing_makes_every_consumer_compute_it(
 async def test_killing_the_producers_workflow_never_kills_the_consumer(
     store: Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -274,7 +274,7 @@ async def test_killing_the_producers_workflow_never_kills_the_consumer(
 
 
 async def test_killing_the_consumer_leaves_the_producer_alone(
-    store: Store, callbacks: CallbackService, manager: planner.WorkflowManager
+    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
@@ -295,7 +295,7 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
     store: Store,
     storage: DatasetStorage,
     settings: Settings,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     clock: Any,
     outcome: str,
@@ -329,7 +329,7 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
 async def test_two_consumers_and_two_settlers_racing(
     store: Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -342,7 +342,7 @@ async def test_two_consumers_and_two_settlers_racing(
     action = await start_attempt(store, first.id, 1)
     write_output(storage, action)
     # The producer's success and two more settlers (another node's, the reaper's) at once.
-    other = CallbackService(store, storage, callbacks.settings)
+    other = OutcomeService(store, storage, callbacks.settings)
     waiting = await get(store, a.id, 1)
     results = await asyncio.gather(
         callbacks.success(action.callback_id, 1),
@@ -358,7 +358,7 @@ async def test_two_consumers_and_two_settlers_racing(
 
 
 async def test_a_settlement_a_dead_node_left_undone_is_done_by_the_reaper(
-    store: Store, callbacks: CallbackService, manager: planner.WorkflowManager
+    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
@@ -376,7 +376,7 @@ async def test_a_settlement_a_dead_node_left_undone_is_done_by_the_reaper(
 async def test_recovery_settles_a_consumer_whose_producer_ended(
     store: Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -405,7 +405,7 @@ async def test_a_wide_workflow_shares_every_action_in_flight(
 async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
     store: Store, storage: DatasetStorage, settings: Settings, manager: planner.WorkflowManager
 ) -> None:
-    callbacks = CallbackService(store, storage, settings)
+    callbacks = OutcomeService(store, storage, settings)
     once = workflow({1: []}, extra={1: {"maxAttempts": 1}})
     first = await manager.submit(once, owner="ann")
     second = await manager.submit(
@@ -441,7 +441,7 @@ async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
     if backend.name not in SHARED_BACKENDS:
         pytest.skip("only a shared store has several nodes")
     async with make_store(backend, clock) as other_store:
-        other_callbacks = CallbackService(other_store, storage, settings)
+        other_callbacks = OutcomeService(other_store, storage, settings)
         other = planner.WorkflowManager(other_store, storage, settings, callbacks=other_callbacks)
         first = await manager.submit(PRODUCER, owner="ann")
         a, b = await asyncio.gather(
@@ -451,7 +451,7 @@ async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
             assert (await get(store, consumer.id, 1)).is_attached
         action = await start_attempt(store, first.id, 1)
         write_output(storage, action)
-        callbacks = CallbackService(store, storage, settings)
+        callbacks = OutcomeService(store, storage, settings)
         # The producer's success on one node, the backstop on the other, at once.
         await asyncio.gather(
             callbacks.success(action.callback_id, 1), other_callbacks.settle_stranded()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from pingo import errors, states
-from pingo.callbacks.service import CallbackService, StaleCallback
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService, StaleCallback
 from pingo.store import protocol
 from pingo.store.mongo import MongoStore
 from pingo.workflows import planner
@@ -59,13 +59,13 @@ def killer() -> Killer:
 @pytest.fixture
 def callbacks(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, killer: Killer
-) -> CallbackService:
-    return CallbackService(store, storage, settings, on_ready=killer.wake, kill_action=killer)
+) -> OutcomeService:
+    return OutcomeService(store, storage, settings, on_ready=killer.wake, kill_action=killer)
 
 
 @pytest.fixture
 def manager(
-    store: protocol.Store, storage: DatasetStorage, settings: Settings, callbacks: CallbackService
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, callbacks: OutcomeService
 ) -> planner.WorkflowManager:
     return planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
 
@@ -91,7 +91,7 @@ async def wf_state(store: protocol.Store, workflow_id: str) -> states.WorkflowSt
 async def run_ok(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     workflow_id: str,
     action_id: int,
     content: bytes = b"out",
@@ -108,7 +108,7 @@ async def run_ok(
 async def test_success_stores_releases_and_finishes_the_workflow(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     killer: Killer,
 ) -> None:
@@ -142,7 +142,7 @@ async def test_success_stores_releases_and_finishes_the_workflow(
 async def test_callbacks_are_idempotent_and_reject_stale_attempts(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow({1: [], 2: [1]}), owner="ann")
@@ -172,7 +172,7 @@ async def test_callbacks_are_idempotent_and_reject_stale_attempts(
 async def test_success_without_output_stores_an_empty_dataset(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow({1: []}), owner="ann")
@@ -187,7 +187,7 @@ async def test_success_without_output_stores_an_empty_dataset(
 async def test_success_keeps_a_dataset_someone_else_stored(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     # Twins of one workflow compute the same leaf at once (another workflow would
@@ -210,7 +210,7 @@ async def test_success_keeps_a_dataset_someone_else_stored(
 async def test_success_after_the_dataset_was_deleted_meanwhile(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow(CHAIN), owner="ann")
@@ -230,7 +230,7 @@ async def test_success_after_the_dataset_was_deleted_meanwhile(
 async def test_a_recomputed_leaf_outlives_a_pending_deletion(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     # The leaf was stored, a user force-deleted it while a reader's claim held it,
@@ -250,7 +250,7 @@ async def test_a_recomputed_leaf_outlives_a_pending_deletion(
 async def test_success_waits_for_a_deletion_in_progress(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow({1: []}), owner="ann")
@@ -275,7 +275,7 @@ async def test_success_waits_for_a_deletion_in_progress(
 async def test_unmanaged_success_measures_the_users_path(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     tmp_path: Path,
 ) -> None:
@@ -297,7 +297,7 @@ async def test_unmanaged_success_measures_the_users_path(
 async def test_failure_retries_with_backoff_then_fails_and_aborts(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     clock: ManualClock,
     killer: Killer,
@@ -337,7 +337,7 @@ async def test_failure_retries_with_backoff_then_fails_and_aborts(
 async def test_backoff_grows_exponentially(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     clock: ManualClock,
 ) -> None:
@@ -355,7 +355,7 @@ async def test_backoff_grows_exponentially(
 async def test_failure_with_continue_lets_independent_branches_finish(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     doc = workflow(
@@ -381,7 +381,7 @@ async def test_failure_with_continue_lets_independent_branches_finish(
 async def test_a_job_the_cluster_killed_fails_the_action_and_the_workflow(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow(CHAIN), owner="ann")
@@ -403,7 +403,7 @@ async def test_a_job_the_cluster_killed_fails_the_action_and_the_workflow(
 async def test_a_cluster_kill_in_a_continue_workflow_skips_only_what_depends_on_it(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     doc = workflow({1: [], 2: [1], 3: []}, end=2, on_failure="continue")
@@ -419,7 +419,7 @@ async def test_a_cluster_kill_in_a_continue_workflow_skips_only_what_depends_on_
 async def test_submit_failed_and_release_lost(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     doc = workflow({1: [], 2: []}, end=2, extra={1: {"maxAttempts": 1}, 2: {"maxAttempts": 2}})
@@ -442,7 +442,7 @@ async def test_submit_failed_and_release_lost(
 async def test_a_big_chain_submits_and_kills_in_batches(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     killer: Killer,
 ) -> None:
@@ -473,7 +473,7 @@ async def test_a_big_chain_submits_and_kills_in_batches(
 async def test_kill_workflow(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     killer: Killer,
 ) -> None:
@@ -507,7 +507,7 @@ async def test_kill_workflow(
 async def test_continue_ends_when_the_last_action_has_killed_children(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     doc = workflow({1: [], 2: [], 3: [1, 2]}, on_failure="continue", extra={2: {"maxAttempts": 1}})
@@ -530,7 +530,7 @@ async def test_continue_ends_when_the_last_action_has_killed_children(
 async def test_recover_releases_children_a_crash_left_waiting(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     killer: Killer,
 ) -> None:
@@ -552,7 +552,7 @@ async def test_recover_releases_children_a_crash_left_waiting(
 async def test_recover_readies_a_child_whose_release_was_half_applied(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     killer: Killer,
 ) -> None:
@@ -580,7 +580,7 @@ async def test_recover_readies_a_child_whose_release_was_half_applied(
 async def test_recover_drops_claims_of_ended_actions(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow(CHAIN), owner="ann")
@@ -599,7 +599,7 @@ async def test_recover_drops_claims_of_ended_actions(
 async def test_recover_finishes_an_interrupted_abort_and_kill(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     record = await manager.submit(workflow({1: [], 2: [1], 3: []}, end=2), owner="ann")
@@ -623,7 +623,7 @@ async def test_recover_finishes_an_interrupted_abort_and_kill(
 
 
 async def drive(
-    store: protocol.Store, storage: DatasetStorage, callbacks: CallbackService, workflow_id: str
+    store: protocol.Store, storage: DatasetStorage, callbacks: OutcomeService, workflow_id: str
 ) -> list[int]:
     """Run every READY action until none is left, as one node would; the ids run, in order."""
     ran: list[int] = []
@@ -649,7 +649,7 @@ async def drive(
 async def test_layered_100_runs_each_action_once_then_reuses(
     store: protocol.Store,
     storage: DatasetStorage,
-    callbacks: CallbackService,
+    callbacks: OutcomeService,
     manager: planner.WorkflowManager,
     shared_dir: Path,
 ) -> None:

@@ -9,10 +9,10 @@ import fsspec
 import pytest
 
 from pingo import errors, states
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
@@ -137,7 +137,7 @@ async def computed_chain(
 ) -> list[protocol.ActionRecord]:
     """Plan and run the chain 1 → 2 → 3, writing real files; its actions, by id."""
     manager = planner.WorkflowManager(store, storage, settings)
-    callbacks = CallbackService(store, storage, settings)
+    callbacks = OutcomeService(store, storage, settings)
     record = await manager.submit(workflow(CHAIN), owner="ann")
     for aid, data in ((1, b"a"), (2, b"bb"), (3, b"ccc")):
         action = await start_attempt(store, record.id, aid)

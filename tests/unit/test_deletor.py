@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from pingo import states
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.deletor import Deletor
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
@@ -46,7 +46,7 @@ async def stored_intermediate(
 ) -> tuple[protocol.WorkflowRecord, protocol.DatasetRecord]:
     """Run action 1 of the chain 1 → 2: its dataset is STORED (and claimed by action 2)."""
     manager = planner.WorkflowManager(store, storage, settings)
-    callbacks = CallbackService(store, storage, settings)
+    callbacks = OutcomeService(store, storage, settings)
     record = await manager.submit(workflow({1: [], 2: [1]}, tag=tag), owner="ann")
     action = await start_attempt(store, record.id, 1)
     write_output(storage, action, b"data")
@@ -68,7 +68,7 @@ async def test_lifecycle_and_claims_blocking_deletion(
     assert (await dataset(store, d1.id)).state is D.STORED_TO_DELETE
     assert exists(d1.path)
     # Action 2 finishes: its claim goes, and the deletor removes the files.
-    callbacks = CallbackService(store, storage, settings)
+    callbacks = OutcomeService(store, storage, settings)
     second = await start_attempt(store, record.id, 2)
     await callbacks.success(second.callback_id, 1)
     await deletor.run_once()
@@ -89,7 +89,7 @@ async def test_unmanaged_files_are_never_removed(
     record = await planner.WorkflowManager(store, storage, settings).submit(doc, owner="ann")
     action = await start_attempt(store, record.id, 1)
     out.write_text("a,b\n")
-    await CallbackService(store, storage, settings).success(action.callback_id, 1)
+    await OutcomeService(store, storage, settings).success(action.callback_id, 1)
     await DatasetService(store, storage).mark_for_deletion(action.dataset_id, force=True)
     await Deletor(store, storage, settings).run_once()
     assert (await dataset(store, action.dataset_id)).state is D.DELETED

@@ -9,9 +9,9 @@ from pathlib import Path
 from pingo.actions.executors import sandbox
 from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import CHAIN, ManualClock, start_attempt, workflow
@@ -47,7 +47,7 @@ def _present(paths: list[str]) -> list[bool]:
 async def test_sweep_removes_staging_of_attempts_without_a_lease(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
 ) -> None:
-    callbacks = CallbackService(store, storage, settings, on_ready=lambda: None)
+    callbacks = OutcomeService(store, storage, settings, on_ready=lambda: None)
     manager = planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
     record = await manager.submit(workflow(CHAIN), owner="ann")
     running = await start_attempt(store, record.id, 1)

@@ -16,9 +16,9 @@ from pingo.actions.executors.noop import NoopExecutor
 from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Scraper
 from pingo.actions.submitter import Submitter
-from pingo.callbacks.service import CallbackService
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.store import open_store, protocol
 from pingo.workflows.planner import WorkflowManager
 
@@ -224,7 +224,7 @@ async def test_a_stale_claim_losing_its_submit_leaves_the_held_claim_alone(
     await scraper.run_once()
     assert queue.qsize() == 2 and len(held) == 1
     storage = DatasetStorage(str(settings.home / "data"))
-    callbacks = CallbackService(store, storage, settings)
+    callbacks = OutcomeService(store, storage, settings)
     executor = NoopExecutor(callbacks)
     submitter = Submitter(
         0,

@@ -87,7 +87,7 @@ def _error_text(body: Any, default: str) -> str:
 async def _report(
     request: web.Request, callback_id: str, attempt: int, kind: str, body: Any
 ) -> ActionRecord:
-    # CallbackService times each kind in pingo_callback_seconds itself; the node's
+    # OutcomeService times each kind in pingo_callback_seconds itself; the node's
     # reporter also frees the action's slot on this node, as in-process reports do.
     service = state.node(request).reporter
     if kind == "running":

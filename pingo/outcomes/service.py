@@ -101,7 +101,7 @@ WorkflowEnded = Callable[[protocol.WorkflowRecord], Awaitable[None]]
 ActionFailed = Callable[[protocol.ActionRecord, protocol.WorkflowRecord], Awaitable[None]]
 
 
-class CallbackService:
+class OutcomeService:
     """Applies callbacks to actions, datasets and workflows (implements `Reporter`)."""
 
     def __init__(
