@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from pingo import events
-from pingo.api import state
+from pingo.api import runtime
 from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.store.protocol import Store
@@ -42,7 +42,7 @@ ADMIN_TOKEN = "bench-events-admin-token"
 
 
 def _store(app: web.Application) -> Store:
-    node = app[state.STATE_KEY].node
+    node = app[runtime.STATE_KEY].node
     assert node is not None
     return node.store
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from pingo import errors, ui
-from pingo.api import audit, auth, problems, state
+from pingo.api import audit, auth, problems, runtime
 from pingo.api.routes import setup_routes
 from pingo.config import Settings
 
@@ -41,7 +41,7 @@ async def auth_middleware(request: web.Request, handler: problems.Handler) -> we
     resource = request.match_info.route.resource
     path = resource.canonical if resource is not None else request.path
     if path.startswith(API_PREFIX) and not path.startswith(CALLBACK_PREFIX):
-        store = state.node(request).store
+        store = runtime.node(request).store
         request[auth.USER_KEY] = await auth.authenticate(
             store, request.headers.get("Authorization")
         )
@@ -55,7 +55,7 @@ def _action_types() -> frozenset[str]:
 
 
 async def _attach(app: web.Application, node: Node) -> None:
-    shared = app[state.STATE_KEY]
+    shared = app[runtime.STATE_KEY]
     shared.executor_types = frozenset(node.executors)
     shared.action_types = _action_types()
     await auth.ensure_admin(node.store, shared.settings)
@@ -73,7 +73,7 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
         client_max_size=settings.max_body_bytes,
         middlewares=[problems.problem_middleware, auth_middleware, audit.audit_middleware],
     )
-    app[state.STATE_KEY] = state.ApiState(settings=settings)
+    app[runtime.STATE_KEY] = runtime.ApiState(settings=settings)
 
     async def engine(app: web.Application) -> AsyncIterator[None]:
         try:
@@ -88,9 +88,9 @@ def create_app(settings: Settings, *, node: Node | None = None) -> web.Applicati
                     await _attach(app, own)
                     yield
                 finally:
-                    app[state.STATE_KEY].node = None
+                    app[runtime.STATE_KEY].node = None
         finally:
-            await app[state.STATE_KEY].trimmer.close()
+            await app[runtime.STATE_KEY].trimmer.close()
 
     app.cleanup_ctx.append(engine)
     setup_routes(app)
@@ -103,7 +103,7 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=1.0)
-        node = app[state.STATE_KEY].node
+        node = app[runtime.STATE_KEY].node
         if node is not None and not node.running:
             raise errors.PingoError("the node's background loops stopped; see the log above")
 

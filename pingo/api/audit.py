@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from pingo import events
-from pingo.api import auth, problems, state
+from pingo.api import auth, problems, runtime
 
 #: (method, route) -> the action's name in the log.
 AUDITED: Mapping[tuple[str, str], str] = {
@@ -56,7 +56,7 @@ async def _record(request: web.Request, action: str, response: web.StreamRespons
     if location is not None:
         target["location"] = location
     await events.audit(
-        state.node(request).store,
+        runtime.node(request).store,
         actor=user.name,
         action=action,
         remote=request.remote,

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from pingo import errors, untrusted
-from pingo.api import documents, problems, state
+from pingo.api import documents, problems, runtime
 
 #: Deeper than any real workflow; shallow enough that nothing downstream recurses too far.
 MAX_DEPTH = 64
@@ -38,7 +38,7 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     Raises 415 for a non-JSON content type, 413 past the body limit (aiohttp),
     400 MALFORMED_JSON for undecodable, invalid or too deeply nested JSON.
     """
-    limit = state.settings(request).max_body_bytes
+    limit = runtime.settings(request).max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         # Refuse before reading a byte: an oversized body is never buffered.
         raise problems.PayloadTooLarge(

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from pingo import errors, states
 from pingo.actions.executors import base as executors_base
-from pingo.api import auth, bodies, documents, problems, state
+from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import schedules as schedule_routes
 from pingo.api.routes import users as user_routes
@@ -142,7 +142,7 @@ async def _session_user(request: web.Request) -> tuple[UserRecord, Session]:
     """The signed-in user, or a redirect to the login page."""
     session = request.app[SESSIONS_KEY].get(request.cookies.get(COOKIE))
     if session is not None:
-        user = await state.node(request).store.get_user_by_token_hash(session.token_hash)
+        user = await runtime.node(request).store.get_user_by_token_hash(session.token_hash)
         if user is not None:
             # The API's own visibility helpers read the user from here.
             request[auth.USER_KEY] = user
@@ -248,7 +248,7 @@ async def login(request: web.Request) -> web.Response:
     token = form.get("token")
     user = None
     if isinstance(token, str) and token:
-        user = await state.node(request).store.get_user_by_token_hash(auth.hash_token(token))
+        user = await runtime.node(request).store.get_user_by_token_hash(auth.hash_token(token))
     if user is None:
         return aiohttp_jinja2.render_template(
             "login.html", request, {"error": "That token is not valid."}, status=401
@@ -287,7 +287,7 @@ async def _workflows_context(request: web.Request) -> dict[str, object]:
         "name": request.query.get("name", "").strip(),
         "owner": request.query.get("owner", "").strip() if user.is_admin else "",
     }
-    store = state.node(request).store
+    store = runtime.node(request).store
     found = await store.list_workflows(
         owner=(filters["owner"] or None) if user.is_admin else user.name,
         state=wanted,
@@ -352,7 +352,7 @@ async def kill_workflow(request: web.Request) -> web.Response:
     _, session = await _session_user(request)
     await _check_csrf(request, session)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
-    await state.node(request).workflows.kill(record.id)
+    await runtime.node(request).workflows.kill(record.id)
     raise web.HTTPSeeOther(f"/workflows/{record.id}")
 
 
@@ -398,7 +398,7 @@ async def download_status(request: web.Request) -> web.StreamResponse:
 
 
 def _log_tail(request: web.Request, workflow_id: str, action_id: int, attempt: int) -> str | None:
-    path = executors_base.log_path(state.settings(request).home, workflow_id, action_id, attempt)
+    path = executors_base.log_path(runtime.settings(request).home, workflow_id, action_id, attempt)
     if not path.is_file():
         return None
     with path.open("rb") as f:
@@ -425,7 +425,7 @@ class Moment:
 
 
 def _attempts(request: web.Request, action: ActionRecord) -> list[Attempt]:
-    home = state.settings(request).home
+    home = runtime.settings(request).home
     found = []
     for number in range(1, action.attempts + 1):
         path = executors_base.log_path(home, action.workflow_id, action.action_id, number)
@@ -489,7 +489,7 @@ async def action_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     action_id = bodies.path_int(request, "action_id")
-    store = state.node(request).store
+    store = runtime.node(request).store
     action = await store.get_action(record.id, action_id)
     if action is None:
         raise errors.NotFound(f"workflow {record.id} has no action {action_id}")
@@ -537,7 +537,7 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
         "prefix": request.query.get("prefix", "").strip().lower(),
         "producer": request.query.get("producer", "").strip(),
     }
-    store = state.node(request).store
+    store = runtime.node(request).store
     cursor = request.query.get("cursor") or None
     rows: list[dict[str, Any]] = []
     looked_at = 0
@@ -575,7 +575,7 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
     (dataset,) = await dataset_routes.dataset_documents(request, [record])
-    datasets = state.node(request).datasets
+    datasets = runtime.node(request).datasets
     ancestors = await datasets.lineage(record.id)
     below = await datasets.descendants(record.id, limit=LINEAGE_NODES)
     # One lineage shares one sharing scope (ids hash it); checked anyway, as the API does.
@@ -611,7 +611,7 @@ async def _visible_workflows(
     request: web.Request, user: UserRecord, planned: list[str], readers: list[str]
 ) -> list[dict[str, Any]]:
     """The workflows of a dataset's page the user may see, newest first, with their use."""
-    store = state.node(request).store
+    store = runtime.node(request).store
     rows = []
     for workflow_id in sorted({*planned, *readers}, reverse=True):
         record = await store.get_workflow(workflow_id)
@@ -635,7 +635,7 @@ async def change_dataset(request: web.Request) -> web.Response:
     user, session = await _session_user(request)
     form = await _check_csrf(request, session)
     record = await dataset_routes.visible_dataset(request)
-    datasets = state.node(request).datasets
+    datasets = runtime.node(request).datasets
     await datasets.check_may_manage(user, record)
     change = request.match_info["change"]
     if change == "delete":
@@ -678,7 +678,7 @@ async def decision_page(request: web.Request) -> dict[str, object]:
     )
     if decision is None:
         raise errors.NotFound(f"no recent retention decision {seq}")
-    dataset = await state.node(request).store.get_dataset(decision["datasetId"] or "")
+    dataset = await runtime.node(request).store.get_dataset(decision["datasetId"] or "")
     if dataset is not None and not auth.may_see_scope(user, dataset.scope):
         raise errors.NotFound(f"no recent retention decision {seq}")
     document = None if dataset is None else documents.dataset_document(dataset)
@@ -689,7 +689,7 @@ async def decision_page(request: web.Request) -> dict[str, object]:
 @aiohttp_jinja2.template("schedules.html")
 async def schedules_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
-    store = state.node(request).store
+    store = runtime.node(request).store
     owner = None if user.is_admin else user.name
     found = await store.list_schedules(owner=owner, limit=200)
     schedules = []
@@ -704,8 +704,8 @@ async def schedules_page(request: web.Request) -> dict[str, object]:
 async def _users_context(
     request: web.Request, user: UserRecord, session: Session, **values: object
 ) -> dict[str, object]:
-    settings = state.settings(request)
-    users = await state.node(request).store.list_users()
+    settings = runtime.settings(request)
+    users = await runtime.node(request).store.list_users()
     return _context(
         user, session, users=[documents.user_document(u, settings) for u in users], **values
     )
@@ -768,7 +768,7 @@ async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], s
     """The live part of a workflow page and its ETag (state, counts, actions' states)."""
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
-    actions = await state.node(request).store.list_actions(record.id)
+    actions = await runtime.node(request).store.list_actions(record.id)
     document = documents.workflow_document(record, actions)
     context = _context(
         user,

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from pingo.api import state
+from pingo.api import runtime
 from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.node import Node
@@ -95,7 +95,7 @@ class Api:
 
     @property
     def node(self) -> Node:
-        node = self.app[state.STATE_KEY].node
+        node = self.app[runtime.STATE_KEY].node
         assert node is not None
         return node
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pingo.api import state
+from pingo.api import runtime
 from pingo.api.app import create_app
 from pingo.retention.policy import EVICT_EVENT
 from tests.api.conftest import AiohttpClient, Api, bearer, command_workflow, make_settings
@@ -282,7 +282,7 @@ async def test_in_per_user_scopes_another_users_dataset_does_not_exist(
     listing = await (await client.get("/api/v1/datasets", headers=api.auth("bob"))).text()
     assert dataset_id not in listing
     # A retention decision about Alice's dataset is not shown to Bob.
-    store = app[state.STATE_KEY].node
+    store = app[runtime.STATE_KEY].node
     assert store is not None
     await store.store.append_event(
         EVICT_EVENT, dataset_id=dataset_id, payload={"policy": "lru", "reason": "test"}

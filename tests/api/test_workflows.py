@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pingo.api.state import CachedDocument, DocumentCache
+from pingo.api.runtime import CachedDocument, DocumentCache
 from pingo.states import ActionState
 
 from .conftest import REPO, Api, chain, command_workflow, sleeper

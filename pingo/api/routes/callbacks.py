@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from pingo import errors
-from pingo.api import bodies, documents, problems, state
+from pingo.api import bodies, documents, problems, runtime
 from pingo.callbacks import tokens
 from pingo.store.protocol import ActionRecord
 
@@ -53,7 +53,7 @@ def _verified_attempt(request: web.Request, callback_id: str) -> int:
     if attempt is None:
         issue = errors.ValidationIssue("INVALID_PARAMETER", "required", "/attempt")
         raise problems.InvalidParameter("a callback needs its ?attempt=", [issue])
-    if not tokens.verify(state.node(request).secret, callback_id, attempt, token):
+    if not tokens.verify(runtime.node(request).secret, callback_id, attempt, token):
         logger.warning(
             "forged callback token for %s attempt %d",
             callback_id,
@@ -89,7 +89,7 @@ async def _report(
 ) -> ActionRecord:
     # OutcomeService times each kind in pingo_callback_seconds itself; the node's
     # reporter also frees the action's slot on this node, as in-process reports do.
-    service = state.node(request).reporter
+    service = runtime.node(request).reporter
     if kind == "running":
         return await service.running(callback_id, attempt)
     if kind == "success":

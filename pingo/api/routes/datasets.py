@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from pingo import errors, states
-from pingo.api import auth, bodies, documents, problems, state
+from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.retention.policy import recent_decisions
 from pingo.store import lookup
 from pingo.store.protocol import DatasetRecord, Store
@@ -26,7 +26,7 @@ async def visible_dataset(request: web.Request) -> DatasetRecord:
     """
     scopes = auth.visible_scopes(auth.current_user(request))
     ref = request.match_info["dataset_id"]
-    return await lookup.dataset(state.node(request).store, ref, scopes=scopes)
+    return await lookup.dataset(runtime.node(request).store, ref, scopes=scopes)
 
 
 #: A workflow with at least this many producers to name is read whole (one query)
@@ -39,7 +39,7 @@ async def producers(
 ) -> dict[tuple[str, int], documents.Producer]:
     """The owner and action name behind each record's producer: one workflow read per
     producing workflow, and its actions' names in as few reads as `_action_names` can."""
-    store = state.node(request).store
+    store = runtime.node(request).store
     by_workflow: dict[str, list[int]] = {}
     for key in sorted(
         {(r.producer_workflow_id, r.producer_action_id) for r in records if r is not None}
@@ -117,7 +117,7 @@ async def lineage_nodes(
 
 async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, Any]:
     """The dataset's ancestor graph as the requester may see each of its nodes."""
-    lineage = await state.node(request).datasets.lineage(dataset_id)
+    lineage = await runtime.node(request).datasets.lineage(dataset_id)
     return {
         "datasetId": lineage.dataset_id,
         "nodes": await lineage_nodes(request, lineage.records),
@@ -132,7 +132,7 @@ async def list_datasets(request: web.Request) -> web.Response:
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000)
     wanted_state = bodies.query_enum(request, "state", states.DatasetState)
     try:
-        found = await state.node(request).store.list_datasets(
+        found = await runtime.node(request).store.list_datasets(
             state=wanted_state, limit=limit or 100, cursor=request.query.get("cursor") or None
         )
     except errors.ValidationFailed as exc:
@@ -155,7 +155,7 @@ async def get_dataset(request: web.Request) -> web.Response:
     record = await visible_dataset(request)
     (document,) = await dataset_documents(request, [record])
     if verify:
-        verdict = await state.node(request).datasets.verify(record)
+        verdict = await runtime.node(request).datasets.verify(record)
         document["verification"] = documents.verification_document(verdict, record)
     return bodies.json_response(document)
 
@@ -174,7 +174,7 @@ async def delete_dataset(request: web.Request) -> web.Response:
     A LEAF dataset (the output of a leaf action) needs `?force=true`.
     """
     record = await visible_dataset(request)
-    datasets = state.node(request).datasets
+    datasets = runtime.node(request).datasets
     await datasets.check_may_manage(auth.current_user(request), record)
     force = bodies.query_bool(request, "force")
     marked = await datasets.mark_for_deletion(record.id, force=force)
@@ -183,7 +183,7 @@ async def delete_dataset(request: web.Request) -> web.Response:
 
 async def _set_pinned(request: web.Request, pinned: bool) -> web.Response:
     record = await visible_dataset(request)
-    datasets = state.node(request).datasets
+    datasets = runtime.node(request).datasets
     await datasets.check_may_manage(auth.current_user(request), record)
     updated = await datasets.set_pinned(record.id, pinned)
     return bodies.json_response((await dataset_documents(request, [updated]))[0])
@@ -207,7 +207,7 @@ async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
     Only those about datasets the requester may see: in per-user sharing scopes
     another user's dataset ids are not shown.
     """
-    store = state.node(request).store
+    store = runtime.node(request).store
     decisions = await recent_decisions(store, limit=20)
     user = auth.current_user(request)
     if user.is_admin:
@@ -223,8 +223,8 @@ async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
 
 async def storage_document(request: web.Request) -> dict[str, Any]:
     """Capacity, usage by dataset state, the retention policy and its recent decisions."""
-    settings = state.settings(request)
-    summary = await state.node(request).datasets.storage_summary()
+    settings = runtime.settings(request)
+    summary = await runtime.node(request).datasets.storage_summary()
     return {
         "capacityBytes": settings.storage_capacity_bytes,
         "usedBytes": summary["usedBytes"],

@@ -11,7 +11,7 @@ import re
 from aiohttp import web
 
 from pingo import errors, events
-from pingo.api import auth, bodies, documents, problems, state
+from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.store.protocol import EventRecord
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ async def list_events(request: web.Request) -> web.StreamResponse:
         return await _stream(request, user.name, kind, after)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     before = _position(request.query.get("cursor"), "cursor")
-    found = await state.node(request).store.list_events(
+    found = await runtime.node(request).store.list_events(
         owner=user.name, kind=kind, before_seq=before, limit=limit + 1
     )
     page, more = found[:limit], len(found) > limit
@@ -91,7 +91,7 @@ async def _stream(
     request: web.Request, owner: str, kind: str | None, after: int | None
 ) -> web.StreamResponse:
     """Server-sent events: each new event once, as `id`, `event` and `data` lines."""
-    store = state.node(request).store
+    store = runtime.node(request).store
     if after is None:
         # A new follower starts now: what happened before is in the JSON pages.
         latest = await store.list_events(owner=owner, kind=kind, limit=1)
@@ -145,7 +145,7 @@ async def list_audit(request: web.Request) -> web.Response:
     auth.require_admin(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     before = _position(request.query.get("cursor"), "cursor")
-    found = await state.node(request).store.list_events(
+    found = await runtime.node(request).store.list_events(
         kind=events.AUDIT, before_seq=before, limit=limit + 1
     )
     page, more = found[:limit], len(found) > limit

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from pingo import errors
-from pingo.api import auth, bodies, documents, state
+from pingo.api import auth, bodies, documents, runtime
 from pingo.api.routes import workflows as workflow_routes
 from pingo.schedules.service import next_fire_times
 from pingo.store.protocol import ScheduleRecord, ScheduleRunRecord, WebhookDeliveryRecord
@@ -96,7 +96,7 @@ def delivery_document(delivery: WebhookDeliveryRecord) -> dict[str, Any]:
 async def _visible_schedule(request: web.Request) -> ScheduleRecord:
     """The schedule, if the requester may see it; 404 otherwise (never reveal that it exists)."""
     schedule_id = request.match_info["schedule_id"]
-    record = await state.node(request).store.get_schedule(schedule_id)
+    record = await runtime.node(request).store.get_schedule(schedule_id)
     if record is None or not auth.may_see(auth.current_user(request), record.owner):
         raise errors.NotFound(f"no schedule {schedule_id!r}")
     return record
@@ -117,7 +117,7 @@ async def create_schedule(request: web.Request) -> web.Response:
     body = await _resolve_workflow(request, await bodies.read_json(request))
     if isinstance(body, Mapping) and isinstance(body.get("workflow"), Mapping):
         workflow_routes.check_executors(request, body["workflow"])
-    node = state.node(request)
+    node = runtime.node(request)
     record = await node.schedules.create(body, owner=user.name)
     node.scheduler.wake()
     return bodies.json_response(
@@ -137,7 +137,7 @@ async def list_schedules(request: web.Request) -> web.Response:
         if owner is not None and owner != user.name:
             return bodies.json_response(documents.page([], None))
         owner = user.name
-    found = await state.node(request).store.list_schedules(owner=owner, limit=limit)
+    found = await runtime.node(request).store.list_schedules(owner=owner, limit=limit)
     return bodies.json_response(documents.page([schedule_document(s) for s in found], None))
 
 
@@ -152,7 +152,7 @@ async def list_schedule_runs(request: web.Request) -> web.Response:
     """What became of the schedule's ticks, latest first: submitted, skipped or failed."""
     record = await _visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
-    runs = await state.node(request).store.list_schedule_runs(record.id, limit=limit)
+    runs = await runtime.node(request).store.list_schedule_runs(record.id, limit=limit)
     return bodies.json_response(documents.page([run_document(r) for r in runs], None))
 
 
@@ -160,7 +160,7 @@ async def list_schedule_runs(request: web.Request) -> web.Response:
 async def pause_schedule(request: web.Request) -> web.Response:
     """Pause: no tick is claimed until resumed (a tick already claimed still settles)."""
     record = await _visible_schedule(request)
-    paused = await state.node(request).schedules.set_paused(record.id, True)
+    paused = await runtime.node(request).schedules.set_paused(record.id, True)
     return bodies.json_response(schedule_document(paused))
 
 
@@ -168,7 +168,7 @@ async def pause_schedule(request: web.Request) -> web.Response:
 async def resume_schedule(request: web.Request) -> web.Response:
     """Resume from the next tick after now; ticks due while paused are not caught up."""
     record = await _visible_schedule(request)
-    node = state.node(request)
+    node = runtime.node(request)
     resumed = await node.schedules.set_paused(record.id, False)
     node.scheduler.wake()
     return bodies.json_response(schedule_document(resumed))
@@ -178,7 +178,7 @@ async def resume_schedule(request: web.Request) -> web.Response:
 async def delete_schedule(request: web.Request) -> web.Response:
     """Delete the schedule and its run log (its workflows stay)."""
     record = await _visible_schedule(request)
-    await state.node(request).schedules.delete(record.id)
+    await runtime.node(request).schedules.delete(record.id)
     return web.Response(status=204)
 
 
@@ -187,7 +187,7 @@ async def list_schedule_deliveries(request: web.Request) -> web.Response:
     """The webhook delivery log of the schedule's workflows, newest first."""
     record = await _visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
-    found = await state.node(request).store.list_deliveries(schedule_id=record.id, limit=limit)
+    found = await runtime.node(request).store.list_deliveries(schedule_id=record.id, limit=limit)
     return bodies.json_response(documents.page([delivery_document(d) for d in found], None))
 
 
@@ -196,5 +196,5 @@ async def list_workflow_deliveries(request: web.Request) -> web.Response:
     """The webhook delivery log of one workflow, newest first."""
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
-    found = await state.node(request).store.list_deliveries(workflow_id=record.id, limit=limit)
+    found = await runtime.node(request).store.list_deliveries(workflow_id=record.id, limit=limit)
     return bodies.json_response(documents.page([delivery_document(d) for d in found], None))

@@ -6,7 +6,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pingo import metrics
-from pingo.api import bodies, openapi, state
+from pingo.api import bodies, openapi, runtime
 
 routes = web.RouteTableDef()
 
@@ -20,7 +20,7 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz", name="readyz")
 async def readyz(request: web.Request) -> web.Response:
     """The store answers (readiness); 503 STORE_UNAVAILABLE otherwise; and the sandbox's state."""
-    node = state.node(request)
+    node = runtime.node(request)
     await node.store.ping()
     return bodies.json_response({"status": "ready", "sandbox": node.sandbox})
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from pingo import errors, limits, untrusted
-from pingo.api import auth, bodies, documents, state
+from pingo.api import auth, bodies, documents, runtime
 from pingo.store.protocol import UserRecord
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ async def add_user(
 ) -> tuple[UserRecord, str]:
     """Create a user and its token (the caller is an admin): the API's and the UI's way."""
     auth.check_user_name(name)
-    store = state.node(request).store
+    store = runtime.node(request).store
     token = auth.generate_token()
     user = await store.create_user(
         UserRecord(
@@ -71,9 +71,9 @@ async def revoke_user(request: web.Request, caller: UserRecord, name: str) -> No
     if name == caller.name:
         # Keeps at least one admin able to log in: nobody can lock the server out by accident.
         raise errors.Conflict("you cannot revoke yourself; ask another admin")
-    if not await state.node(request).store.delete_user(name):
+    if not await runtime.node(request).store.delete_user(name):
         raise errors.NotFound(f"no user {name!r}")
-    state.api_state(request).submission_rate.forget(name)
+    runtime.api_state(request).submission_rate.forget(name)
     logger.info(
         "%s revoked user %s", caller.name, name, extra={"event": "user_revoked", "user": name}
     )
@@ -86,7 +86,7 @@ async def create_user(request: web.Request) -> web.Response:
     name, admin = _user_request(await bodies.read_json(request))
     user, token = await add_user(request, caller, name, admin)
     return bodies.json_response(
-        {**documents.user_document(user, state.settings(request)), "token": token},
+        {**documents.user_document(user, runtime.settings(request)), "token": token},
         status=201,
         headers={"Location": f"{PREFIX}/users/{name}"},
     )
@@ -96,8 +96,8 @@ async def create_user(request: web.Request) -> web.Response:
 async def list_users(request: web.Request) -> web.Response:
     """Every user, by name (admin only)."""
     auth.require_admin(request)
-    users = await state.node(request).store.list_users()
-    settings = state.settings(request)
+    users = await runtime.node(request).store.list_users()
+    settings = runtime.settings(request)
     return bodies.json_response({"items": [documents.user_document(u, settings) for u in users]})
 
 
@@ -113,7 +113,7 @@ async def delete_user(request: web.Request) -> web.Response:
 async def get_me(request: web.Request) -> web.Response:
     """The user the bearer token belongs to."""
     return bodies.json_response(
-        documents.user_document(auth.current_user(request), state.settings(request))
+        documents.user_document(auth.current_user(request), runtime.settings(request))
     )
 
 
@@ -124,10 +124,10 @@ async def get_user(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name != caller.name:
         auth.require_admin(request)
-    user = await state.node(request).store.get_user(name)
+    user = await runtime.node(request).store.get_user(name)
     if user is None:
         raise errors.NotFound(f"no user {name!r}")
-    return bodies.json_response(documents.user_document(user, state.settings(request)))
+    return bodies.json_response(documents.user_document(user, runtime.settings(request)))
 
 
 @routes.patch(PREFIX + "/users/{name}", name="update_user")
@@ -136,7 +136,7 @@ async def update_user(request: web.Request) -> web.Response:
     caller = auth.require_admin(request)
     name = request.match_info["name"]
     changes = _limits_request(await bodies.read_json(request))
-    store = state.node(request).store
+    store = runtime.node(request).store
     user = await store.get_user(name)
     if user is None:
         raise errors.NotFound(f"no user {name!r}")
@@ -150,7 +150,7 @@ async def update_user(request: web.Request) -> web.Response:
         changes,
         extra={"event": "user_limits_changed", "user": name},
     )
-    return bodies.json_response(documents.user_document(updated, state.settings(request)))
+    return bodies.json_response(documents.user_document(updated, runtime.settings(request)))
 
 
 def _limits_request(body: object) -> dict[str, int | None]:

@@ -14,7 +14,7 @@ from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
-from pingo.api import auth, bodies, documents, problems, state
+from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 from pingo.webhooks import hooks
@@ -45,7 +45,7 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
     AMBIGUOUS_ID when several of the requester's own match.
     """
     owner = auth.visible_owner(auth.current_user(request))
-    return await lookup.workflow(state.node(request).store, workflow_id, owner=owner)
+    return await lookup.workflow(runtime.node(request).store, workflow_id, owner=owner)
 
 
 #: Workflows with more actions than this have their document encoded in a worker thread.
@@ -60,12 +60,12 @@ async def shared_views(
     keys = {a.shared_with for a in actions if a.shared_with is not None}
     if not keys:
         return {}
-    return await planner.shared_views(state.node(request).store, record.owner, keys)
+    return await planner.shared_views(runtime.node(request).store, record.owner, keys)
 
 
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
     """The workflow document, serialized; a big one off the event loop (issue 13)."""
-    actions = await state.node(request).store.list_actions(record.id)
+    actions = await runtime.node(request).store.list_actions(record.id)
     views = await shared_views(request, record, actions)
     if len(actions) <= _INLINE_ACTIONS:
         return documents.encode_workflow_document(record, actions, views)
@@ -76,7 +76,7 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
             )
     finally:
         # Hundreds of MiB came and go with a document this big: give them back after.
-        state.api_state(request).trimmer.soon()
+        runtime.api_state(request).trimmer.soon()
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
@@ -84,7 +84,7 @@ async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
 
     (A FAILED or KILLED workflow may still see its last running actions stop.)
     """
-    cache = state.api_state(request).finished_documents
+    cache = runtime.api_state(request).finished_documents
     succeeded = record.state is states.WorkflowState.SUCCEEDED
     if succeeded:
         cached = cache.get(record.id)
@@ -92,7 +92,7 @@ async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
             return cached.body
     body = await _encoded_document(request, record)
     if succeeded:
-        cache.put(record.id, state.CachedDocument(owner=record.owner, body=body))
+        cache.put(record.id, runtime.CachedDocument(owner=record.owner, body=body))
     return body
 
 
@@ -136,7 +136,7 @@ def _missing_executor_issues(
 
 def _check_sandbox(request: web.Request, document: Any) -> None:
     """Refuse (403) command-line actions of a non-admin user when the sandbox cannot run."""
-    if state.node(request).sandbox != "unavailable" or auth.current_user(request).is_admin:
+    if runtime.node(request).sandbox != "unavailable" or auth.current_user(request).is_admin:
         return
     actions = document.get("actions") if isinstance(document, Mapping) else None
     if isinstance(actions, list) and any(
@@ -153,7 +153,7 @@ def check_executors(request: web.Request, document: Any) -> None:
 
     Also refuses webhooks whose URL may not be a target (a 422 before anything runs).
     """
-    shared = state.api_state(request)
+    shared = runtime.api_state(request)
     _check_sandbox(request, document)
     if isinstance(document, Mapping) and "webhooks" in document:
         hooks.parse_webhooks(document["webhooks"], "/webhooks", shared.settings)
@@ -188,18 +188,18 @@ def take_submission(request: web.Request, user: UserRecord) -> None:
 
     Taken before the body is read, so a user over their rate costs no parsing.
     """
-    shared = state.api_state(request)
+    shared = runtime.api_state(request)
     per_minute = limits.effective(user.limits, shared.settings).submissions_per_minute
     shared.submission_rate.take(user.name, per_minute)
 
 
 async def check_workflow_cap(request: web.Request, owner: str) -> None:
     """Refuse (429 TOO_MANY_WORKFLOWS) a new workflow of `owner` beyond their cap."""
-    store = state.node(request).store
+    store = runtime.node(request).store
     caller = auth.current_user(request)
     record = caller if caller.name == owner else await store.get_user(owner)
     own = record.limits if record is not None else NO_LIMITS
-    await limits.check_workflow_cap(store, owner, own, state.settings(request))
+    await limits.check_workflow_cap(store, owner, own, runtime.settings(request))
 
 
 @routes.post(PREFIX + "/workflows", name="submit_workflow")
@@ -215,7 +215,7 @@ async def submit_workflow(request: web.Request) -> web.Response:
 
 async def _submit_workflow(request: web.Request) -> web.Response:
     user = auth.current_user(request)
-    node = state.node(request)
+    node = runtime.node(request)
     dry_run = bodies.query_bool(request, "dryRun")
     key = _idempotency_key(request)
     take_submission(request, user)
@@ -252,7 +252,7 @@ async def list_workflows(request: web.Request) -> web.Response:
             return bodies.json_response(documents.page([], None))
         owner = user.name
     try:
-        found = await state.node(request).store.list_workflows(
+        found = await runtime.node(request).store.list_workflows(
             owner=owner,
             state=wanted_state,
             name=name,
@@ -269,7 +269,7 @@ async def list_workflows(request: web.Request) -> web.Response:
 async def get_workflow(request: web.Request) -> web.StreamResponse:
     """The workflow document."""
     workflow_id = request.match_info["workflow_id"]
-    cached = state.api_state(request).finished_documents.get(workflow_id)
+    cached = runtime.api_state(request).finished_documents.get(workflow_id)
     if cached is not None:
         # A SUCCEEDED workflow never changes, nor does its owner: no store read at all.
         if not auth.may_see(auth.current_user(request), cached.owner):
@@ -299,7 +299,7 @@ async def kill_workflow(request: web.Request) -> web.Response:
     """Kill a running workflow: its running actions are stopped, waiting ones never start."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
     with heap.full_collections_deferred():
-        killed = await state.node(request).workflows.kill(record.id)
+        killed = await runtime.node(request).workflows.kill(record.id)
     return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
@@ -367,7 +367,7 @@ async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -
     await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
-    return await state.node(request).workflows.submit(
+    return await runtime.node(request).workflows.submit(
         document, owner=record.owner, force=force, rerun_of=record.id
     )
 
@@ -397,7 +397,7 @@ async def _visible_action(request: web.Request) -> ActionRecord:
 
 async def _action_of(request: web.Request, record: WorkflowRecord) -> ActionRecord:
     action_id = bodies.path_int(request, "action_id")
-    action = await state.node(request).store.get_action(record.id, action_id)
+    action = await runtime.node(request).store.get_action(record.id, action_id)
     if action is None:
         raise errors.NotFound(f"workflow {record.id} has no action {action_id}")
     return action
@@ -408,7 +408,7 @@ async def get_action(request: web.Request) -> web.Response:
     """One action, with its callback id, external id, definition and error."""
     record = await visible_workflow(request, request.match_info["workflow_id"])
     action = await _action_of(request, record)
-    dataset = await state.node(request).store.get_dataset(action.dataset_id)
+    dataset = await runtime.node(request).store.get_dataset(action.dataset_id)
     views = await shared_views(request, record, [action])
     return bodies.json_response(documents.action_detail(action, dataset, views))
 
@@ -422,7 +422,7 @@ def _attempt_log(request: web.Request, action: ActionRecord) -> tuple[int, Path]
         # A well-formed attempt number that has not happened: no such log, not a bad request.
         raise errors.NotFound(f"action {action.action_id} has run {action.attempts} attempt(s)")
     path = executors_base.log_path(
-        state.settings(request).home, action.workflow_id, action.action_id, attempt
+        runtime.settings(request).home, action.workflow_id, action.action_id, attempt
     )
     if not path.is_file():
         raise errors.NotFound(_no_log(action, attempt))
