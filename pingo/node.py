@@ -135,7 +135,7 @@ class Node:
             settings,
             on_ready=self.scraper.wake,
             keep_hook=keep_hook,
-            callbacks=self.callbacks,
+            outcomes=self.callbacks,
         )
         self.datasets = DatasetService(
             store, self.storage, capacity_bytes=settings.storage_capacity_bytes

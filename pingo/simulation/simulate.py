@@ -262,8 +262,10 @@ async def run_engine(
             dropped += not keep
             return keep
 
-        manager = WorkflowManager(store, storage, settings, keep_hook=counting_hook, feed=False)
         callbacks = OutcomeService(store, storage, settings, feed=False)
+        manager = WorkflowManager(
+            store, storage, settings, keep_hook=counting_hook, outcomes=callbacks, feed=False
+        )
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
         executor = SimulatedExecutor(store, storage, callbacks, clock)

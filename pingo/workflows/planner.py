@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pingo import errors, events, metrics, states, untrusted
 from pingo.datasets import integrity
+from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol
 from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
@@ -291,7 +292,7 @@ class WorkflowManager:
         *,
         on_ready: Callable[[], None] = lambda: None,
         keep_hook: KeepHook | None = None,
-        callbacks: OutcomeService | None = None,
+        outcomes: OutcomeService | None = None,
         feed: bool = True,
     ) -> None:
         self.store = store
@@ -301,7 +302,13 @@ class WorkflowManager:
         self.settings = settings
         self.on_ready = on_ready
         self.keep_hook = keep_hook
-        self._callbacks = callbacks
+        # The node hands in its own (with its kill and webhook hooks); tests and tools
+        # that need no hooks get a plain one, made once, here.
+        self.outcomes = (
+            outcomes
+            if outcomes is not None
+            else OutcomeService(store, storage, settings, on_ready=on_ready, feed=feed)
+        )
 
     # ------------------------------------------------------------------ public
 
@@ -375,10 +382,7 @@ class WorkflowManager:
             )
         if record.state in states.WORKFLOW_TERMINAL:
             # Nothing to run (every dataset it needs was reused): it ended at submission.
-            if self._callbacks is not None:
-                await self._callbacks.announce_end(record)
-            elif self.feed:
-                await events.record_end(self.store, record)
+            await self.outcomes.announce_end(record)
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if tally.sharing:
             await self._settle_sharing(plan, tally.sharing)
@@ -436,17 +440,8 @@ class WorkflowManager:
         return _to_plan(planning)
 
     async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
-        """Kill a workflow (delegates to the callback service)."""
-        return await self._outcomes().kill_workflow(workflow_id)
-
-    def _outcomes(self) -> OutcomeService:
-        if self._callbacks is None:
-            from pingo.outcomes.service import OutcomeService
-
-            self._callbacks = OutcomeService(
-                self.store, self.storage, self.settings, on_ready=self.on_ready
-            )
-        return self._callbacks
+        """Kill a workflow (delegates to the outcome service)."""
+        return await self.outcomes.kill_workflow(workflow_id)
 
     async def _settle_sharing(self, plan: protocol.WorkflowPlan, sharing: Sequence[int]) -> None:
         """Check each sharing action's producer once more, now that the action is stored.
@@ -456,7 +451,7 @@ class WorkflowManager:
         settles it (a compare-and-set, so both looking changes nothing).
         """
         wanted = set(sharing)
-        await self._outcomes().settle_waiting(
+        await self.outcomes.settle_waiting(
             [a for a in plan.actions if a.action_id in wanted], states.Trigger.PLANNER
         )
 

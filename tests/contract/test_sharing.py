@@ -74,7 +74,7 @@ def callbacks(store: Store, storage: DatasetStorage, settings: Settings) -> Outc
 def manager(
     store: Store, storage: DatasetStorage, settings: Settings, callbacks: OutcomeService
 ) -> planner.WorkflowManager:
-    return planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
+    return planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
 
 
 async def get(store: Store, workflow_id: str, action_id: int) -> protocol.ActionRecord:
@@ -314,7 +314,7 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
         Interleaved(store, producer_ends),  # type: ignore[arg-type]
         storage,
         settings,
-        callbacks=callbacks,
+        outcomes=callbacks,
     )
     second = await racing.submit(CONSUMER, owner="bob")
     action = await get(store, second.id, 1)
@@ -442,7 +442,7 @@ async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
         pytest.skip("only a shared store has several nodes")
     async with make_store(backend, clock) as other_store:
         other_callbacks = OutcomeService(other_store, storage, settings)
-        other = planner.WorkflowManager(other_store, storage, settings, callbacks=other_callbacks)
+        other = planner.WorkflowManager(other_store, storage, settings, outcomes=other_callbacks)
         first = await manager.submit(PRODUCER, owner="ann")
         a, b = await asyncio.gather(
             manager.submit(CONSUMER, owner="bob"), other.submit(CONSUMER, owner="cid")

@@ -67,7 +67,7 @@ def callbacks(
 def manager(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, callbacks: OutcomeService
 ) -> planner.WorkflowManager:
-    return planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
+    return planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
 
 
 async def get(store: protocol.Store, workflow_id: str, action_id: int) -> protocol.ActionRecord:

@@ -48,7 +48,7 @@ async def test_sweep_removes_staging_of_attempts_without_a_lease(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
 ) -> None:
     callbacks = OutcomeService(store, storage, settings, on_ready=lambda: None)
-    manager = planner.WorkflowManager(store, storage, settings, callbacks=callbacks)
+    manager = planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
     record = await manager.submit(workflow(CHAIN), owner="ann")
     running = await start_attempt(store, record.id, 1)
     waiting = await store.get_action(record.id, 2)
