@@ -48,6 +48,7 @@ from pingo.store.protocol import (
     open_quotas,
     within_quotas,
 )
+from pingo.store.rules import plan_upgrades
 
 logger = logging.getLogger(__name__)
 
@@ -59,21 +60,6 @@ ActionKey = tuple[str, int]
 K = TypeVar("K")
 S = TypeVar("S")
 R = TypeVar("R")
-
-#: Targets of a dataset being computed, weakest first (DatasetPlan's upgrade rule).
-_TARGET_RANK: Mapping[DatasetState, int] = {
-    DatasetState.TO_DELETE: 0,
-    DatasetState.TO_STORE: 1,
-    DatasetState.TO_LEAF: 2,
-}
-
-
-def plan_upgrades(existing: DatasetState, planned: DatasetState) -> bool:
-    """Whether persisting a plan moves an existing dataset to the planned state."""
-    if existing is DatasetState.DELETED:
-        return True
-    old, new = _TARGET_RANK.get(existing), _TARGET_RANK.get(planned)
-    return old is not None and new is not None and new > old
 
 
 def _shares_with(

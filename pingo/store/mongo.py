@@ -74,7 +74,6 @@ from pymongo.write_concern import WriteConcern
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _cursor, _json, _room, lookup, utcnow
-from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     ActionChanges,
     ActionRecord,
@@ -99,6 +98,7 @@ from pingo.store.protocol import (
     open_quotas,
     within_quotas,
 )
+from pingo.store.rules import plan_upgrades
 
 logger = logging.getLogger(__name__)
 

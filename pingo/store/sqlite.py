@@ -60,7 +60,6 @@ from typing import Any, Self, TypeVar
 from pingo import errors, heap, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _cursor, _json, _room, lookup, utcnow
-from pingo.store.memory import plan_upgrades
 from pingo.store.protocol import (
     KEEP,
     ActionChanges,
@@ -87,6 +86,7 @@ from pingo.store.protocol import (
     open_quotas,
     within_quotas,
 )
+from pingo.store.rules import plan_upgrades
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pingo import errors, events, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.outcomes.service import OutcomeService
-from pingo.store import protocol
+from pingo.store import protocol, rules
 from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
@@ -810,10 +810,6 @@ class WorkflowManager:
         return dict(zip(asked, answers, strict=True))
 
 
-#: Planned targets, weakest first: twins in one workflow keep the strongest.
-_TARGET_RANK: Mapping[states.DatasetState, int] = {D.TO_DELETE: 0, D.TO_STORE: 1, D.TO_LEAF: 2}
-
-
 def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.DatasetPlan) -> None:
     """Add a dataset to compute, merging twins: actions of one workflow with the same provenance.
 
@@ -824,7 +820,9 @@ def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.Datas
     if twin is None:
         datasets[plan.id] = plan
         return
-    state = max(twin.state, plan.state, key=lambda s: _TARGET_RANK[s])
+    state = max(
+        twin.state, plan.state, key=lambda s: rules.TARGET_RANK[s]
+    )  # twins keep the strongest target
     claims = tuple(dict.fromkeys((*twin.claims, *plan.claims)))
     datasets[plan.id] = dataclasses.replace(twin, state=state, claims=claims)
 
