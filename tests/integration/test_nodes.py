@@ -191,7 +191,10 @@ async def test_an_idle_node_finds_another_nodes_work_without_a_full_poll(
     actions = await asyncio.wait_for(on_idle(), timeout=10)
     assert asyncio.get_running_loop().time() - started < 5
     held = collections.Counter(a.owner for a in actions if a.state in states.ACTION_ACTIVE)
-    assert held == {"busy": 1, "idle": 3}
+    # The busy node usually claims one first; when the idle node's poll lands
+    # before the busy node's own dispatch, it may take all four. Either way the
+    # idle node did the finding.
+    assert held["idle"] >= 3 and held["busy"] <= 1
 
 
 async def test_a_workflow_on_another_node_shares_a_computation_in_flight(
