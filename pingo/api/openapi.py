@@ -566,6 +566,7 @@ def _schedule_schemas() -> dict[str, Any]:
                 "name": {"type": "string"},
                 "owner": {"type": "string"},
                 **settings,
+                "cron": {"type": ["string", "null"], "description": "null for a data trigger"},
                 "paused": {"type": "boolean"},
                 "trigger": _nullable(_ref("Trigger")),
                 "nextFireAt": _TIME_OR_NULL,
