@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from pingo import errors, limits, untrusted
-from pingo.api import auth, bodies, documents, runtime
+from pingo.api import auth, bodies, documents, models, runtime
 from pingo.store.protocol import UserRecord
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ async def create_user(request: web.Request) -> web.Response:
     name, admin = _user_request(await bodies.read_json(request))
     user, token = await add_user(request, caller, name, admin)
     return bodies.json_response(
-        {**documents.user_document(user, runtime.settings(request)), "token": token},
+        documents.new_user_document(user, runtime.settings(request), token),
         status=201,
         headers={"Location": f"{PREFIX}/users/{name}"},
     )
@@ -98,7 +98,9 @@ async def list_users(request: web.Request) -> web.Response:
     auth.require_admin(request)
     users = await runtime.node(request).store.list_users()
     settings = runtime.settings(request)
-    return bodies.json_response({"items": [documents.user_document(u, settings) for u in users]})
+    return bodies.json_response(
+        models.UserList(items=[documents.user_document(u, settings) for u in users])
+    )
 
 
 @routes.delete(PREFIX + "/users/{name}", name="delete_user")

@@ -14,7 +14,7 @@ from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
-from pingo.api import auth, bodies, documents, problems, runtime
+from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 from pingo.webhooks import hooks
@@ -223,7 +223,7 @@ async def _submit_workflow(request: web.Request) -> web.Response:
     check_executors(request, document)
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
-        return bodies.json_response(plan.to_json())
+        return bodies.json_response(documents.plan_document(plan))
     if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
         # A replay makes no new workflow: only a new one counts against the cap.
         await check_workflow_cap(request, user.name)
@@ -249,7 +249,7 @@ async def list_workflows(request: web.Request) -> web.Response:
     if not user.is_admin:
         if owner is not None and owner != user.name:
             # Another user's workflows are invisible, not forbidden.
-            return bodies.json_response(documents.page([], None))
+            return bodies.json_response(models.WorkflowPage(items=[], next=None))
         owner = user.name
     try:
         found = await runtime.node(request).store.list_workflows(
@@ -262,7 +262,7 @@ async def list_workflows(request: web.Request) -> web.Response:
     except errors.ValidationFailed as exc:
         raise problems.InvalidParameter(exc.message, exc.issues) from exc
     items = [documents.workflow_summary(w) for w in found.items]
-    return bodies.json_response(documents.page(items, found.next_cursor))
+    return bodies.json_response(models.WorkflowPage(items=items, next=found.next_cursor))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}", name="get_workflow")
