@@ -1,16 +1,17 @@
 """msgspec against pydantic v2 for the API's typed models (issue 14): which one to use.
 
-models_encode_dict_ms       today's way, the baseline: `documents.encode_workflow_document`
-                            of a 1,000-action workflow (dicts built by hand, `json.dumps`)
+models_encode_api_ms        what the server does: `documents.encode_workflow_document` of a
+                            1,000-action workflow (sorting, twins, reuse words included);
+                            hand-built dicts and `json.dumps` before issue 14, msgspec now
 models_encode_msgspec_ms    the same document as msgspec Structs built from the records,
                             encoded by one `msgspec.json.Encoder`
 models_encode_pydantic_ms   the same as pydantic models (validated on construction, as a
                             model is normally built), `model_dump_json(by_alias=True)`
 models_encode_pydantic_construct_ms   pydantic's `model_construct` (no validation), dumped
                             the same way: pydantic's fastest honest way
-models_decode_dict_ms       the baseline for bodies: 10,000 `PATCH /users/{name}` bodies
-                            read by `untrusted.loads` and the hand-written checks of
-                            `routes/users.py` (with their JSON pointers)
+models_decode_api_ms        what the server does now: 10,000 `PATCH /users/{name}` bodies
+                            read by `untrusted.loads` and `bodies.read_model` (msgspec, and
+                            the model's JSON Schema to list every issue of a refused one)
 models_decode_msgspec_ms    the same bodies, `msgspec.json.decode(raw, type=UserUpdate)`
 models_decode_pydantic_ms   the same bodies, `UserUpdate.model_validate_json(raw)`
 
@@ -31,9 +32,8 @@ import msgspec
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from pingo import states
-from pingo.api import documents
-from pingo.api.routes import users as user_routes
+from pingo import errors, states
+from pingo.api import bodies, documents, models
 from pingo.store.protocol import ActionRecord, WorkflowRecord
 from pingo.untrusted import loads
 
@@ -244,7 +244,7 @@ def measure() -> dict[str, float]:
     counts = documents.counts(actions)
     reuse = {"computed": 667, "shared": 0, "reused": 333, "notNeeded": 0}
     encoder = msgspec.json.Encoder()
-    bodies = _bodies()
+    raw_bodies = _bodies()
     decoder = msgspec.json.Decoder(MsgspecUserUpdate)
 
     def encode_msgspec() -> bytes:
@@ -268,22 +268,22 @@ def measure() -> dict[str, float]:
         )
         return document.model_dump_json(by_alias=True).encode()
 
-    def decode_dict() -> None:
-        for raw in bodies:
+    def decode_api() -> None:
+        for raw in raw_bodies:
             try:
-                user_routes._limits_request(loads(raw.decode()))
-            except Exception:
+                bodies.read_model(loads(raw.decode()), models.UserUpdate)
+            except errors.ValidationFailed:
                 pass
 
     def decode_msgspec() -> None:
-        for raw in bodies:
+        for raw in raw_bodies:
             try:
                 decoder.decode(raw)
             except msgspec.ValidationError:
                 pass
 
     def decode_pydantic() -> None:
-        for raw in bodies:
+        for raw in raw_bodies:
             try:
                 PydanticUserUpdate.model_validate_json(raw)
             except pydantic.ValidationError:
@@ -293,13 +293,13 @@ def measure() -> dict[str, float]:
     assert json.loads(encode_msgspec())["actions"][0]["actionId"] == 1
     assert json.loads(encode_pydantic())["actions"][0]["datasetId"] == rows[0]["dataset_id"]
     return {
-        "models_encode_dict_ms": _best_ms(
+        "models_encode_api_ms": _best_ms(
             lambda: documents.encode_workflow_document(workflow, actions)
         ),
         "models_encode_msgspec_ms": _best_ms(encode_msgspec),
         "models_encode_pydantic_ms": _best_ms(encode_pydantic),
         "models_encode_pydantic_construct_ms": _best_ms(encode_pydantic_construct),
-        "models_decode_dict_ms": _best_ms(decode_dict),
+        "models_decode_api_ms": _best_ms(decode_api),
         "models_decode_msgspec_ms": _best_ms(decode_msgspec),
         "models_decode_pydantic_ms": _best_ms(decode_pydantic),
     }

@@ -385,14 +385,6 @@ def verification_document(verdict: Verdict, dataset: DatasetRecord) -> models.Ve
     )
 
 
-#: JSON field → `UserLimits` field, for user documents and `PATCH /users/{name}`.
-LIMIT_FIELDS: dict[str, str] = {
-    "maxWorkflows": "max_workflows",
-    "maxInFlightActions": "max_in_flight_actions",
-    "submissionsPerMinute": "submissions_per_minute",
-}
-
-
 def _limits(values: UserLimits | limits.EffectiveLimits) -> models.Limits:
     return models.Limits(
         max_workflows=values.max_workflows,

@@ -26,6 +26,9 @@ from pingo.workflows import reuse
 
 #: Where a generated schema points at another: OpenAPI's components.
 REF_TEMPLATE = "#/components/schemas/{name}"
+#: A request field's schema may name the issue code its violations get
+#: (`bodies.read_model`); SCHEMA_VIOLATION otherwise.
+ISSUE_CODE = "x-pingo-issue-code"
 
 
 class Model(msgspec.Struct, kw_only=True, rename="camel"):
@@ -377,7 +380,13 @@ class UserList(Model, kw_only=True):
 
 
 #: A limit a request sets: an integer from 1 up, or null for the server's default.
-LimitValue = Annotated[int, msgspec.Meta(ge=1, le=limits.MAX_LIMIT)] | None
+LimitValue = Annotated[
+    Annotated[int, msgspec.Meta(ge=1, le=limits.MAX_LIMIT)] | None,
+    msgspec.Meta(
+        description=f"an integer from 1 to {limits.MAX_LIMIT}, or null for the server's default",
+        extra_json_schema={ISSUE_CODE: "INVALID_LIMIT"},
+    ),
+]
 
 
 class LimitsUpdate(Body, kw_only=True):
@@ -397,7 +406,14 @@ class UserUpdate(Body, kw_only=True):
 class UserRequest(Body, kw_only=True):
     """`POST /users`."""
 
-    name: Annotated[str, msgspec.Meta(pattern=USER_NAME_PATTERN)]
+    name: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=USER_NAME_PATTERN,
+            description="1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            extra_json_schema={ISSUE_CODE: "INVALID_USER_NAME"},
+        ),
+    ]
     admin: bool = False
 
 

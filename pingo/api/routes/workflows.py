@@ -304,22 +304,15 @@ async def kill_workflow(request: web.Request) -> web.Response:
 
 
 def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Action ids named by a rerun body `{"force": [name or id, ...]}` (422 for unknown ones)."""
+    """Action ids named by a rerun body `{"force": [name or id, ...]}` (422 for unknown ones).
+
+    Every issue is reported at once: the body's shape (`models.RerunRequest`) and
+    each name or id that no action of the definition bears.
+    """
     if body is None:
         return frozenset()
-    if not isinstance(body, Mapping):
-        raise errors.ValidationFailed(
-            [errors.ValidationIssue("SCHEMA_VIOLATION", "the body must be an object", "")]
-        )
-    issues = [
-        errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown field {key!r}", f"/{key}")
-        for key in body
-        if key != "force"
-    ]
-    force = body.get("force", [])
-    if not isinstance(force, list):
-        issues.append(errors.ValidationIssue("SCHEMA_VIOLATION", "force must be a list", "/force"))
-        force = []
+    issues = bodies.model_issues(body, models.RerunRequest)
+    force = body.get("force") if isinstance(body, Mapping) else None
     by_name: dict[str, list[int]] = {}
     ids: set[int] = set()
     for action in definition_actions:
@@ -328,23 +321,22 @@ def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) ->
             ids.add(action_id)
             by_name.setdefault(str(action.get("name")), []).append(action_id)
     chosen: set[int] = set()
-    for index, item in enumerate(force):
+    for index, item in enumerate(force if isinstance(force, list) else []):
         pointer = f"/force/{index}"
-        if isinstance(item, bool) or not isinstance(item, int | str):
-            issues.append(
-                errors.ValidationIssue(
-                    "SCHEMA_VIOLATION", "an action name (string) or id (integer)", pointer
-                )
-            )
-        elif isinstance(item, int):
-            if item in ids:
-                chosen.add(item)
+        # An id as JSON Schema counts integers (3.0 too); anything else but a name is
+        # the shape's issue, listed already.
+        action_id = untrusted.json_integer(item)
+        if action_id is not None:
+            if action_id in ids:
+                chosen.add(action_id)
             else:
                 issues.append(
                     errors.ValidationIssue(
-                        "UNKNOWN_ACTION_ID", f"no action with id {item}", pointer
+                        "UNKNOWN_ACTION_ID", f"no action with id {action_id}", pointer
                     )
                 )
+        elif not isinstance(item, str):
+            continue
         elif item in by_name:
             # Names are not unique: a name forces every action that bears it.
             chosen.update(by_name[item])
