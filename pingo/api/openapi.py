@@ -1,5 +1,10 @@
 """The OpenAPI 3.1 document of the API, and the /docs page rendered from it.
 
+This module writes the paths and operations. The schemas of the response
+documents and of most request bodies are generated from `pingo.api.models`;
+written here are only those of bodies another module validates: a schedule
+(`pingo.schedules.rules`) and a callback's report.
+
 The workflow request body is `schemas/workflow.schema.json` itself, embedded
 as `components.schemas.Workflow`: the one schema validates submissions and
 documents them. OpenAPI 3.1 schemas are JSON Schema 2020-12, so it goes in
@@ -53,13 +58,6 @@ def workflow_schema() -> dict[str, Any]:
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(schema: Mapping[str, Any]) -> dict[str, Any]:
-    return {"oneOf": [dict(schema), {"type": "null"}]}
-
-
-_TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
 
 
 def _schemas() -> dict[str, Any]:
@@ -281,8 +279,6 @@ def _schedule_paths() -> dict[str, Any]:
 
 # ---- events and audit (issue 18): self-contained, merged into the document above.
 
-#: An event's position: what `id` and `next` hold.
-_EVENT_POSITION = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 #: What `cursor` and `Last-Event-ID` take: a position, or empty (absent, like any empty
 #: parameter).
 _EVENT_POSITION_PARAM = {"type": "string", "pattern": "^[0-9]{0,18}$"}
