@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -584,8 +584,11 @@ class Readiness(Model, kw_only=True):
 
     status: str
     sandbox: Annotated[
-        Literal["on", "off", "unavailable"],
-        msgspec.Meta(description="Whether command-line actions run sandboxed (PINGO_SANDBOX)."),
+        str,
+        msgspec.Meta(
+            description="Whether command-line actions run sandboxed (PINGO_SANDBOX).",
+            extra_json_schema={"enum": ["on", "off", "unavailable"]},
+        ),
     ]
 
 
