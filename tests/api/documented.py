@@ -34,6 +34,25 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+def _closed(node: Any) -> Any:
+    """A copy of `node` whose objects with listed properties take no others.
+
+    The document leaves response objects open, as JSON Schema does by default; the
+    check closes them, so that a field the server sends but the document does not
+    describe fails too. Free-form objects (no `properties`) stay free.
+    """
+    if isinstance(node, dict):
+        closed = {key: _closed(value) for key, value in node.items()}
+        if "properties" in node and not {"additionalProperties", "unevaluatedProperties"} & set(
+            node
+        ):
+            closed["additionalProperties"] = False
+        return closed
+    if isinstance(node, list):
+        return [_closed(item) for item in node]
+    return node
+
+
 def _pattern(template: str) -> re.Pattern[str]:
     """What a concrete (still percent-encoded) path of `template` looks like."""
     literals = (re.escape(piece) for piece in _PARAM.split(template))
@@ -55,7 +74,7 @@ class ResponseCheck:
     checked: int = 0
 
     def __post_init__(self) -> None:
-        root = {**self.document, "$id": _ROOT}
+        root = {**_closed(self.document), "$id": _ROOT}
         self._registry: referencing.Registry[Any] = referencing.Registry().with_resource(
             _ROOT, referencing.Resource.from_contents(root, default_specification=DRAFT202012)
         )

@@ -47,6 +47,8 @@ def test_status_media_type_and_body_are_each_checked() -> None:
         check.check("get", "/healthz", 200, "text/plain", None)
     with pytest.raises(Undocumented, match="/status"):
         check.check("get", "/healthz", 200, "application/json", b'{"status":false}')
+    with pytest.raises(Undocumented, match="extra"):
+        check.check("get", "/healthz", 200, "application/json", b'{"status":"ok","extra":1}')
     with pytest.raises(Undocumented, match="without a body"):
         check.check("delete", "/api/v1/users/bob", 204, "application/json", b"{}")
 
