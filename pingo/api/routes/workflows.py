@@ -303,58 +303,18 @@ async def kill_workflow(request: web.Request) -> web.Response:
     return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
-def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Action ids named by a rerun body `{"force": [name or id, ...]}` (422 for unknown ones).
-
-    Every issue is reported at once: the body's shape (`models.RerunRequest`) and
-    each name or id that no action of the definition bears.
-    """
+def force_targets(body: Any) -> tuple[int | str, ...]:
+    """What a rerun body `{"force": [name or id, ...]}` names; the planner resolves them."""
     if body is None:
-        return frozenset()
-    issues = bodies.model_issues(body, models.RerunRequest)
-    force = body.get("force") if isinstance(body, Mapping) else None
-    by_name: dict[str, list[int]] = {}
-    ids: set[int] = set()
-    for action in definition_actions:
-        action_id = action.get("id")
-        if isinstance(action_id, int):
-            ids.add(action_id)
-            by_name.setdefault(str(action.get("name")), []).append(action_id)
-    chosen: set[int] = set()
-    for index, item in enumerate(force if isinstance(force, list) else []):
-        pointer = f"/force/{index}"
-        # An id as JSON Schema counts integers (3.0 too); anything else but a name is
-        # the shape's issue, listed already.
-        action_id = untrusted.json_integer(item)
-        if action_id is not None:
-            if action_id in ids:
-                chosen.add(action_id)
-            else:
-                issues.append(
-                    errors.ValidationIssue(
-                        "UNKNOWN_ACTION_ID", f"no action with id {action_id}", pointer
-                    )
-                )
-        elif not isinstance(item, str):
-            continue
-        elif item in by_name:
-            # Names are not unique: a name forces every action that bears it.
-            chosen.update(by_name[item])
-        else:
-            issues.append(
-                errors.ValidationIssue("UNKNOWN_ACTION_NAME", f"no action named {item!r}", pointer)
-            )
-    if issues:
-        raise errors.ValidationFailed(issues)
-    return frozenset(chosen)
+        return ()
+    return tuple(bodies.read_model(body, models.RerunRequest).force)
 
 
 async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
     """Submit `record`'s document again as a new workflow, forcing what `body` names."""
+    force = force_targets(body)
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
-    raw_actions = document.get("actions", [])
-    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
     check_executors(request, document)
     await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
