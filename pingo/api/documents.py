@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -45,13 +44,6 @@ def as_dict(document: msgspec.Struct) -> dict[str, Any]:
     """A document as the JSON object it encodes to (camelCase keys, times as text)."""
     converted: dict[str, Any] = msgspec.to_builtins(document)
     return converted
-
-
-def timestamp(at: datetime | None) -> str | None:
-    """RFC 3339 in UTC with a `Z`, or None."""
-    if at is None:
-        return None
-    return at.isoformat().replace("+00:00", "Z")
 
 
 def counts(actions: Iterable[ActionRecord]) -> dict[str, int]:
