@@ -59,7 +59,7 @@ from typing import Any, Self, TypeVar
 
 from pingo import errors, heap, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _json, _room, lookup, rules, utcnow
+from pingo.store import _common, _cursor, _json, _room, lookup, rules, utcnow
 from pingo.store.protocol import (
     KEEP,
     ActionChanges,
@@ -490,10 +490,9 @@ def _dt_req(micros: int) -> datetime:
     return _EPOCH + micros * _US
 
 
-def _chunks(values: Sequence[T], size: int = 500) -> Iterable[Sequence[T]]:
-    """`values` in slices of at most `size`: SQLite binds a limited number of parameters."""
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
+def _chunks(values: Sequence[T]) -> Iterable[Sequence[T]]:
+    """`values` in slices small enough to bind: SQLite binds a limited number of parameters."""
+    return _common.chunks(values, 500)
 
 
 def _placeholders(count: int) -> str:
@@ -814,16 +813,6 @@ def _transition_action_statement(
         args.append(if_waiting_on)
     sql += f" RETURNING {_HOT_COLUMNS}"
     return sql, args
-
-
-def _log_action_cas_lost(workflow_id: str, action_id: int, new: ActionState) -> None:
-    logger.debug(
-        "action %s/%s not moved to %s: lost the compare-and-set",
-        workflow_id,
-        action_id,
-        new,
-        extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
-    )
 
 
 def path_from_url(url: str) -> str:
@@ -1613,12 +1602,7 @@ class SQLiteStore:
             [new.value, *params, workflow_id, *(s.value for s in expected)],
         )
         if record is None:
-            logger.debug(
-                "workflow %s not moved to %s: lost the compare-and-set",
-                workflow_id,
-                new,
-                extra={"event": "cas_lost", "workflow_id": workflow_id},
-            )
+            _common.log_cas_lost(f"workflow {workflow_id}", new, workflow_id=workflow_id)
         return record
 
     # -------------------------------------------------------------------- actions
@@ -1707,7 +1691,12 @@ class SQLiteStore:
         )
         record = await self._run_write(self._one, self._action_hot, sql, args)
         if record is None:
-            _log_action_cas_lost(workflow_id, action_id, new)
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
+                new,
+                workflow_id=workflow_id,
+                action_id=action_id,
+            )
         return record
 
     async def transition_actions(
@@ -2070,7 +2059,12 @@ class SQLiteStore:
             lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now),
         )
         if outcome is None:
-            _log_action_cas_lost(workflow_id, action_id, ActionState.FINISHED)
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
+                ActionState.FINISHED,
+                workflow_id=workflow_id,
+                action_id=action_id,
+            )
         return outcome
 
     def _finish_action(
@@ -2263,12 +2257,7 @@ class SQLiteStore:
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
         record = await self._run_write(self._one, self._dataset, sql, args)
         if record is None:
-            logger.debug(
-                "dataset %s not moved to %s: lost the compare-and-set",
-                dataset_id,
-                new,
-                extra={"event": "cas_lost", "dataset_id": dataset_id},
-            )
+            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
         return record
 
     async def add_dataset_claim(
@@ -2577,11 +2566,7 @@ class SQLiteStore:
             [_us(self.clock()), *params, schedule_id, expected_version],
         )
         if record is None:
-            logger.debug(
-                "schedule %s not updated: lost the compare-and-set",
-                schedule_id,
-                extra={"event": "cas_lost", "schedule_id": schedule_id},
-            )
+            _common.log_cas_lost(f"schedule {schedule_id}", None, schedule_id=schedule_id)
         return record
 
     async def update_schedules(
