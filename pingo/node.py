@@ -38,7 +38,8 @@ from pingo.store import open_store
 from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
 from pingo.webhooks import hooks
 from pingo.webhooks.sender import WebhookSender
-from pingo.workflows.planner import KeepHook, WorkflowManager
+from pingo.workflows.keep import KeepHook
+from pingo.workflows.planner import WorkflowManager
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pingo import errors, states
 from pingo.store.protocol import DatasetRecord, Store
-from pingo.workflows.planner import KeepHook, NewDatasetInfo
+from pingo.workflows.keep import KeepHook, NewDatasetInfo
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -53,7 +53,8 @@ from pingo.retention.policy import keep_hook, load_policy
 from pingo.simulation import bound, oracle, sequence, traces
 from pingo.store import open_store
 from pingo.store.protocol import ActionChanges, ActionRecord, Store
-from pingo.workflows.planner import NewDatasetInfo, WorkflowManager
+from pingo.workflows.keep import NewDatasetInfo
+from pingo.workflows.planner import WorkflowManager
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol, rules
 from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
+from pingo.workflows.keep import KeepHook, NewDatasetInfo
 
 if TYPE_CHECKING:
     from pingo.config import Settings
@@ -68,25 +69,6 @@ _RECOMPUTE: frozenset[states.DatasetState] = frozenset(
 )
 #: Another workflow is computing it; the original computes again rather than join.
 _IN_FLIGHT: frozenset[states.DatasetState] = frozenset({D.TO_STORE, D.TO_LEAF})
-
-
-@dataclass(frozen=True, slots=True)
-class NewDatasetInfo:
-    """What retention's keep hook sees about a dataset a workflow is about to compute."""
-
-    dataset_id: str
-    workflow_id: str
-    owner: str
-    scope: str
-    action: ActionDefinition
-    #: Dataset ids of its inputs.
-    parents: tuple[str, ...]
-    #: The dataset's record if it existed before (e.g. DELETED: its past size and compute time).
-    previous: protocol.DatasetRecord | None
-
-
-KeepHook = Callable[[NewDatasetInfo], Awaitable[bool]]
-"""Retention's planning-time hook: False means "not worth keeping" (TO_DELETE)."""
 
 
 @dataclass(frozen=True, slots=True)
