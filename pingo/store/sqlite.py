@@ -9,10 +9,12 @@ commit; for a compare-and-set that is three hops instead of one, and the hops
 
 Group commit. Calls made while the worker is busy queue up; the worker takes
 them all at once and, when any of them writes, runs them in ONE transaction
-(each write inside its own SAVEPOINT, so a failing call is undone alone) with
-ONE commit, then wakes the event loop once to hand back every result. A call
-is acknowledged only after the commit that holds it. A lone call costs what it
-would cost alone; under load, N calls cost one commit and two thread switches.
+(each write inside its own SAVEPOINT, so a failing call is undone alone; a
+one-statement write, such as a compare-and-set, needs none, since SQLite undoes
+a failed statement by itself) with ONE commit, then wakes the event loop once
+to hand back every result. A call is acknowledged only after the commit that
+holds it. A lone call costs what it would cost alone; under load, N calls cost
+one commit and two thread switches.
 
 Concurrency between processes. The file is in WAL mode: readers never block
 the writer. A write transaction starts with BEGIN IMMEDIATE, which takes the
@@ -861,6 +863,9 @@ class _Request:
     future: asyncio.Future[Any]
     result: Any = None
     error: BaseException | None = None
+    #: One statement: SQLite undoes a failed statement alone (its statement journal),
+    #: so in a batch it needs no SAVEPOINT of its own.
+    single: bool = False
 
 
 def _resolve(requests: list[_Request]) -> None:
@@ -879,8 +884,8 @@ class _Worker(threading.Thread):
 
     Calls queue up while the thread works; it takes every queued call (up to
     `_MAX_BATCH`) at once. When any of them writes, they all run in ONE
-    BEGIN IMMEDIATE transaction, each write inside its own SAVEPOINT (so one
-    that fails is undone alone), then ONE commit. Only after that commit are
+    BEGIN IMMEDIATE transaction, each write of several statements inside its
+    own SAVEPOINT (so one that fails is undone alone), then ONE commit. Only after that commit are
     results handed back, in one wake-up of the event loop: an acknowledged call
     is a committed one. Under load this turns N commits and 2N thread switches
     into one commit and two switches; a lone call costs what it did before.
@@ -970,15 +975,16 @@ class _Worker(threading.Thread):
                 request.error = errors.StoreUnavailable("the transaction was rolled back")
                 continue
             writes = request.write is not False
-            savepoint = writes and not alone
+            savepoint = writes and not alone and not request.single
             if savepoint:
                 conn.execute("SAVEPOINT call")
             if self._run_one(request):
                 if savepoint:
                     conn.execute("RELEASE call")
                 done.append(request)
-            elif conn.in_transaction and writes:
-                # Undo this call's partial work, and only this call's.
+            elif conn.in_transaction and writes and (alone or not request.single):
+                # Undo this call's partial work, and only this call's (a single
+                # statement that failed left none).
                 if savepoint:
                     conn.execute("ROLLBACK TO call")
                     conn.execute("RELEASE call")
@@ -1162,13 +1168,15 @@ class SQLiteStore:
             self._conn.close()
             self._conn = None
 
-    async def _submit(self, write: bool | None, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def _submit(
+        self, write: bool | None, fn: Callable[..., T], args: tuple[Any, ...], single: bool = False
+    ) -> T:
         worker = self._worker
         if worker is None:
             raise errors.StoreUnavailable("the sqlite store is not open")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        request = _Request(fn, args, write, loop, future)
+        request = _Request(fn, args, write, loop, future, single=single)
         pending = self._pending.get(loop)
         if pending is None:
             # Hand over everything this loop iteration asks for in one put: each put
@@ -1192,6 +1200,12 @@ class SQLiteStore:
     async def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` in the worker thread inside a write transaction, committed."""
         return await self._submit(True, fn, args)
+
+    async def _run_statement(
+        self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
+    ) -> T | None:
+        """Run ONE write statement (`_one`), committed: in a batch, without a SAVEPOINT."""
+        return await self._submit(True, self._one, (convert, sql, params), single=True)
 
     def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return fn(self._db)
@@ -1615,8 +1629,7 @@ class SQLiteStore:
             f"WHERE id = ? AND state IN ({_placeholders(len(expected))}) "
             f"RETURNING {_WORKFLOW_COLUMNS}"
         )
-        record = await self._run_write(
-            self._one,
+        record = await self._run_statement(
             self._workflow,
             sql,
             [new.value, *params, workflow_id, *(s.value for s in expected)],
@@ -1714,7 +1727,7 @@ class SQLiteStore:
             if_owner=if_owner,
             if_attempt=if_attempt,
         )
-        record = await self._run_write(self._one, self._action_hot, sql, args)
+        record = await self._run_statement(self._action_hot, sql, args)
         if record is None:
             _log_action_cas_lost(workflow_id, action_id, new)
         return record
@@ -2270,7 +2283,7 @@ class SQLiteStore:
             sql += " AND claims = '[]'"
         sql += f" RETURNING {_DATASET_COLUMNS}"
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
-        record = await self._run_write(self._one, self._dataset, sql, args)
+        record = await self._run_statement(self._dataset, sql, args)
         if record is None:
             logger.debug(
                 "dataset %s not moved to %s: lost the compare-and-set",
@@ -2330,8 +2343,7 @@ class SQLiteStore:
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())
-        return await self._run_write(
-            self._one,
+        return await self._run_statement(
             self._dataset,
             "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
             f"version = version + 1 WHERE id = ? RETURNING {_DATASET_COLUMNS}",
@@ -2401,8 +2413,7 @@ class SQLiteStore:
         owner: str | None = None,
     ) -> EventRecord:
         at = _us(self.clock())
-        event: EventRecord | None = await self._run_write(
-            self._one,
+        event: EventRecord | None = await self._run_statement(
             _event,
             f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
             f"VALUES (?, ?, ?, ?, ?, ?) RETURNING {_EVENT_COLUMNS}",
