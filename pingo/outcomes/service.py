@@ -156,44 +156,16 @@ class OutcomeService:
         now = self.store.clock()
         if runtime_s is None and action.started_at is not None:
             runtime_s = max(0.0, (now - action.started_at).total_seconds())
-        dataset, stored = await self._promote_output(action, runtime_s)
+        await self._store_dataset(action, runtime_s)
         changes = protocol.ActionChanges(
             finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
         )
+        # One store call: FINISHED by compare-and-set, then (only for the winner) its
+        # input claims dropped and its children released.
         states.ensure_transition(action.state, A.FINISHED, T.CALLBACK)
-        outcome = None
-        target = _STORED_TARGET.get(dataset.state)
-        if target is not None:
-            # The common case, in one store call: the dataset's compare-and-set and its
-            # feed event, FINISHED by compare-and-set, then (only for the winner) its
-            # input claims dropped and its children released.
-            states.ensure_transition(dataset.state, target, T.CALLBACK)
-            move = await self._stored(action, dataset, target, stored)
-            outcome = await self.store.finish_action(
-                action.workflow_id,
-                action.action_id,
-                _EXECUTING,
-                changes,
-                if_attempt=action.attempts,
-                stored=move,
-            )
-            if outcome is not None:
-                self._log_replaced(action, dataset, stored)
-                if move.event is not None:
-                    metrics.EVENTS_RECORDED.labels(kind=move.event.kind, outcome="recorded").inc()
-            else:
-                # Most often a twin of the same provenance stored the dataset first
-                # (else the action moved on, and the road below loses its CAS too).
-                dataset = await self._settled_dataset(action.dataset_id)
-        if outcome is None:
-            await self._store_dataset(action, dataset, stored)
-            outcome = await self.store.finish_action(
-                action.workflow_id,
-                action.action_id,
-                _EXECUTING,
-                changes,
-                if_attempt=action.attempts,
-            )
+        outcome = await self.store.finish_action(
+            action.workflow_id, action.action_id, _EXECUTING, changes, if_attempt=action.attempts
+        )
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
@@ -405,10 +377,8 @@ class OutcomeService:
 
     # ---------------------------------------------------------------- success
 
-    async def _promote_output(
-        self, action: protocol.ActionRecord, runtime_s: float | None
-    ) -> tuple[protocol.DatasetRecord, protocol.DatasetChanges]:
-        """Promote the attempt's output onto the dataset path; the dataset and what to store.
+    async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
+        """Promote the attempt's output onto the dataset path and mark the dataset stored.
 
         A managed local output is measured and hashed (`integrity`) once promoted:
         the record's size and digest describe exactly the files now at its path.
@@ -434,25 +404,16 @@ class OutcomeService:
             # digest: the user may change it, and it is never reused (always recomputed).
             path = str(action.definition.get("outputPath") or dataset.path)
             size = await self.storage.size(path)
-        stored = protocol.DatasetChanges(
+        now = self.store.clock()
+        changes = protocol.DatasetChanges(
             size_bytes=size,
             digest=digest,
             compute_s=runtime_s,
-            stored_at=self.store.clock(),
+            stored_at=now,
             path=path,
             producer_workflow_id=action.workflow_id,
             producer_action_id=action.action_id,
         )
-        return dataset, stored
-
-    async def _store_dataset(
-        self,
-        action: protocol.ActionRecord,
-        dataset: protocol.DatasetRecord,
-        changes: protocol.DatasetChanges,
-    ) -> None:
-        """Mark the promoted dataset stored, whatever state other writers left it in."""
-        replace = action.reason in REPLACING_REASONS
         # A few rounds at most: each lost CAS means another writer moved it on.
         for _ in range(5):
             target = _STORED_TARGET.get(dataset.state)
@@ -477,50 +438,18 @@ class OutcomeService:
             )
             if moved is not None:
                 await self._dataset_stored(action, moved)
-                self._log_replaced(action, dataset, changes)
+                if replace and dataset.digest not in (None, digest):
+                    logger.info(
+                        "dataset %s replaced (%s): digest %s -> %s",
+                        dataset.id,
+                        action.reason,
+                        dataset.digest,
+                        digest,
+                        extra={"event": "dataset_replaced", "dataset_id": dataset.id},
+                    )
                 return
             dataset = await self._settled_dataset(action.dataset_id)
         raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")
-
-    async def _stored(
-        self,
-        action: protocol.ActionRecord,
-        dataset: protocol.DatasetRecord,
-        target: states.DatasetState,
-        changes: protocol.DatasetChanges,
-    ) -> protocol.StoredDataset:
-        """The dataset's move for `finish_action`, with its owner's feed event."""
-        event = None
-        size = changes.size_bytes if isinstance(changes.size_bytes, int) else None
-        known = await self._owner(action.workflow_id) if self.feed else None
-        if known is not None:
-            owner, workflow_name = known
-            event = protocol.FeedEvent(
-                events.DATASET_STORED,
-                owner=owner,
-                workflow_id=action.workflow_id,
-                dataset_id=dataset.id,
-                payload=_stored_payload(action, workflow_name, target, size),
-            )
-        return protocol.StoredDataset(dataset.id, dataset.state, target, changes, event)
-
-    def _log_replaced(
-        self,
-        action: protocol.ActionRecord,
-        before: protocol.DatasetRecord,
-        changes: protocol.DatasetChanges,
-    ) -> None:
-        """Log a stored copy that the new output replaced (a forced or verified recompute)."""
-        digest = changes.digest
-        if action.reason in REPLACING_REASONS and before.digest not in (None, digest):
-            logger.info(
-                "dataset %s replaced (%s): digest %s -> %s",
-                before.id,
-                action.reason,
-                before.digest,
-                digest,
-                extra={"event": "dataset_replaced", "dataset_id": before.id},
-            )
 
     async def _settled_dataset(self, dataset_id: str) -> protocol.DatasetRecord:
         """The dataset once no deletor is removing its files (they would race a promotion)."""
@@ -573,7 +502,13 @@ class OutcomeService:
             owner=owner,
             workflow_id=action.workflow_id,
             dataset_id=dataset.id,
-            payload=_stored_payload(action, workflow_name, dataset.state, dataset.size_bytes),
+            payload={
+                "workflowName": workflow_name,
+                "actionId": action.action_id,
+                "actionName": action.name,
+                "state": dataset.state.value,
+                "sizeBytes": dataset.size_bytes,
+            },
         )
 
     async def _owner(self, workflow_id: str) -> tuple[str, str] | None:
@@ -1084,22 +1019,6 @@ class OutcomeService:
                 exc.message,
                 extra={"event": "workflow_ended_hook_failed", "workflow_id": workflow.id},
             )
-
-
-def _stored_payload(
-    action: protocol.ActionRecord,
-    workflow_name: str,
-    state: states.DatasetState,
-    size_bytes: int | None,
-) -> dict[str, Any]:
-    """The payload of a `dataset.stored` feed event."""
-    return {
-        "workflowName": workflow_name,
-        "actionId": action.action_id,
-        "actionName": action.name,
-        "state": state.value,
-        "sizeBytes": size_bytes,
-    }
 
 
 def _holds_for(dataset: protocol.DatasetRecord, action: protocol.ActionRecord) -> bool:

@@ -33,13 +33,11 @@ from pingo.store.protocol import (
     DatasetRecord,
     DeliveryChanges,
     EventRecord,
-    FeedEvent,
     Page,
     PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
-    StoredDataset,
     UserLimits,
     UserRecord,
     WebhookDeliveryRecord,
@@ -700,17 +698,8 @@ class MemoryStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-        stored: StoredDataset | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
-        # No await from here on: the steps are one atomic step under asyncio.
-        if stored is not None:
-            moved = self._transition_dataset(
-                stored.dataset_id, {stored.expected}, stored.new, stored.changes
-            )
-            if moved is None:
-                return None
-            if stored.event is not None:
-                self._append_event(stored.event)
+        # No await from here on: the three steps are one atomic step under asyncio.
         current = self._actions.get((workflow_id, action_id))
         if if_waiting_on is not None and (
             current is None or if_waiting_on not in current.waiting_on
@@ -801,19 +790,6 @@ class MemoryStore:
         expected: Collection[DatasetState],
         new: DatasetState,
         changes: DatasetChanges = _NO_DATASET_CHANGES,
-        *,
-        if_unclaimed: bool = False,
-    ) -> DatasetRecord | None:
-        return self._transition_dataset(
-            dataset_id, expected, new, changes, if_unclaimed=if_unclaimed
-        )
-
-    def _transition_dataset(
-        self,
-        dataset_id: str,
-        expected: Collection[DatasetState],
-        new: DatasetState,
-        changes: DatasetChanges,
         *,
         if_unclaimed: bool = False,
     ) -> DatasetRecord | None:
@@ -908,17 +884,14 @@ class MemoryStore:
         payload: Mapping[str, Any] | None = None,
         owner: str | None = None,
     ) -> EventRecord:
-        return self._append_event(FeedEvent(kind, owner, workflow_id, dataset_id, payload))
-
-    def _append_event(self, new: FeedEvent) -> EventRecord:
         event = EventRecord(
             seq=len(self._events) + 1,
-            kind=new.kind,
+            kind=kind,
             at=self.clock(),
-            dataset_id=new.dataset_id,
-            workflow_id=new.workflow_id,
-            payload=new.payload,
-            owner=new.owner,
+            dataset_id=dataset_id,
+            workflow_id=workflow_id,
+            payload=payload,
+            owner=owner,
         )
         self._events.append(event)
         return event

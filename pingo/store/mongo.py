@@ -88,7 +88,6 @@ from pingo.store.protocol import (
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
-    StoredDataset,
     UserLimits,
     UserRecord,
     WebhookDeliveryRecord,
@@ -1465,7 +1464,6 @@ class MongoStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-        stored: StoredDataset | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         """Not atomic on MongoDB: ordered single-document steps, the CAS first.
 
@@ -1478,35 +1476,7 @@ class MongoStore:
         waiting on a FINISHED parent and drops the claims ended actions hold, and the
         deletor's `release_orphan_claims` drops ended actions' claims on the datasets it
         could delete. Until then a claim only delays a deletion, and a child only waits.
-
-        A `stored` dataset comes before all of that, as two separate calls would make
-        it: its compare-and-set (losing it changes nothing), then its event, then the
-        action's compare-and-set. A node that dies in between leaves the dataset
-        stored and the action executing; its lease runs out and the retry finds the
-        dataset stored already.
         """
-        if stored is not None:
-            _, now_us = self._now()
-            fields = {
-                "state": stored.new.value,
-                "updated_at_us": now_us,
-                **_changes_set(stored.changes.items()),
-            }
-            moved = await self._datasets.update_one(
-                {"_id": stored.dataset_id, "state": stored.expected.value},
-                {"$set": fields, "$inc": {"version": 1}},
-            )
-            if moved.matched_count == 0:
-                return None
-            if stored.event is not None:
-                event = stored.event
-                await self.append_event(
-                    event.kind,
-                    dataset_id=event.dataset_id,
-                    workflow_id=event.workflow_id,
-                    payload=event.payload,
-                    owner=event.owner,
-                )
         finished = await self._transition_action(
             workflow_id,
             action_id,

@@ -361,32 +361,6 @@ class DatasetChanges(_Changes):
 
 
 @dataclass(frozen=True, slots=True)
-class FeedEvent:
-    """An event to append with another write (`StoredDataset.event`), as `append_event` does."""
-
-    kind: str
-    owner: str | None = None
-    workflow_id: str | None = None
-    dataset_id: str | None = None
-    payload: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredDataset:
-    """The dataset a success stores in the same call as its FINISHED (`Store.finish_action`).
-
-    A compare-and-set of `dataset_id` from `expected` to `new` with `changes`, then
-    `event` appended (the owner's feed), both before the action's own compare-and-set.
-    """
-
-    dataset_id: str
-    expected: DatasetState
-    new: DatasetState
-    changes: DatasetChanges
-    event: FeedEvent | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class WorkflowChanges(_Changes):
     finished_at: datetime | _Keep | None = KEEP
     error: str | _Keep | None = KEEP
@@ -617,7 +591,6 @@ class Store(Protocol):
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-        stored: StoredDataset | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         """Compare-and-set the action to FINISHED, then drop its claims and release its children.
 
@@ -629,12 +602,6 @@ class Store(Protocol):
         as `release_parent` does; returns the finished record and the children that
         became READY. The memory and SQLite backends do all of it atomically; the
         MongoDB backend does it as ordered single-document steps (see there).
-
-        With `stored` (a success's output), first the dataset's compare-and-set and
-        its event, as `transition_dataset` and `append_event` would do them: when that
-        compare-and-set loses, nothing changes and the result is None (the caller
-        rereads to tell which one lost); when only the action's loses, the dataset
-        stays stored, as it would after two separate calls.
         """
         ...
 

@@ -77,7 +77,6 @@ from pingo.store.protocol import (
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
-    StoredDataset,
     UserLimits,
     UserRecord,
     WebhookDeliveryRecord,
@@ -817,37 +816,6 @@ def _transition_action_statement(
         args.append(if_waiting_on)
     sql += f" RETURNING {_HOT_COLUMNS}"
     return sql, args
-
-
-def _stored_dataset_statements(
-    stored: StoredDataset, now: int
-) -> tuple[tuple[str, Sequence[Any]], ...]:
-    """The dataset's compare-and-set (a row when it won) and its event's insert, if any."""
-    sets, params = _set_clause(stored.changes)
-    cas = (
-        f"UPDATE datasets SET state = ?, updated_at = ?, version = version + 1{sets} "
-        "WHERE id = ? AND state = ? RETURNING 1"
-    )
-    statements: list[tuple[str, Sequence[Any]]] = [
-        (cas, [stored.new.value, now, *params, stored.dataset_id, stored.expected.value])
-    ]
-    event = stored.event
-    if event is not None:
-        statements.append(
-            (
-                "INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    event.kind,
-                    now,
-                    event.dataset_id,
-                    event.workflow_id,
-                    None if event.payload is None else _dumps(event.payload),
-                    event.owner,
-                ),
-            )
-        )
-    return tuple(statements)
 
 
 def _log_action_cas_lost(workflow_id: str, action_id: int, new: ActionState) -> None:
@@ -2105,7 +2073,6 @@ class SQLiteStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-        stored: StoredDataset | None = None,
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
         if not expected:
             return None
@@ -2120,10 +2087,9 @@ class SQLiteStore:
             if_attempt=if_attempt,
             if_waiting_on=if_waiting_on,
         )
-        first = () if stored is None else _stored_dataset_statements(stored, now)
         outcome: tuple[ActionRecord, list[ActionRecord]] | None = await self._run_write(
             self._with_db,
-            lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now, first),
+            lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now),
         )
         if outcome is None:
             _log_action_cas_lost(workflow_id, action_id, ActionState.FINISHED)
@@ -2137,17 +2103,9 @@ class SQLiteStore:
         sql: str,
         args: list[Any],
         now: int,
-        stored: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> tuple[ActionRecord, list[ActionRecord]] | None:
-        # One call, so one transaction: the stored dataset's compare-and-set and its
-        # event, the action's compare-and-set, then (only if it won) the claims and the
-        # children. A failure undoes them all together.
-        if stored:
-            (cas, cas_args), *then = stored
-            if conn.execute(cas, cas_args).fetchone() is None:
-                return None
-            for statement, statement_args in then:
-                conn.execute(statement, statement_args)
+        # One call, so one transaction: the compare-and-set, then (only if it won) the
+        # claims and the children. A failure undoes all three together.
         finished = self._one(self._action_hot, sql, args)
         if finished is None:
             return None

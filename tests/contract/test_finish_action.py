@@ -6,15 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from pingo.states import ActionState, DatasetState
-from pingo.store.protocol import (
-    ActionChanges,
-    DatasetChanges,
-    FeedEvent,
-    Store,
-    StoredDataset,
-    WorkflowPlan,
-    claim_key,
-)
+from pingo.store.protocol import ActionChanges, Store, WorkflowPlan, claim_key
 from tests.contract.conftest import Factory, FakeClock
 
 A = ActionState
@@ -173,84 +165,3 @@ async def test_finish_without_inputs_or_children(
     assert (finished.state, finished.lease_expires_at, ready) == (A.FINISHED, None, [])
     dataset = await store.get_dataset(plan.actions[0].dataset_id)
     assert dataset is not None and dataset.state is DatasetState.TO_LEAF
-
-
-def _stored(
-    plan: WorkflowPlan, expected: DatasetState, *, event: FeedEvent | None = None
-) -> StoredDataset:
-    """Action 2's output, stored with its FINISHED."""
-    by_id = {a.action_id: a for a in plan.actions}
-    changes = DatasetChanges(size_bytes=5, digest="d5", compute_s=2.5, path="/data/two")
-    return StoredDataset(by_id[2].dataset_id, expected, DatasetState.STORED, changes, event)
-
-
-def _event(plan: WorkflowPlan) -> FeedEvent:
-    by_id = {a.action_id: a for a in plan.actions}
-    return FeedEvent(
-        "dataset.stored",
-        owner="alice",
-        workflow_id=plan.workflow.id,
-        dataset_id=by_id[2].dataset_id,
-        payload={"actionId": 2},
-    )
-
-
-async def test_finish_action_stores_the_dataset_and_its_event_in_the_same_call(
-    store: Store, make: Factory
-) -> None:
-    plan = _plan(make)
-    await store.create_workflow(plan)
-    wid = plan.workflow.id
-    stored = _stored(plan, DatasetState.TO_STORE, event=_event(plan))
-
-    outcome = await store.finish_action(wid, 2, EXECUTING, if_attempt=1, stored=stored)
-
-    assert outcome is not None
-    finished, ready = outcome
-    assert finished.state is A.FINISHED
-    assert [a.action_id for a in ready] == [3]
-    dataset = await store.get_dataset(stored.dataset_id)
-    assert dataset is not None
-    assert (dataset.state, dataset.size_bytes, dataset.digest, dataset.path) == (
-        DatasetState.STORED,
-        5,
-        "d5",
-        "/data/two",
-    )
-    [event] = await store.list_events(owner="alice")
-    assert (event.kind, event.workflow_id, event.dataset_id, event.payload) == (
-        "dataset.stored",
-        wid,
-        stored.dataset_id,
-        {"actionId": 2},
-    )
-
-
-async def test_a_lost_dataset_compare_and_set_changes_nothing(store: Store, make: Factory) -> None:
-    plan = _plan(make)
-    await store.create_workflow(plan)
-    before = await _snapshot(store, plan)
-    stored = _stored(plan, DatasetState.TO_LEAF, event=_event(plan))
-
-    assert await store.finish_action(plan.workflow.id, 2, EXECUTING, stored=stored) is None
-
-    assert await _snapshot(store, plan) == before
-    assert await store.list_events(owner="alice") == []
-
-
-async def test_a_lost_action_compare_and_set_leaves_the_dataset_stored(
-    store: Store, make: Factory
-) -> None:
-    """As two calls would: the dataset first, then the action's compare-and-set."""
-    plan = _plan(make)
-    await store.create_workflow(plan)
-    wid = plan.workflow.id
-    stored = _stored(plan, DatasetState.TO_STORE, event=_event(plan))
-
-    assert await store.finish_action(wid, 2, EXECUTING, if_attempt=2, stored=stored) is None
-
-    action = await store.get_action(wid, 2)
-    assert action is not None and action.state is A.RUNNING
-    dataset = await store.get_dataset(stored.dataset_id)
-    assert dataset is not None and dataset.state is DatasetState.STORED
-    assert len(await store.list_events(owner="alice")) == 1
