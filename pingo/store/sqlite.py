@@ -471,6 +471,20 @@ def _qualified(table: str, columns: str) -> str:
     return ", ".join(f"{table}.{c.strip()}" for c in columns.split(","))
 
 
+#: `list_attached_actions`, built once: every success asks it. From the partial index:
+#: the planner would otherwise scan every WAITING action (a big workflow has many) for
+#: the few that share.
+_ATTACHED_SELECT = (
+    f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
+    "FROM actions AS a INDEXED BY actions_waiting_shared "
+    "CROSS JOIN action_specs AS s "
+    "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
+    "WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
+    "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
+    "ORDER BY a.workflow_id, a.action_id LIMIT ?"
+)
+
+
 def _ints(values: Sequence[int]) -> str:
     """A JSON array of ints (waiting_on, children), without the JSON encoder."""
     return "[" + ",".join(map(str, values)) + "]" if values else "[]"
@@ -2158,17 +2172,7 @@ class SQLiteStore:
         else:
             where = "a.shared_with = ?"
             params = [claim_key(producer_workflow_id, producer_action_id)]
-        # From the partial index: the planner would otherwise scan every WAITING
-        # action (a big workflow has many) for the few that share.
-        sql = (
-            f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
-            "FROM actions AS a INDEXED BY actions_waiting_shared "
-            "CROSS JOIN action_specs AS s "
-            "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
-            f"WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
-            "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
-            "ORDER BY a.workflow_id, a.action_id LIMIT ?"
-        )
+        sql = _ATTACHED_SELECT.format(where=where)
         return await self._run(self._all, self._action, sql, [*params, limit])
 
     # ------------------------------------------------------------------- datasets
