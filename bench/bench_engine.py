@@ -4,6 +4,11 @@ noop_actions_per_s          layered-1000 on a node whose executor is the no-op o
                             (embedded SQLite in a temporary directory): actions /
                             (submission → workflow SUCCEEDED)
 noop_montage_actions_per_s  the same on the Montage trace workflow (1,738 actions)
+noop_cpu_ms_per_action,     CPU time of the whole process (every thread: event loop,
+noop_montage_cpu_ms_per_action
+                            SQLite worker, file threads) per action over the same
+                            runs: the control plane's cost, steadier than a rate on a
+                            machine shared with other work
 dispatch_p50_ms, _p99_ms    READY → executor start with 100 workflows in flight: 100
                             chains of 5 actions, submitted 5 ms apart, each action
                             "running" 0.5 s in a delayed no-op executor (as a cluster
@@ -25,6 +30,9 @@ spawn_floor_s               1,000 `true` processes spawned 2 at a time by a plai
                             sandbox), so the floor costs what Pingo's spawns must
 spawn_floor_prefixed        1 when that prefix was set, else 0 (so a reader knows
                             which floor the figures were held against)
+spawn_floor_sandboxed_s     the same loop with every `true` under the local executor's
+                            own bubblewrap command line (what `true_makespan_s` spawns);
+                            left out where the sandbox cannot run
 
 Every part runs its own node on a fresh SQLite file, so no dataset is reused.
 """
@@ -81,6 +89,16 @@ async def _makespan(
     **overrides: Any,
 ) -> float:
     """Seconds from submission to SUCCEEDED on a fresh node."""
+    return (await _makespan_and_cpu(document, executors=executors, **overrides))[0]
+
+
+async def _makespan_and_cpu(
+    document: Mapping[str, Any],
+    *,
+    executors: Mapping[str, base.ExecutorFactory] | None,
+    **overrides: Any,
+) -> tuple[float, float]:
+    """Seconds from submission to SUCCEEDED on a fresh node, and the process's CPU seconds."""
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
         settings = _settings(Path(tmp), **overrides)
         settings.home.mkdir(parents=True)
@@ -90,16 +108,18 @@ async def _makespan(
             freeze_startup_heap()  # as `pingo server` does (pingo.node.running_node)
             try:
                 started = time.perf_counter()
+                cpu_started = time.process_time()
                 workflow = await node.workflows.submit(document, owner="bench")
                 done = await node.wait_workflow(
                     workflow.id, timeout_s=300, poll_s=0.005, max_poll_s=0.02
                 )
                 elapsed = time.perf_counter() - started
+                cpu_s = time.process_time() - cpu_started
             finally:
                 await node.stop()
         if done.state.value != "SUCCEEDED":
             raise RuntimeError(f"workflow ended {done.state.value}: {done.error}")
-        return elapsed
+        return elapsed, cpu_s
 
 
 def _chain(n: int, length: int) -> dict[str, Any]:
@@ -178,6 +198,19 @@ def spawn_floor_s(
     return time.perf_counter() - started
 
 
+def sandboxed_spawn_floor_s() -> float | None:
+    """`spawn_floor_s` under the local executor's own bwrap command line; None without one."""
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
+        settings = _settings(Path(tmp), sandbox="auto")
+        box = sandbox.from_settings(settings)
+        if box is None:
+            return None
+        output = f"{settings.data_root}/.staging/d.wf.1.1"
+        os.makedirs(sandbox.box_for(output))
+        prefix = box.argv([], output=output, box=sandbox.box_for(output), inputs=())
+        return spawn_floor_s(prefix=prefix)
+
+
 def sandbox_spawn_overhead_ms(count: int = SANDBOX_SPAWNS) -> float:
     """Median extra milliseconds of a sandboxed `true` over a plain one (alternating)."""
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
@@ -208,9 +241,9 @@ async def _measure() -> dict[str, float]:
     layered = _workloads.layered_1000()
     montage = _workloads.montage()
     t = time.perf_counter()
-    noop_s = await _makespan(layered, executors=noop_executors)
+    noop_s, noop_cpu_s = await _makespan_and_cpu(layered, executors=noop_executors)
     _log("noop layered-1000", t)
-    montage_s = await _makespan(montage, executors=noop_executors)
+    montage_s, montage_cpu_s = await _makespan_and_cpu(montage, executors=noop_executors)
     _log("noop montage", t)
     dispatch = await _dispatch_ms()
     _log("dispatch", t)
@@ -219,6 +252,8 @@ async def _measure() -> dict[str, float]:
     return {
         "noop_actions_per_s": len(layered["actions"]) / noop_s,
         "noop_montage_actions_per_s": len(montage["actions"]) / montage_s,
+        "noop_cpu_ms_per_action": noop_cpu_s * 1000 / len(layered["actions"]),
+        "noop_montage_cpu_ms_per_action": montage_cpu_s * 1000 / len(montage["actions"]),
         "dispatch_p50_ms": _workloads.percentile(dispatch, 50),
         "dispatch_p99_ms": _workloads.percentile(dispatch, 99),
         "true_makespan_s": true_s,
@@ -232,6 +267,9 @@ def measure() -> dict[str, float]:
     prefix = spawn_prefix()
     figures["spawn_floor_s"] = spawn_floor_s(prefix=prefix)
     figures["spawn_floor_prefixed"] = 1.0 if prefix else 0.0
+    sandboxed = sandboxed_spawn_floor_s()
+    if sandboxed is not None:
+        figures["spawn_floor_sandboxed_s"] = sandboxed
     figures["sandbox_spawn_overhead_ms"] = sandbox_spawn_overhead_ms()
     return figures
 

@@ -9,10 +9,12 @@ commit; for a compare-and-set that is three hops instead of one, and the hops
 
 Group commit. Calls made while the worker is busy queue up; the worker takes
 them all at once and, when any of them writes, runs them in ONE transaction
-(each write inside its own SAVEPOINT, so a failing call is undone alone) with
-ONE commit, then wakes the event loop once to hand back every result. A call
-is acknowledged only after the commit that holds it. A lone call costs what it
-would cost alone; under load, N calls cost one commit and two thread switches.
+(each write inside its own SAVEPOINT, so a failing call is undone alone; a
+one-statement write, such as a compare-and-set, needs none, since SQLite undoes
+a failed statement by itself) with ONE commit, then wakes the event loop once
+to hand back every result. A call is acknowledged only after the commit that
+holds it. A lone call costs what it would cost alone; under load, N calls cost
+one commit and two thread switches.
 
 Concurrency between processes. The file is in WAL mode: readers never block
 the writer. A write transaction starts with BEGIN IMMEDIATE, which takes the
@@ -486,6 +488,20 @@ def _qualified(table: str, columns: str) -> str:
     return ", ".join(f"{table}.{c.strip()}" for c in columns.split(","))
 
 
+#: `list_attached_actions`, built once: every success asks it. From the partial index:
+#: the planner would otherwise scan every WAITING action (a big workflow has many) for
+#: the few that share.
+_ATTACHED_SELECT = (
+    f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
+    "FROM actions AS a INDEXED BY actions_waiting_shared "
+    "CROSS JOIN action_specs AS s "
+    "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
+    "WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
+    "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
+    "ORDER BY a.workflow_id, a.action_id LIMIT ?"
+)
+
+
 def _ints(values: Sequence[int]) -> str:
     """A JSON array of ints (waiting_on, children), without the JSON encoder."""
     return "[" + ",".join(map(str, values)) + "]" if values else "[]"
@@ -808,6 +824,9 @@ class _Request:
     future: asyncio.Future[Any]
     result: Any = None
     error: BaseException | None = None
+    #: One statement: SQLite undoes a failed statement alone (its statement journal),
+    #: so in a batch it needs no SAVEPOINT of its own.
+    single: bool = False
 
 
 def _resolve(requests: list[_Request]) -> None:
@@ -826,8 +845,8 @@ class _Worker(threading.Thread):
 
     Calls queue up while the thread works; it takes every queued call (up to
     `_MAX_BATCH`) at once. When any of them writes, they all run in ONE
-    BEGIN IMMEDIATE transaction, each write inside its own SAVEPOINT (so one
-    that fails is undone alone), then ONE commit. Only after that commit are
+    BEGIN IMMEDIATE transaction, each write of several statements inside its
+    own SAVEPOINT (so one that fails is undone alone), then ONE commit. Only after that commit are
     results handed back, in one wake-up of the event loop: an acknowledged call
     is a committed one. Under load this turns N commits and 2N thread switches
     into one commit and two switches; a lone call costs what it did before.
@@ -917,15 +936,16 @@ class _Worker(threading.Thread):
                 request.error = errors.StoreUnavailable("the transaction was rolled back")
                 continue
             writes = request.write is not False
-            savepoint = writes and not alone
+            savepoint = writes and not alone and not request.single
             if savepoint:
                 conn.execute("SAVEPOINT call")
             if self._run_one(request):
                 if savepoint:
                     conn.execute("RELEASE call")
                 done.append(request)
-            elif conn.in_transaction and writes:
-                # Undo this call's partial work, and only this call's.
+            elif conn.in_transaction and writes and (alone or not request.single):
+                # Undo this call's partial work, and only this call's (a single
+                # statement that failed left none).
                 if savepoint:
                     conn.execute("ROLLBACK TO call")
                     conn.execute("RELEASE call")
@@ -1109,13 +1129,15 @@ class SQLiteStore:
             self._conn.close()
             self._conn = None
 
-    async def _submit(self, write: bool | None, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def _submit(
+        self, write: bool | None, fn: Callable[..., T], args: tuple[Any, ...], single: bool = False
+    ) -> T:
         worker = self._worker
         if worker is None:
             raise errors.StoreUnavailable("the sqlite store is not open")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        request = _Request(fn, args, write, loop, future)
+        request = _Request(fn, args, write, loop, future, single=single)
         pending = self._pending.get(loop)
         if pending is None:
             # Hand over everything this loop iteration asks for in one put: each put
@@ -1139,6 +1161,12 @@ class SQLiteStore:
     async def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` in the worker thread inside a write transaction, committed."""
         return await self._submit(True, fn, args)
+
+    async def _run_statement(
+        self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
+    ) -> T | None:
+        """Run ONE write statement (`_one`), committed: in a batch, without a SAVEPOINT."""
+        return await self._submit(True, self._one, (convert, sql, params), single=True)
 
     def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return fn(self._db)
@@ -1553,8 +1581,7 @@ class SQLiteStore:
             f"WHERE id = ? AND state IN ({_placeholders(len(expected))}) "
             f"RETURNING {_WORKFLOW_COLUMNS}"
         )
-        record = await self._run_write(
-            self._one,
+        record = await self._run_statement(
             self._workflow,
             sql,
             [new.value, *params, workflow_id, *(s.value for s in expected)],
@@ -1647,7 +1674,7 @@ class SQLiteStore:
             if_owner=if_owner,
             if_attempt=if_attempt,
         )
-        record = await self._run_write(self._one, self._action_hot, sql, args)
+        record = await self._run_statement(self._action_hot, sql, args)
         if record is None:
             _common.log_cas_lost(
                 f"action {workflow_id}/{action_id}",
@@ -2039,10 +2066,31 @@ class SQLiteStore:
         finished = self._one(self._action_hot, sql, args)
         if finished is None:
             return None
-        claim = claim_key(workflow_id, action_id)
-        for dataset_id in dict.fromkeys(finished.inputs.values()):
-            self._drop_claim(conn, dataset_id, claim, now)
+        if finished.inputs:
+            self._drop_claim_from(
+                conn, sorted(set(finished.inputs.values())), claim_key(workflow_id, action_id), now
+            )
         return finished, self._release_parent(conn, workflow_id, action_id, finished.children, now)
+
+    @staticmethod
+    def _drop_claim_from(
+        conn: sqlite3.Connection, dataset_ids: Sequence[str], claim: str, now: int
+    ) -> None:
+        """Remove `claim` from every dataset of `dataset_ids` holding it, in SQL.
+
+        One statement per chunk of inputs, the JSON filtered by SQLite itself: it runs
+        for every finished action, on the worker thread whose Python time the event
+        loop waits for. The claims keep their order, as `_drop_claims` keeps it.
+        """
+        for chunk in _chunks(dataset_ids):
+            conn.execute(
+                "UPDATE datasets SET claims = (SELECT json_group_array(value) FROM "
+                "(SELECT value FROM json_each(datasets.claims) WHERE value != ? ORDER BY key)), "
+                "updated_at = ?, version = version + 1 "
+                f"WHERE id IN ({_placeholders(len(chunk))}) "
+                "AND EXISTS (SELECT 1 FROM json_each(datasets.claims) WHERE value = ?)",
+                [claim, now, *chunk, claim],
+            )
 
     @staticmethod
     def _drop_claim(conn: sqlite3.Connection, dataset_id: str, claim: str, now: int) -> None:
@@ -2088,17 +2136,7 @@ class SQLiteStore:
         else:
             where = "a.shared_with = ?"
             params = [claim_key(producer_workflow_id, producer_action_id)]
-        # From the partial index: the planner would otherwise scan every WAITING
-        # action (a big workflow has many) for the few that share.
-        sql = (
-            f"SELECT {_qualified('a', _HOT_COLUMNS)}, {_qualified('s', _SPEC_COLUMNS)} "
-            "FROM actions AS a INDEXED BY actions_waiting_shared "
-            "CROSS JOIN action_specs AS s "
-            "ON s.workflow_id = a.workflow_id AND s.action_id = a.action_id "
-            f"WHERE a.shared_with IS NOT NULL AND a.state = 'WAITING' AND {where} "
-            "AND EXISTS (SELECT 1 FROM json_each(a.waiting_on) WHERE value = a.action_id) "
-            "ORDER BY a.workflow_id, a.action_id LIMIT ?"
-        )
+        sql = _ATTACHED_SELECT.format(where=where)
         return await self._run(self._all, self._action, sql, [*params, limit])
 
     # ------------------------------------------------------------------- datasets
@@ -2213,7 +2251,7 @@ class SQLiteStore:
             sql += " AND claims = '[]'"
         sql += f" RETURNING {_DATASET_COLUMNS}"
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
-        record = await self._run_write(self._one, self._dataset, sql, args)
+        record = await self._run_statement(self._dataset, sql, args)
         if record is None:
             _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
         return record
@@ -2268,8 +2306,7 @@ class SQLiteStore:
 
     async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
         now = _us(self.clock())
-        return await self._run_write(
-            self._one,
+        return await self._run_statement(
             self._dataset,
             "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
             f"version = version + 1 WHERE id = ? RETURNING {_DATASET_COLUMNS}",
@@ -2339,8 +2376,7 @@ class SQLiteStore:
         owner: str | None = None,
     ) -> EventRecord:
         at = _us(self.clock())
-        event: EventRecord | None = await self._run_write(
-            self._one,
+        event: EventRecord | None = await self._run_statement(
             _event,
             f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
             f"VALUES (?, ?, ?, ?, ?, ?) RETURNING {_EVENT_COLUMNS}",

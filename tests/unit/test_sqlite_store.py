@@ -272,6 +272,36 @@ async def test_a_failing_call_in_a_batch_is_undone_alone(tmp_path: Path) -> None
         assert [u.name for u in await store.list_users()] == ["bob", "carol"]
 
 
+async def test_a_failing_single_statement_in_a_batch_is_undone_alone(tmp_path: Path) -> None:
+    """A one-statement write runs without a SAVEPOINT: SQLite undoes it by itself.
+
+    The UPDATE renames both users: the first row is changed, the second clashes on
+    the primary key. The statement's own journal must undo the first row too, while
+    the batch's other writes commit.
+    """
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(_plan("wf-1", 2))
+        await store.create_user(_user("bob"))
+        await store.create_user(_user("carol"))
+        stall = await _stall_worker(store, 0.3)
+        results = await asyncio.gather(
+            store.transition_action("wf-1", 0, {ActionState.READY}, ActionState.PROCESSING),
+            store._run_statement(tuple, "UPDATE users SET name = 'dave' RETURNING name", ()),
+            store.transition_action("wf-1", 1, {ActionState.READY}, ActionState.KILLED),
+            return_exceptions=True,
+        )
+        await stall
+        moved, clash, killed = results
+        assert isinstance(moved, ActionRecord) and moved.state is ActionState.PROCESSING
+        assert isinstance(clash, errors.Conflict)
+        assert isinstance(killed, ActionRecord) and killed.state is ActionState.KILLED
+
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        states = [a.state for a in await store.list_actions("wf-1")]
+        assert states == [ActionState.PROCESSING, ActionState.KILLED]
+        assert [u.name for u in await store.list_users()] == ["bob", "carol"]
+
+
 async def test_a_cancelled_caller_does_not_stop_the_worker(tmp_path: Path) -> None:
     async with SQLiteStore(tmp_path / "p.db") as store:
         await store.create_workflow(_plan("wf-1", 2))
