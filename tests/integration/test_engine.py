@@ -198,16 +198,16 @@ async def test_kill_stops_the_running_process_group(node: Node, tmp_path: Path) 
     workflow = await node.workflows.submit(document, owner="alice")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
+    local = node.executors["command-line"]
+    assert isinstance(local, LocalExecutor)
+    # The external id is recorded before the process is spawned: wait for both.
     while True:
         [action] = await node.store.list_actions(workflow.id)
-        if action.external_id is not None:
+        pgid = None if action.external_id is None else local.pid(action.external_id)
+        if pgid is not None:
             break
         assert loop.time() < deadline, action
         await asyncio.sleep(0.02)
-    local = node.executors["command-line"]
-    assert isinstance(local, LocalExecutor)
-    pgid = local.pid(action.external_id)
-    assert pgid is not None
     assert group_alive(pgid)
     killed = await node.workflows.kill(workflow.id)
     assert killed.state is W.KILLED
