@@ -7,8 +7,10 @@ from it; a rule shared by all backends lives here instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
-from pingo.states import DatasetState
+from pingo.states import ActionState, DatasetState
+from pingo.store.protocol import HISTORY_LIMIT, ActionRecord, StateEntry
 
 #: Targets of a dataset being computed, weakest first: a plan never lowers one.
 TARGET_RANK: Mapping[DatasetState, int] = {
@@ -24,3 +26,15 @@ def plan_upgrades(existing: DatasetState, planned: DatasetState) -> bool:
         return True
     old, new = TARGET_RANK.get(existing), TARGET_RANK.get(planned)
     return old is not None and new is not None and new > old
+
+
+def opening_history(action: ActionRecord) -> tuple[StateEntry, ...]:
+    """The history an action is created with: its own, else its planned state at creation."""
+    return action.history or (StateEntry(action.state, action.created_at),)
+
+
+def entered(
+    history: tuple[StateEntry, ...], state: ActionState, at: datetime
+) -> tuple[StateEntry, ...]:
+    """`history` with `state` entered at `at`, the oldest entries dropped past the limit."""
+    return (*history, StateEntry(state, at))[-HISTORY_LIMIT:]
