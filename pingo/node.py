@@ -1,6 +1,6 @@
 """A Pingo node: the services and background loops that run workflows on one store.
 
-`Node` wires the workflow manager, the callbacks, the datasets, the executors
+`Node` wires the workflow manager, the outcome service, the datasets, the executors
 and the loops (scraper, submitters, lease renewer, reaper, deletor, and the
 retention loop when a storage budget is set). `run_node` is the single entry of
 `pingo server`: it opens the store and runs a node until SIGINT or SIGTERM.
@@ -60,30 +60,30 @@ class _HeldReporter:
     held set (and its type's concurrency slot frees) as soon as it ended.
     """
 
-    def __init__(self, callbacks: OutcomeService, held: HeldActions) -> None:
-        self._callbacks = callbacks
+    def __init__(self, outcomes: OutcomeService, held: HeldActions) -> None:
+        self._outcomes = outcomes
         self._held = held
 
     async def running(self, callback_id: str, attempt: int) -> ActionRecord:
-        return await self._callbacks.running(callback_id, attempt)
+        return await self._outcomes.running(callback_id, attempt)
 
     async def success(
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
     ) -> ActionRecord:
         try:
-            return await self._callbacks.success(callback_id, attempt, runtime_s=runtime_s)
+            return await self._outcomes.success(callback_id, attempt, runtime_s=runtime_s)
         finally:
             self._held.remove_callback(callback_id)
 
     async def failed(self, callback_id: str, attempt: int, error: str) -> ActionRecord:
         try:
-            return await self._callbacks.failed(callback_id, attempt, error)
+            return await self._outcomes.failed(callback_id, attempt, error)
         finally:
             self._held.remove_callback(callback_id)
 
     async def killed(self, callback_id: str, attempt: int) -> ActionRecord:
         try:
-            return await self._callbacks.killed(callback_id, attempt)
+            return await self._outcomes.killed(callback_id, attempt)
         finally:
             self._held.remove_callback(callback_id)
 
@@ -113,7 +113,7 @@ class Node:
         #: executors exist below.
         self.capacities: dict[str, int] = {}
         self.scraper = Scraper(store, settings, self.queue, self.held, self.capacities)
-        self.callbacks = OutcomeService(
+        self.outcomes = OutcomeService(
             store,
             self.storage,
             settings,
@@ -135,14 +135,14 @@ class Node:
             settings,
             on_ready=self.scraper.wake,
             keep_hook=keep_hook,
-            outcomes=self.callbacks,
+            outcomes=self.outcomes,
         )
         self.datasets = DatasetService(
             store, self.storage, capacity_bytes=settings.storage_capacity_bytes
         )
         factories = base.load_executor_factories() if executors is None else dict(executors)
         #: How work reports, in-process or over HTTP: the callbacks, releasing held slots.
-        self.reporter = _HeldReporter(self.callbacks, self.held)
+        self.reporter = _HeldReporter(self.outcomes, self.held)
         self.executors: dict[str, base.Executor] = {}
         for action_type, factory in factories.items():
             try:
@@ -172,7 +172,7 @@ class Node:
                 held=self.held,
                 executors=self.executors,
                 staging_path=self.storage.staging_path,
-                submit_failed=self.callbacks.submit_failed,
+                submit_failed=self.outcomes.submit_failed,
                 secret=self.secret,
                 **extra,
             )
@@ -180,7 +180,7 @@ class Node:
         ]
         self.renewer = LeaseRenewer(store, settings.node_id, self.held, settings.lease_s)
         self.reaper = Reaper(
-            store, settings, self.executors, self.callbacks, self.held, storage=self.storage
+            store, settings, self.executors, self.outcomes, self.held, storage=self.storage
         )
         self.deletor = Deletor(store, self.storage, settings)
         self.schedules = ScheduleService(store, settings, self.workflows, self.storage)
@@ -200,7 +200,7 @@ class Node:
         # A node that died between two steps of a callback (an action FINISHED
         # but its children not yet released, a kill half done) left work that no
         # lease will bring back: replay those steps (idempotent; planner helper).
-        await self.callbacks.recover_running()
+        await self.outcomes.recover_running()
         self.retention = self._retention_loop()
         background: list[loops.Loop] = [
             self.ready_watch,

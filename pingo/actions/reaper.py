@@ -54,7 +54,7 @@ A = states.ActionState
 
 
 class Resolver(Protocol):
-    """The callbacks the reaper resolves actions through (`OutcomeService`)."""
+    """The outcomes the reaper resolves actions through (`OutcomeService`)."""
 
     async def success(
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
@@ -79,7 +79,7 @@ class Reaper(loops.Loop):
         store: Store,
         settings: Settings,
         executors: Mapping[str, base.Executor],
-        callbacks: Resolver,
+        outcomes: Resolver,
         held: HeldActions,
         *,
         storage: DatasetStorage | None = None,
@@ -91,7 +91,7 @@ class Reaper(loops.Loop):
         self.grace = timedelta(seconds=settings.reconcile_grace_s)
         self.lease_s = settings.lease_s
         self.executors = executors
-        self.callbacks = callbacks
+        self.outcomes = outcomes
         self.held = held
         self.batch = batch
         self.storage = storage
@@ -105,7 +105,7 @@ class Reaper(loops.Loop):
                 await self.sweep_staging(self.storage)
             # A node that died between a producer's outcome and settling the actions
             # sharing its computation left them waiting: settle them here.
-            await self.callbacks.settle_stranded()
+            await self.outcomes.settle_stranded()
         expired = await self.store.list_actions_in_states(
             {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
         )
@@ -196,15 +196,15 @@ class Reaper(loops.Loop):
     async def _resolve(self, action: ActionRecord, status: base.ExecutorStatus) -> None:
         callback_id, attempt = action.callback_id, action.attempts
         if status is base.ExecutorStatus.SUCCEEDED:
-            await self.callbacks.success(callback_id, attempt)
+            await self.outcomes.success(callback_id, attempt)
         elif status is base.ExecutorStatus.FAILED:
-            await self.callbacks.failed(
+            await self.outcomes.failed(
                 callback_id, attempt, "the executor reports that the work failed"
             )
         elif status is base.ExecutorStatus.KILLED:
-            await self.callbacks.killed(callback_id, attempt)
+            await self.outcomes.killed(callback_id, attempt)
         else:
-            await self.callbacks.release_lost(
+            await self.outcomes.release_lost(
                 action,
                 f"the lease of node {action.owner} expired and no executor here knows "
                 f"attempt {attempt}",

@@ -150,12 +150,12 @@ class SimulatedExecutor:
         self,
         store: Store,
         storage: SimulatedStorage,
-        callbacks: OutcomeService,
+        outcomes: OutcomeService,
         clock: VirtualClock,
     ) -> None:
         self.store = store
         self.storage = storage
-        self.callbacks = callbacks
+        self.outcomes = outcomes
         self.clock = clock
         self.running: list[_Running] = []
         self._seq = itertools.count()
@@ -207,7 +207,7 @@ class SimulatedExecutor:
         while self.running and self.running[0].finishes_at <= moment:
             done = heapq.heappop(self.running)
             self.storage.write(done.staging, done.size)
-            await self.callbacks.success(done.callback_id, done.attempt, runtime_s=done.runtime_s)
+            await self.outcomes.success(done.callback_id, done.attempt, runtime_s=done.runtime_s)
             self.compute_s += done.runtime_s
             self.executed += 1
 
@@ -262,13 +262,13 @@ async def run_engine(
             dropped += not keep
             return keep
 
-        callbacks = OutcomeService(store, storage, settings, feed=False)
+        outcomes = OutcomeService(store, storage, settings, feed=False)
         manager = WorkflowManager(
-            store, storage, settings, keep_hook=counting_hook, outcomes=callbacks, feed=False
+            store, storage, settings, keep_hook=counting_hook, outcomes=outcomes, feed=False
         )
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
-        executor = SimulatedExecutor(store, storage, callbacks, clock)
+        executor = SimulatedExecutor(store, storage, outcomes, clock)
         evictions = 0
         next_pass = clock()
         high = None if capacity_bytes is None else high_water * capacity_bytes

@@ -18,9 +18,20 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def to_micros(at: datetime) -> int:
-    """Whole microseconds since the epoch (exact, unlike a float)."""
-    delta = at - _EPOCH
+    """Whole microseconds since the epoch (exact, unlike a float).
+
+    Every backend stores times through this one codec. A naive datetime is
+    refused rather than guessed at: no store clock makes one, so it is a bug.
+    """
+    delta = require_aware(at) - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def require_aware(at: datetime) -> datetime:
+    """`at`, if it has a time zone; a naive one raises `ValueError` in every backend."""
+    if at.tzinfo is None:
+        raise ValueError(f"a naive datetime has no time zone: {at.isoformat()}")
+    return at
 
 
 def from_micros(micros: int) -> datetime:

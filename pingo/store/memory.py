@@ -44,11 +44,12 @@ from pingo.store.protocol import (
     WorkflowChanges,
     WorkflowPlan,
     WorkflowRecord,
+    _Changes,
     claim_key,
     open_quotas,
     within_quotas,
 )
-from pingo.store.rules import plan_upgrades
+from pingo.store.rules import plan_upgrades, revived_fields
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,15 @@ class _StateIndex(Generic[K, S]):
 
     def count(self, state: S) -> int:
         return len(self._keys.get(state, ()))
+
+
+def _settable(changes: _Changes) -> dict[str, Any]:
+    """The fields `changes` sets, its times checked as the other backends' codec does."""
+    updates = dict(changes.items())
+    for value in updates.values():
+        if isinstance(value, datetime):
+            _cursor.require_aware(value)
+    return updates
 
 
 class MemoryStore:
@@ -313,17 +323,7 @@ class MemoryStore:
                 version=old.version + 1,
             )
             if revived:
-                # This plan's action now produces it, wherever and however it says.
-                new = replace(
-                    new,
-                    path=plan.path,
-                    producer_workflow_id=plan.producer_workflow_id,
-                    producer_action_id=plan.producer_action_id,
-                    is_managed=plan.is_managed,
-                    size_bytes=None,
-                    digest=None,
-                    stored_at=None,
-                )
+                new = replace(new, **revived_fields(plan))
             self._put_dataset(old, new)
         elif not set(plan.claims).issubset(old.claims):
             self._put_dataset(
@@ -388,7 +388,7 @@ class MemoryStore:
                 extra={"event": "cas_lost", "workflow_id": workflow_id},
             )
             return None
-        record = replace(old, state=new, version=old.version + 1, **dict(changes.items()))
+        record = replace(old, state=new, version=old.version + 1, **_settable(changes))
         self._workflows[workflow_id] = record
         return record
 
@@ -476,7 +476,7 @@ class MemoryStore:
             state=new,
             updated_at=self.clock(),
             version=old.version + 1,
-            **dict(changes.items()),
+            **_settable(changes),
         )
         return self._put_action(old, record)
 
@@ -813,7 +813,7 @@ class MemoryStore:
             state=new,
             updated_at=self.clock(),
             version=old.version + 1,
-            **dict(changes.items()),
+            **_settable(changes),
         )
         return self._put_dataset(old, record)
 
@@ -1005,7 +1005,7 @@ class MemoryStore:
         if current is None or current.version != expected_version:
             return None
         updated = replace(
-            current, **dict(changes.items()), updated_at=self.clock(), version=current.version + 1
+            current, **_settable(changes), updated_at=self.clock(), version=current.version + 1
         )
         self._schedules[schedule_id] = updated
         return updated
@@ -1068,7 +1068,7 @@ class MemoryStore:
         if current is None or current.version != expected_version:
             return None
         updated = replace(
-            current, **dict(changes.items()), updated_at=self.clock(), version=current.version + 1
+            current, **_settable(changes), updated_at=self.clock(), version=current.version + 1
         )
         self._deliveries[delivery_id] = updated
         return updated

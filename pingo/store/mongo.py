@@ -50,7 +50,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import unquote
@@ -132,9 +132,6 @@ _AFTER = ReturnDocument.AFTER
 
 
 def _us(at: datetime) -> int:
-    """A datetime as whole microseconds since the epoch (naive means UTC)."""
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
     return _cursor.to_micros(at)
 
 
@@ -867,16 +864,9 @@ class MongoStore:
             if plan_upgrades(old.state, plan.state):
                 update["$set"]["state"] = plan.state.value
                 if old.state is DatasetState.DELETED:
-                    # This plan's action now produces it, wherever and however it says.
-                    update["$set"].update(
-                        path=plan.path,
-                        producer_workflow_id=plan.producer_workflow_id,
-                        producer_action_id=plan.producer_action_id,
-                        is_managed=plan.is_managed,
-                        size_bytes=None,
-                        digest=None,
-                        stored_at_us=None,
-                    )
+                    revived = rules.revived_fields(plan)
+                    revived["stored_at_us"] = revived.pop("stored_at")
+                    update["$set"].update(revived)
             elif set(claims).issubset(old.claims):
                 return
             # Conditional on the state read, so the decision above still holds when it lands.

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from pingo.states import ActionState, DatasetState
-from pingo.store.protocol import HISTORY_LIMIT, ActionRecord, StateEntry
+from pingo.store.protocol import HISTORY_LIMIT, ActionRecord, DatasetPlan, StateEntry
 
 #: Targets of a dataset being computed, weakest first: a plan never lowers one.
 TARGET_RANK: Mapping[DatasetState, int] = {
@@ -26,6 +27,26 @@ def plan_upgrades(existing: DatasetState, planned: DatasetState) -> bool:
         return True
     old, new = TARGET_RANK.get(existing), TARGET_RANK.get(planned)
     return old is not None and new is not None and new > old
+
+
+def revived_fields(plan: DatasetPlan) -> dict[str, Any]:
+    """The fields a plan overwrites when it moves a DELETED dataset back to computing.
+
+    The plan's action now produces the dataset, wherever and however it says, and
+    the old files are gone: their size, digest and time of storing go with them.
+    The dataset's history (`compute_s`, `use_count`, `last_used_at`, `pinned`)
+    stays. Keys are `DatasetRecord` field names; a backend renames what it stores
+    under another name.
+    """
+    return {
+        "path": plan.path,
+        "producer_workflow_id": plan.producer_workflow_id,
+        "producer_action_id": plan.producer_action_id,
+        "is_managed": plan.is_managed,
+        "size_bytes": None,
+        "digest": None,
+        "stored_at": None,
+    }
 
 
 def opening_history(action: ActionRecord) -> tuple[StateEntry, ...]:

@@ -1490,22 +1490,13 @@ class SQLiteStore:
         claims = list(dict.fromkeys([*old_claims, *plan.claims]))
         if plan_upgrades(old_state, plan.state):
             if old_state is DatasetState.DELETED:
-                # This plan's action now produces it, wherever and however it says.
+                # Column names are the record's field names, from `rules`, never a user's.
+                revived = rules.revived_fields(plan)
+                assignments = "".join(f", {column} = ?" for column in revived)
                 conn.execute(
                     "UPDATE datasets SET state = ?, claims = ?, updated_at = ?, "
-                    "version = version + 1, path = ?, producer_workflow_id = ?, "
-                    "producer_action_id = ?, is_managed = ?, size_bytes = NULL, "
-                    "digest = NULL, stored_at = NULL WHERE id = ?",
-                    (
-                        plan.state.value,
-                        _dumps(claims),
-                        now,
-                        plan.path,
-                        plan.producer_workflow_id,
-                        plan.producer_action_id,
-                        int(plan.is_managed),
-                        plan.id,
-                    ),
+                    f"version = version + 1{assignments} WHERE id = ?",
+                    (plan.state.value, _dumps(claims), now, *revived.values(), plan.id),
                 )
             else:
                 conn.execute(

@@ -318,7 +318,7 @@ class WorkflowManager:
         *,
         owner: str,
         idempotency_key: str | None = None,
-        force: Collection[int] = (),
+        force: ForceTargets = (),
         rerun_of: str | None = None,
     ) -> protocol.WorkflowRecord:
         """Plan and persist a workflow; return its record (an existing one for a repeated key)."""
@@ -333,7 +333,7 @@ class WorkflowManager:
         *,
         owner: str,
         idempotency_key: str | None = None,
-        force: Collection[int] = (),
+        force: ForceTargets = (),
         rerun_of: str | None = None,
     ) -> tuple[protocol.WorkflowRecord, bool]:
         """`submit`, and whether the record is a replay of an earlier one with the same key.
@@ -430,7 +430,7 @@ class WorkflowManager:
         document: bytes | str | Mapping[str, Any],
         *,
         owner: str,
-        force: Collection[int] = (),
+        force: ForceTargets = (),
     ) -> Plan:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
         identified = await self._identify(document, scope_for(self.settings, owner))
@@ -873,21 +873,42 @@ async def shared_views(
     return views
 
 
-def _forced(definition: WorkflowDefinition, force: Collection[int]) -> frozenset[int]:
-    """The action ids to force, all of which must be actions of the workflow."""
-    forced = frozenset(force)
-    unknown = sorted(forced - definition.actions.keys())
-    if unknown:
-        metrics.SUBMISSIONS.labels(outcome="invalid").inc()
-        raise errors.ValidationFailed(
-            [
-                errors.ValidationIssue(
-                    "UNKNOWN_FORCED_ACTION", f"action {aid} is not in the workflow", ""
+#: What `force` may name: action ids (int) and action names (str).
+ForceTargets = Collection[int | str]
+
+
+def _forced(definition: WorkflowDefinition, force: ForceTargets) -> frozenset[int]:
+    """The action ids `force` names, by id or by name (422 for any it does not find).
+
+    Names are not unique: a name forces every action that bears it. Problems
+    point into the rerun body's `force` list (`/force/<index>`).
+    """
+    by_name: dict[str, list[int]] = {}
+    for aid, action in definition.actions.items():
+        by_name.setdefault(action.name, []).append(aid)
+    chosen: set[int] = set()
+    issues: list[errors.ValidationIssue] = []
+    for index, item in enumerate(force):
+        pointer = f"/force/{index}"
+        if isinstance(item, int):
+            if item in definition.actions:
+                chosen.add(item)
+            else:
+                issues.append(
+                    errors.ValidationIssue(
+                        "UNKNOWN_ACTION_ID", f"no action with id {item}", pointer
+                    )
                 )
-                for aid in unknown
-            ]
-        )
-    return forced
+        elif item in by_name:
+            chosen.update(by_name[item])
+        else:
+            issues.append(
+                errors.ValidationIssue("UNKNOWN_ACTION_NAME", f"no action named {item!r}", pointer)
+            )
+    if issues:
+        metrics.SUBMISSIONS.labels(outcome="invalid").inc()
+        raise errors.ValidationFailed(issues)
+    return frozenset(chosen)
 
 
 def _to_plan(planning: _Planning) -> Plan:

@@ -294,14 +294,22 @@ async def test_rerun_makes_a_new_workflow_forcing_named_actions(api: Api) -> Non
     assert plain.status == 201
     assert (await plain.json())["state"] == "SUCCEEDED"  # everything stored: all reused
 
-    unknown = await api.client.post(
+    # The body's shape is checked first, then the planner resolves what it names.
+    extra = await api.client.post(
         f"/api/v1/workflows/{original['id']}/rerun",
         json={"force": ["nope", 99], "extra": 1},
         headers=api.auth("admin"),
     )
+    assert extra.status == 422
+    assert {e["pointer"] for e in (await extra.json())["errors"]} == {"/extra"}
+    unknown = await api.client.post(
+        f"/api/v1/workflows/{original['id']}/rerun",
+        json={"force": ["nope", 99]},
+        headers=api.auth("admin"),
+    )
     assert unknown.status == 422
-    pointers = {e["pointer"] for e in (await unknown.json())["errors"]}
-    assert pointers == {"/force/0", "/force/1", "/extra"}
+    found = {(e["code"], e["pointer"]) for e in (await unknown.json())["errors"]}
+    assert found == {("UNKNOWN_ACTION_NAME", "/force/0"), ("UNKNOWN_ACTION_ID", "/force/1")}
 
 
 async def test_datasets_storage_and_lineage(api: Api) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 import pytest
 
@@ -342,3 +343,16 @@ async def test_a_dataset_planned_twice_in_one_plan_is_merged(store: Store, make:
     assert sorted(record.claims) == ["w/a", "w/b"]
     assert record.producer_action_id == 0  # the first plan created it
     assert await store.bytes_by_state() == {D.TO_LEAF: 0}
+
+
+async def test_a_naive_time_is_refused_by_every_backend(store: Store, make: Factory) -> None:
+    # One codec for times (`pingo.store._cursor`): a time without a zone is a
+    # caller's bug, refused alike, never read as UTC by one backend only.
+    dataset_id = await seed_dataset(store, make, D.TO_STORE)
+    naive = datetime(2026, 1, 1, 12, 0)
+    with pytest.raises(ValueError, match="naive"):
+        await store.transition_dataset(
+            dataset_id, {D.TO_STORE}, D.STORED, DatasetChanges(stored_at=naive)
+        )
+    record = await store.get_dataset(dataset_id)
+    assert record is not None and record.state is D.TO_STORE

@@ -120,10 +120,27 @@ async def test_forcing_an_unknown_action_is_invalid(
 ) -> None:
     with pytest.raises(errors.ValidationFailed) as failed:
         await manager.submit(workflow(CHAIN), owner="ann", force=[9])
-    assert failed.value.issues[0].code == "UNKNOWN_FORCED_ACTION"
+    assert failed.value.issues[0].code == "UNKNOWN_ACTION_ID"
     with pytest.raises(errors.ValidationFailed):
         await manager.dry_run(workflow(CHAIN), owner="ann", force=[9])
     assert (await store.list_workflows()).items == ()
+
+
+async def test_force_names_every_action_that_bears_a_name(
+    store: protocol.Store, manager: planner.WorkflowManager
+) -> None:
+    first = await manager.submit(workflow(CHAIN), owner="ann")
+    await store_all(store, first.id)
+    twins = workflow(CHAIN, extra={3: {"name": "a1"}})
+    first = await manager.submit(twins, owner="ann")
+    await store_all(store, first.id)
+    record = await manager.submit(twins, owner="ann", force=["a1"])
+    reasons = {aid: a.reason for aid, a in (await actions_by_id(store, record.id)).items()}
+    assert reasons == {1: "forced", 2: "reused", 3: "forced"}
+    with pytest.raises(errors.ValidationFailed) as failed:
+        await manager.submit(twins, owner="ann", force=[1, "nope", 7])
+    found = [(issue.code, issue.pointer) for issue in failed.value.issues]
+    assert found == [("UNKNOWN_ACTION_NAME", "/force/1"), ("UNKNOWN_ACTION_ID", "/force/2")]
 
 
 async def test_accepts_bytes(store: protocol.Store, manager: planner.WorkflowManager) -> None:

@@ -271,7 +271,7 @@ async def test_max_concurrent_skips_or_queues(
     assert queued is not None and queued.pending_tick_at == START + timedelta(seconds=2)
     [running] = [r for r in await store.list_schedule_runs(queue.id)]
     assert running.workflow_id is not None
-    await node.callbacks.kill_workflow(running.workflow_id)
+    await node.outcomes.kill_workflow(running.workflow_id)
     clock.advance(0.1)
     await node.schedules.fire_due()
     after = await store.list_schedule_runs(queue.id)

@@ -303,10 +303,10 @@ async def kill_workflow(request: web.Request) -> web.Response:
     return bodies.raw_json_response(await _encoded_document(request, killed))
 
 
-def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Action ids named by a rerun body `{"force": [name or id, ...]}` (422 for unknown ones)."""
+def force_targets(body: Any) -> tuple[int | str, ...]:
+    """What a rerun body `{"force": [name or id, ...]}` names; the planner resolves them."""
     if body is None:
-        return frozenset()
+        return ()
     if not isinstance(body, Mapping):
         raise errors.ValidationFailed(
             [errors.ValidationIssue("SCHEMA_VIOLATION", "the body must be an object", "")]
@@ -320,49 +320,23 @@ def resolve_force(body: Any, definition_actions: Sequence[Mapping[str, Any]]) ->
     if not isinstance(force, list):
         issues.append(errors.ValidationIssue("SCHEMA_VIOLATION", "force must be a list", "/force"))
         force = []
-    by_name: dict[str, list[int]] = {}
-    ids: set[int] = set()
-    for action in definition_actions:
-        action_id = action.get("id")
-        if isinstance(action_id, int):
-            ids.add(action_id)
-            by_name.setdefault(str(action.get("name")), []).append(action_id)
-    chosen: set[int] = set()
-    for index, item in enumerate(force):
-        pointer = f"/force/{index}"
-        if isinstance(item, bool) or not isinstance(item, int | str):
-            issues.append(
-                errors.ValidationIssue(
-                    "SCHEMA_VIOLATION", "an action name (string) or id (integer)", pointer
-                )
-            )
-        elif isinstance(item, int):
-            if item in ids:
-                chosen.add(item)
-            else:
-                issues.append(
-                    errors.ValidationIssue(
-                        "UNKNOWN_ACTION_ID", f"no action with id {item}", pointer
-                    )
-                )
-        elif item in by_name:
-            # Names are not unique: a name forces every action that bears it.
-            chosen.update(by_name[item])
-        else:
-            issues.append(
-                errors.ValidationIssue("UNKNOWN_ACTION_NAME", f"no action named {item!r}", pointer)
-            )
+    issues.extend(
+        errors.ValidationIssue(
+            "SCHEMA_VIOLATION", "an action name (string) or id (integer)", f"/force/{index}"
+        )
+        for index, item in enumerate(force)
+        if isinstance(item, bool) or not isinstance(item, int | str)
+    )
     if issues:
         raise errors.ValidationFailed(issues)
-    return frozenset(chosen)
+    return tuple(force)
 
 
 async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
     """Submit `record`'s document again as a new workflow, forcing what `body` names."""
+    force = force_targets(body)
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
-    raw_actions = document.get("actions", [])
-    force = resolve_force(body, raw_actions if isinstance(raw_actions, list) else [])
     check_executors(request, document)
     await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
