@@ -132,6 +132,7 @@ def action_detail(
         "callbackId": action.callback_id,
         "externalId": action.external_id,
         "definition": action.definition,
+        "history": [{"state": e.state.value, "at": timestamp(e.at)} for e in action.history],
     }
 
 

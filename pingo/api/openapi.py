@@ -19,6 +19,7 @@ from pingo import __version__, events, limits, states, untrusted
 from pingo.api import documents, problems
 from pingo.schedules import rules
 from pingo.store import _cursor
+from pingo.store.protocol import HISTORY_LIMIT
 from pingo.workflows import reuse
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
@@ -186,6 +187,13 @@ def _schemas() -> dict[str, Any]:
                 "callbackId": {"type": "string"},
                 "externalId": {"type": ["string", "null"]},
                 "definition": {"type": "object", "description": "the action as submitted"},
+                "history": {
+                    "type": "array",
+                    "maxItems": HISTORY_LIMIT,
+                    "items": _object({"state": action_state, "at": _TIME}),
+                    "description": "each state the action entered and when, oldest first; "
+                    f"retries repeat states; the latest {HISTORY_LIMIT} entries are kept",
+                },
             }
         ),
         "ClusterJobs": _object(
