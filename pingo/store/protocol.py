@@ -135,7 +135,8 @@ class ActionRecord:
     #: Each state the action entered and when, oldest first, at most `HISTORY_LIMIT`
     #: (retries enter the same states again). Written by the statement that changes
     #: the state, with the store's clock; a write that keeps the state (a reclaim, the
-    #: executor's id) adds nothing. Empty in a plan: the store opens it on creation.
+    #: executor's id) adds nothing. A plan leaves it empty: the store opens it with
+    #: the planned state at `created_at` (`rules.opening_history`).
     history: tuple[StateEntry, ...] = ()
 
     @property
