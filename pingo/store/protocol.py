@@ -137,7 +137,7 @@ class ActionRecord:
     #: the state, with the store's clock; a write that keeps the state (a reclaim, the
     #: executor's id) adds nothing. A plan leaves it empty: the store opens it with
     #: the planned state at `created_at` (`rules.opening_history`).
-    history: tuple[StateEntry, ...] = ()
+    history: Sequence[StateEntry] = ()
 
     @property
     def key(self) -> tuple[str, int]:

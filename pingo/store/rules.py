@@ -6,7 +6,7 @@ from it; a rule shared by all backends lives here instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -49,13 +49,13 @@ def revived_fields(plan: DatasetPlan) -> dict[str, Any]:
     }
 
 
-def opening_history(action: ActionRecord) -> tuple[StateEntry, ...]:
+def opening_history(action: ActionRecord) -> Sequence[StateEntry]:
     """The history an action is created with: its own, else its planned state at creation."""
     return action.history or (StateEntry(action.state, action.created_at),)
 
 
 def entered(
-    history: tuple[StateEntry, ...], state: ActionState, at: datetime
+    history: Sequence[StateEntry], state: ActionState, at: datetime
 ) -> tuple[StateEntry, ...]:
     """`history` with `state` entered at `at`, the oldest entries dropped past the limit."""
     return (*history, StateEntry(state, at))[-HISTORY_LIMIT:]
