@@ -456,6 +456,13 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
     "true_makespan_over_floor": _quotient("true_makespan_s", "spawn_floor_s"),
     "noop_actions_per_cas": _quotient("noop_actions_per_s", "sqlite_cas_per_s"),
     "noop_montage_actions_per_cas": _quotient("noop_montage_actions_per_s", "sqlite_cas_per_s"),
+    # How many times slower pydantic is than msgspec at the API's models (issue 14).
+    "models_encode_pydantic_over_msgspec": _quotient(
+        "models_encode_pydantic_ms", "models_encode_msgspec_ms"
+    ),
+    "models_decode_pydantic_over_msgspec": _quotient(
+        "models_decode_pydantic_ms", "models_decode_msgspec_ms"
+    ),
 }
 
 

@@ -89,7 +89,7 @@ def _render_ms(template: jinja2.Template, actions: list[ActionRecord]) -> float:
         "owner": "admin",
         "state": "RUNNING",
         "createdAt": None,
-        "actions": [documents.action_summary(a) for a in actions],
+        "actions": [documents.as_dict(documents.action_summary(a)) for a in actions],
     }
     template.render(
         workflow=workflow, summary=ui.summarize(actions), dag=dag.layout(actions), csrf="x"

@@ -19,6 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from pingo import errors, untrusted
+from pingo.api import models
 from pingo.config import Settings
 from pingo.store.protocol import Store, UserRecord
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 ADMIN_NAME = "admin"
 ADMIN_TOKEN_FILE = "admin.token"
 USER_KEY = web.RequestKey("pingo.user", UserRecord)
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAME_RE = re.compile(models.USER_NAME_PATTERN)
 
 
 def hash_token(token: str) -> str:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import jsonschema
+import msgspec
 from aiohttp import web
 
 from pingo import errors, untrusted
-from pingo.api import documents, problems, runtime
+from pingo.api import documents, models, problems, runtime
 
 #: Deeper than any real workflow; shallow enough that nothing downstream recurses too far.
 MAX_DEPTH = 64
 
 E = TypeVar("E", bound=enum.Enum)
+M = TypeVar("M", bound=msgspec.Struct)
 
 
 def _malformed(message: str, pointer: str = "") -> problems.BadRequest:
@@ -74,6 +79,64 @@ def _decode(raw: bytes) -> Any:
         raise _malformed("nested too deeply") from exc
     except untrusted.MalformedJSON as exc:
         raise _malformed(str(exc), exc.pointer) from exc
+
+
+def read_model(value: Any, model: type[M]) -> M:
+    """A decoded JSON body as `model`, or 422 VALIDATION_FAILED listing every issue."""
+    try:
+        return msgspec.convert(value, model)
+    except msgspec.ValidationError:
+        pass  # msgspec names the first issue only: the schema lists them all, below
+    issues = model_issues(value, model)
+    if issues:
+        raise errors.ValidationFailed(issues)
+    # Valid for the schema, refused by msgspec: JSON Schema counts 3.0 as an integer.
+    # Lax conversion takes it; the schema has already refused every other mismatch.
+    return msgspec.convert(value, model, strict=False)
+
+
+def model_issues(value: Any, model: type[msgspec.Struct]) -> list[errors.ValidationIssue]:
+    """Every way `value` breaks `model`'s JSON Schema, each with its JSON pointer."""
+    found = [issue for error in _validator(model).iter_errors(value) for issue in _issues(error)]
+    return sorted(found, key=lambda issue: issue.pointer)
+
+
+@functools.cache
+def _validator(model: type[msgspec.Struct]) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(msgspec.json.schema(model))
+
+
+def _issues(error: jsonschema.ValidationError) -> list[errors.ValidationIssue]:
+    """The issues one schema error stands for (one per unknown or missing field)."""
+    at = "".join(f"/{_pointer_token(str(part))}" for part in error.absolute_path)
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    code = schema.get(models.ISSUE_CODE, "SCHEMA_VIOLATION")
+    instance = error.instance
+    if error.validator == "additionalProperties" and isinstance(instance, Mapping):
+        known = schema.get("properties", {})
+        return [
+            errors.ValidationIssue(code, f"unknown field {key!r}", f"{at}/{_pointer_token(key)}")
+            for key in instance
+            if key not in known
+        ]
+    if error.validator == "required" and isinstance(instance, Mapping):
+        return [
+            errors.ValidationIssue(code, f"{name} is required", f"{at}/{_pointer_token(name)}")
+            for name in error.validator_value
+            if name not in instance
+        ]
+    if error.validator == "type":
+        message = "the body must be an object" if not at else error.message
+        return [errors.ValidationIssue(code, message, at)]
+    # A field's description says what it takes, better than "… is not valid under any
+    # of the given schemas" does.
+    message = schema.get("description") or error.message
+    return [errors.ValidationIssue(code, str(message), at)]
+
+
+def _pointer_token(key: str) -> str:
+    """`key` escaped as one RFC 6901 reference token."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def encode_json(data: Any) -> bytes:

@@ -1,41 +1,49 @@
-"""The JSON documents the API returns (camelCase), built from store records."""
+"""The JSON documents the API returns, built from store records as `models` Structs.
+
+Their shapes are `pingo.api.models`; this module decides what goes in them (who
+sees what) and encodes them. The web UI reads the same documents as dicts
+(`as_dict`), camelCase keys and all.
+"""
 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from pingo import limits, states
 from pingo.actions.executors import cluster
+from pingo.api import models
 from pingo.config import Settings
 from pingo.datasets.integrity import Verdict
 from pingo.store.protocol import (
     ActionRecord,
     DatasetRecord,
     EventRecord,
+    UserLimits,
     UserRecord,
     WorkflowRecord,
 )
-from pingo.workflows import reuse
+from pingo.workflows import planner, reuse
 
 #: Actions per call of the JSON encoder in `encode_workflow_document`.
 _ENCODE_CHUNK = 1000
 
+_ENCODER = msgspec.json.Encoder()
+
 
 def encode(data: Any) -> bytes:
-    """Compact UTF-8 JSON: how every document leaves the server."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON of a model (or plain JSON data): how every document leaves."""
+    return _ENCODER.encode(data)
 
 
-def timestamp(at: datetime | None) -> str | None:
-    """RFC 3339 in UTC with a `Z`, or None."""
-    if at is None:
-        return None
-    return at.isoformat().replace("+00:00", "Z")
+def as_dict(document: msgspec.Struct) -> dict[str, Any]:
+    """A document as the JSON object it encodes to (camelCase keys, times as text)."""
+    converted: dict[str, Any] = msgspec.to_builtins(document)
+    return converted
 
 
 def counts(actions: Iterable[ActionRecord]) -> dict[str, int]:
@@ -62,45 +70,57 @@ def action_outcome(action: ActionRecord, *, twin: bool = False) -> reuse.Reuse:
 SharedViews = Mapping[str, reuse.SharedWith]
 
 
-def shared_with(action: ActionRecord, views: SharedViews) -> dict[str, Any] | None:
+def shared_view(view: reuse.SharedWith | None) -> models.SharedWith | None:
+    """`sharedWith`: the producer's ids only when `view` may show them."""
+    if view is None:
+        return None
+    if view.workflow_id is None:
+        return models.SharedWith(name=view.name)
+    return models.SharedWith(
+        name=view.name,
+        workflow_id=view.workflow_id,
+        action_id=msgspec.UNSET if view.action_id is None else view.action_id,
+    )
+
+
+def shared_with(action: ActionRecord, views: SharedViews) -> models.SharedWith | None:
     """`sharedWith` of an action: whom it shared (or shares) its dataset's computation with."""
     if action.shared_with is None:
         return None
-    view = views.get(action.shared_with)
-    return None if view is None else view.to_json()
+    return shared_view(views.get(action.shared_with))
 
 
 def action_summary(
     action: ActionRecord, *, twin: bool = False, views: SharedViews | None = None
-) -> dict[str, Any]:
+) -> models.ActionSummary:
     """An action as it appears in the workflow document (`error`: why it failed, if it did)."""
-    return {
-        "actionId": action.action_id,
-        "name": action.name,
-        "type": action.type,
-        "state": action.state.value,
-        "datasetId": action.dataset_id,
-        "reused": action.reused,
-        "reuse": action_outcome(action, twin=twin).value,
-        "sharedWith": shared_with(action, views or {}),
-        "attempts": action.attempts,
-        "startedAt": timestamp(action.started_at),
-        "finishedAt": timestamp(action.finished_at),
-        "error": action.error,
-    }
+    return models.ActionSummary(
+        action_id=action.action_id,
+        name=action.name,
+        type=action.type,
+        state=action.state,
+        dataset_id=action.dataset_id,
+        reused=action.reused,
+        reuse=action_outcome(action, twin=twin),
+        shared_with=shared_with(action, views or {}),
+        attempts=action.attempts,
+        started_at=action.started_at,
+        finished_at=action.finished_at,
+        error=action.error,
+    )
 
 
-def cluster_jobs(attempt: int, jobs: cluster.ClusterJobs) -> dict[str, Any]:
+def cluster_jobs(attempt: int, jobs: cluster.ClusterJobs) -> models.ClusterJobs:
     """`GET …/actions/{actionId}/cluster-jobs`: the jobs one attempt's client submitted."""
-    return {
-        "attempt": attempt,
-        "applications": [
-            {"id": app, "logsCommand": ["yarn", *cluster.logs_command(app)]}
+    return models.ClusterJobs(
+        attempt=attempt,
+        applications=[
+            models.ClusterApplication(id=app, logs_command=["yarn", *cluster.logs_command(app)])
             for app in jobs.application_ids
         ],
-        "drivers": list(jobs.driver_ids),
-        "urls": list(jobs.urls),
-    }
+        drivers=list(jobs.driver_ids),
+        urls=list(jobs.urls),
+    )
 
 
 def is_twin(action: ActionRecord, dataset: DatasetRecord | None) -> bool:
@@ -121,44 +141,47 @@ def action_detail(
     action: ActionRecord,
     dataset: DatasetRecord | None = None,
     views: SharedViews | None = None,
-) -> dict[str, Any]:
+) -> models.ActionDetail:
     """`GET /workflows/{id}/actions/{actionId}`: the summary plus what a debugger needs.
 
     `dataset` (the action's) tells whether it shares its dataset with a twin.
     """
-    return {
-        **action_summary(action, twin=is_twin(action, dataset), views=views),
-        "reason": action.reason,
-        "callbackId": action.callback_id,
-        "externalId": action.external_id,
-        "definition": action.definition,
-        "history": [{"state": e.state.value, "at": timestamp(e.at)} for e in action.history],
-    }
+    summary = action_summary(action, twin=is_twin(action, dataset), views=views)
+    return models.ActionDetail(
+        **msgspec.structs.asdict(summary),
+        reason=action.reason,
+        callback_id=action.callback_id,
+        external_id=action.external_id,
+        definition=dict(action.definition),
+        history=[models.HistoryEntry(state=e.state, at=e.at) for e in action.history],
+    )
 
 
-def workflow_summary(workflow: WorkflowRecord) -> dict[str, Any]:
+def workflow_summary(workflow: WorkflowRecord) -> models.WorkflowSummary:
     """A workflow as it appears in lists (the document without `counts` and `actions`)."""
-    return {
-        "id": workflow.id,
-        "name": workflow.name,
-        "owner": workflow.owner,
-        "state": workflow.state.value,
-        "createdAt": timestamp(workflow.created_at),
-        "finishedAt": timestamp(workflow.finished_at),
-        "endDatasetId": workflow.end_dataset_id,
-    }
+    return models.WorkflowSummary(
+        id=workflow.id,
+        name=workflow.name,
+        owner=workflow.owner,
+        state=workflow.state,
+        created_at=workflow.created_at,
+        finished_at=workflow.finished_at,
+        end_dataset_id=workflow.end_dataset_id,
+    )
 
 
 def workflow_document(
     workflow: WorkflowRecord, actions: list[ActionRecord], views: SharedViews | None = None
-) -> dict[str, Any]:
+) -> models.WorkflowDocument:
     """The workflow document: every action of the definition, in ascending action id."""
     ordered = sorted(actions, key=lambda a: a.action_id)
     twins = _twins(ordered)
-    return {
-        **_workflow_head(workflow, ordered, twins),
-        "actions": [action_summary(a, twin=a.action_id in twins, views=views) for a in ordered],
-    }
+    return _workflow_head(
+        workflow,
+        ordered,
+        twins,
+        [action_summary(a, twin=a.action_id in twins, views=views) for a in ordered],
+    )
 
 
 def encode_workflow_document(
@@ -172,8 +195,9 @@ def encode_workflow_document(
     """
     ordered = sorted(actions, key=lambda a: a.action_id)
     twins = _twins(ordered)
-    head = encode(_workflow_head(workflow, ordered, twins))
-    parts = [head[:-1], b',"actions":[']
+    head = encode(_workflow_head(workflow, ordered, twins, []))
+    # `actions` is the model's last field: `…,"actions":[]}` loses its `]}`.
+    parts = [head[:-2]]
     for start in range(0, len(ordered), _ENCODE_CHUNK):
         chunk = encode(
             [
@@ -193,23 +217,59 @@ def _twins(ordered: Sequence[ActionRecord]) -> frozenset[int]:
     return reuse.twins((a.action_id, a.dataset_id, not a.reused) for a in ordered)
 
 
+def reuse_summary(outcomes: Iterable[reuse.Reuse]) -> models.ReuseSummary:
+    """How many actions are computed, shared, reused and not needed."""
+    found = reuse.summary(outcomes)
+    return models.ReuseSummary(
+        computed=found["computed"],
+        shared=found["shared"],
+        reused=found["reused"],
+        not_needed=found["notNeeded"],
+    )
+
+
 def _workflow_head(
-    workflow: WorkflowRecord, ordered: list[ActionRecord], twins: Collection[int]
-) -> dict[str, Any]:
-    """The workflow document but its `actions`, which come last."""
-    summary = workflow_summary(workflow)
-    return {
-        "id": summary["id"],
-        "name": summary["name"],
-        "owner": summary["owner"],
-        "state": summary["state"],
-        "createdAt": summary["createdAt"],
-        "finishedAt": summary["finishedAt"],
-        "error": workflow.error,
-        "counts": counts(ordered),
-        "reuse": reuse.summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
-        "endDatasetId": summary["endDatasetId"],
-    }
+    workflow: WorkflowRecord,
+    ordered: list[ActionRecord],
+    twins: Collection[int],
+    actions: list[models.ActionSummary],
+) -> models.WorkflowDocument:
+    """The workflow document with `actions` as given."""
+    return models.WorkflowDocument(
+        id=workflow.id,
+        name=workflow.name,
+        owner=workflow.owner,
+        state=workflow.state,
+        created_at=workflow.created_at,
+        finished_at=workflow.finished_at,
+        error=workflow.error,
+        counts=counts(ordered),
+        reuse=reuse_summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
+        end_dataset_id=workflow.end_dataset_id,
+        actions=actions,
+    )
+
+
+def plan_document(plan: planner.Plan) -> models.Plan:
+    """A dry run's answer: what planning decided for each action; nothing stored."""
+    twins = reuse.twins((a.action_id, a.dataset_id, a.compute) for a in plan.actions)
+    return models.Plan(
+        workflow_id=plan.workflow_id,
+        actions=[
+            models.PlannedAction(
+                action_id=a.action_id,
+                name=a.name,
+                dataset_id=a.dataset_id,
+                compute=a.compute,
+                reuse=a.outcome(twin=a.action_id in twins),
+                reason=a.reason,
+                dataset_state=a.dataset_state,
+                shared_with=shared_view(a.shared_with),
+            )
+            for a in plan.actions
+        ],
+        summary=reuse_summary(a.outcome(twin=a.action_id in twins) for a in plan.actions),
+    )
 
 
 class DatasetView(enum.Enum):
@@ -240,54 +300,45 @@ def dataset_document(
     dataset: DatasetRecord,
     view: DatasetView = DatasetView.ADMIN,
     producer: Producer | None = None,
-) -> dict[str, Any]:
+) -> models.Dataset:
     """A dataset, with where it came from, as much as `view` may see.
 
     Another user's workflow id, document and `env` values are never shown to
     OTHER viewers: their `producedBy` holds the action's name and type only,
     and the claims (which name the reading workflows) are shown as a count.
     """
-    produced_by: dict[str, Any] = {
-        "name": None if producer is None else producer.name,
-        "type": dataset.action_type,
-    }
-    document: dict[str, Any] = {
-        "id": dataset.id,
-        "state": dataset.state.value,
-        "sizeBytes": stored_size(dataset),
-        "digest": dataset.digest,
-    }
-    if view is not DatasetView.OTHER or dataset.is_managed:
-        # An unmanaged path is the producer's own path; a managed one only says the id.
-        document["path"] = dataset.path
-    document.update(
-        {
-            "scope": dataset.scope,
-            "managed": dataset.is_managed,
-            "pinned": dataset.pinned,
-            "claimCount": len(dataset.claims),
-        }
-    )
-    if view is DatasetView.ADMIN:
-        document["claims"] = list(dataset.claims)
-    if view is not DatasetView.OTHER:
-        produced_by.update(
-            workflowId=dataset.producer_workflow_id,
-            actionId=dataset.producer_action_id,
-            definition=dataset.definition,
+    name = None if producer is None else producer.name
+    if view is DatasetView.OTHER:
+        produced_by = models.ProducedBy(name=name, type=dataset.action_type)
+    else:
+        produced_by = models.ProducedBy(
+            name=name,
+            type=dataset.action_type,
+            workflow_id=dataset.producer_workflow_id,
+            action_id=dataset.producer_action_id,
+            definition=dict(dataset.definition),
         )
-    document.update(
-        {
-            "producedBy": produced_by,
-            "parents": list(dataset.parents),
-            "computeSeconds": dataset.compute_s,
-            "useCount": dataset.use_count,
-            "createdAt": timestamp(dataset.created_at),
-            "storedAt": timestamp(dataset.stored_at),
-            "lastUsedAt": timestamp(dataset.last_used_at),
-        }
+    # An unmanaged path is the producer's own path; a managed one only says the id.
+    shows_path = view is not DatasetView.OTHER or dataset.is_managed
+    return models.Dataset(
+        id=dataset.id,
+        state=dataset.state,
+        size_bytes=stored_size(dataset),
+        digest=dataset.digest,
+        path=dataset.path if shows_path else msgspec.UNSET,
+        scope=dataset.scope,
+        managed=dataset.is_managed,
+        pinned=dataset.pinned,
+        claim_count=len(dataset.claims),
+        claims=list(dataset.claims) if view is DatasetView.ADMIN else msgspec.UNSET,
+        produced_by=produced_by,
+        parents=list(dataset.parents),
+        compute_seconds=dataset.compute_s,
+        use_count=dataset.use_count,
+        created_at=dataset.created_at,
+        stored_at=dataset.stored_at,
+        last_used_at=dataset.last_used_at,
     )
-    return document
 
 
 def lineage_node(
@@ -295,97 +346,95 @@ def lineage_node(
     dataset: DatasetRecord | None,
     view: DatasetView = DatasetView.ADMIN,
     producer: Producer | None = None,
-) -> dict[str, Any]:
+) -> models.LineageNode:
     """One node of a lineage graph, as much as `view` may see (as `dataset_document`)."""
     if dataset is None:
         # An input whose record is gone: still part of the lineage.
-        return {"id": dataset_id, "state": None}
-    node: dict[str, Any] = {
-        "id": dataset.id,
-        "state": dataset.state.value,
-        "actionType": dataset.action_type,
-        "actionName": None if producer is None else producer.name,
-        "sizeBytes": stored_size(dataset),
-        "digest": dataset.digest,
-        "isManaged": dataset.is_managed,
-        "storedAt": timestamp(dataset.stored_at),
-    }
+        return models.LineageNode(id=dataset_id, state=None)
+    node = models.LineageNode(
+        id=dataset.id,
+        state=dataset.state,
+        action_type=dataset.action_type,
+        action_name=None if producer is None else producer.name,
+        size_bytes=stored_size(dataset),
+        digest=dataset.digest,
+        is_managed=dataset.is_managed,
+        stored_at=dataset.stored_at,
+    )
     if view is not DatasetView.OTHER:
-        node["producerWorkflowId"] = dataset.producer_workflow_id
-        node["producerActionId"] = dataset.producer_action_id
+        node.producer_workflow_id = dataset.producer_workflow_id
+        node.producer_action_id = dataset.producer_action_id
     return node
 
 
-def verification_document(verdict: Verdict, dataset: DatasetRecord) -> dict[str, Any]:
+def verification_document(verdict: Verdict, dataset: DatasetRecord) -> models.Verification:
     """`?verify=true`: the recorded digest against what the files hash to now."""
-    return {
-        "status": verdict.status.value,
-        "recordedDigest": dataset.digest,
-        "actualDigest": verdict.digest,
-        "recordedSizeBytes": dataset.size_bytes,
-        "actualSizeBytes": verdict.size_bytes,
-    }
+    return models.Verification(
+        status=verdict.status.value,
+        recorded_digest=dataset.digest,
+        actual_digest=verdict.digest,
+        recorded_size_bytes=dataset.size_bytes,
+        actual_size_bytes=verdict.size_bytes,
+    )
 
 
-#: JSON field → `UserLimits` field, for user documents and `PATCH /users/{name}`.
-LIMIT_FIELDS: dict[str, str] = {
-    "maxWorkflows": "max_workflows",
-    "maxInFlightActions": "max_in_flight_actions",
-    "submissionsPerMinute": "submissions_per_minute",
-}
+def _limits(values: UserLimits | limits.EffectiveLimits) -> models.Limits:
+    return models.Limits(
+        max_workflows=values.max_workflows,
+        max_in_flight_actions=values.max_in_flight_actions,
+        submissions_per_minute=values.submissions_per_minute,
+    )
 
 
-def user_document(user: UserRecord, settings: Settings) -> dict[str, Any]:
+def user_document(user: UserRecord, settings: Settings) -> models.User:
     """A user with the limits that apply to them, never with a token hash.
 
     `limits` are in force (null: unlimited); `ownLimits` are the user's own
     overrides (null: the server's default applies).
     """
-    in_force = limits.effective(user.limits, settings)
-    return {
-        "name": user.name,
-        "admin": user.is_admin,
-        "createdAt": timestamp(user.created_at),
-        "limits": {key: getattr(in_force, attr) for key, attr in LIMIT_FIELDS.items()},
-        "ownLimits": {key: getattr(user.limits, attr) for key, attr in LIMIT_FIELDS.items()},
-    }
+    return models.User(
+        name=user.name,
+        admin=user.is_admin,
+        created_at=user.created_at,
+        limits=_limits(limits.effective(user.limits, settings)),
+        own_limits=_limits(user.limits),
+    )
 
 
-def page(items: list[dict[str, Any]], next_cursor: str | None) -> dict[str, Any]:
-    """A page of a list: `{"items": [...], "next": cursor-or-null}`."""
-    return {"items": items, "next": next_cursor}
+def new_user_document(user: UserRecord, settings: Settings, token: str) -> models.NewUser:
+    """A user just created, with its token (shown this once)."""
+    return models.NewUser(**msgspec.structs.asdict(user_document(user, settings)), token=token)
 
 
-def callback_answer(action: ActionRecord) -> Mapping[str, Any]:
+def callback_answer(action: ActionRecord) -> models.CallbackAnswer:
     """What a callback returns: enough for the caller, nothing about the workflow."""
-    return {
-        "callbackId": action.callback_id,
-        "attempt": action.attempts,
-        "state": action.state.value,
-    }
+    return models.CallbackAnswer(
+        callback_id=action.callback_id, attempt=action.attempts, state=action.state
+    )
 
 
-def event_document(event: EventRecord) -> dict[str, Any]:
+def event_document(event: EventRecord) -> models.Event:
     """An event of a user's feed (`GET /api/v1/events`)."""
-    return {
-        "id": str(event.seq),
-        "kind": event.kind,
-        "at": timestamp(event.at),
-        "workflowId": event.workflow_id,
-        "datasetId": event.dataset_id,
-        "data": dict(event.payload or {}),
-    }
+    return models.Event(
+        id=str(event.seq),
+        kind=event.kind,
+        at=event.at,
+        workflow_id=event.workflow_id,
+        dataset_id=event.dataset_id,
+        data=dict(event.payload or {}),
+    )
 
 
-def audit_document(event: EventRecord) -> dict[str, Any]:
+def audit_document(event: EventRecord) -> models.AuditEntry:
     """An entry of the audit log (`GET /api/v1/audit`)."""
-    payload = event.payload or {}
-    return {
-        "id": str(event.seq),
-        "at": timestamp(event.at),
-        "actor": payload.get("actor"),
-        "action": payload.get("action"),
-        "remote": payload.get("remote"),
-        "target": payload.get("target", {}),
-        "status": payload.get("status"),
-    }
+    # The audit middleware records every key (`pingo.api.audit`).
+    payload: Mapping[str, Any] = event.payload or {}
+    return models.AuditEntry(
+        id=str(event.seq),
+        at=event.at,
+        actor=payload["actor"],
+        action=payload["action"],
+        remote=payload.get("remote"),
+        target=payload.get("target", {}),
+        status=payload["status"],
+    )

@@ -1,5 +1,10 @@
 """The OpenAPI 3.1 document of the API, and the /docs page rendered from it.
 
+This module writes the paths and operations. The schemas of the response
+documents and of most request bodies are generated from `pingo.api.models`;
+written here are only those of bodies another module validates: a schedule
+(`pingo.schedules.rules`) and a callback's report.
+
 The workflow request body is `schemas/workflow.schema.json` itself, embedded
 as `components.schemas.Workflow`: the one schema validates submissions and
 documents them. OpenAPI 3.1 schemas are JSON Schema 2020-12, so it goes in
@@ -15,12 +20,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pingo import __version__, events, limits, states, untrusted
-from pingo.api import documents, problems
+from pingo import __version__, events, states, untrusted
+from pingo.api import models, problems
 from pingo.schedules import rules
 from pingo.store import _cursor
-from pingo.store.protocol import HISTORY_LIMIT
-from pingo.workflows import reuse
 
 _WORKFLOW_POINTER = "#/components/schemas/Workflow"
 
@@ -57,333 +60,13 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _nullable(schema: Mapping[str, Any]) -> dict[str, Any]:
-    return {"oneOf": [dict(schema), {"type": "null"}]}
-
-
-_TIME = {"type": "string", "format": "date-time"}
-_TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
-_DATASET_ID = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "sha256 of provenance"}
-
-
-def _object(
-    properties: Mapping[str, Any], required: list[str] | None = None, description: str = ""
-) -> dict[str, Any]:
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": dict(properties),
-        "required": list(properties) if required is None else required,
-    }
-    if description:
-        schema["description"] = description
-    return schema
-
-
-#: Every dataset document has these; `path`, `claims` and `verification` depend on who asks.
-_DATASET_REQUIRED = [
-    *("id", "state", "sizeBytes", "digest", "scope", "managed", "pinned", "claimCount"),
-    *("producedBy", "parents", "computeSeconds", "useCount", "createdAt", "storedAt"),
-    "lastUsedAt",
-]
-#: One word per action for what planning did with its dataset (`pingo.workflows.reuse`).
-_REUSE = {
-    "type": "string",
-    "enum": [r.value for r in reuse.Reuse],
-    "description": "computed (runs), shared (another computation of its dataset was under "
-    "way: another workflow's, which it waits for and never runs unless that one fails or is "
-    "killed; or a twin's in the same workflow, beside which it runs), reused (its dataset was "
-    "stored: never runs) or not needed (nothing that runs reads it: never runs)",
-}
-#: The other workflow's action whose computation in flight an action shares.
-_SHARED_WITH = {
-    "type": ["object", "null"],
-    "description": "the other workflow's action computing its dataset, which it waits for "
-    "instead of computing it (in-flight deduplication); `workflowId` and `actionId` only "
-    "when that workflow is the viewer's own (another user's shows its action name alone)",
-    "properties": {
-        "name": {"type": "string"},
-        "workflowId": {"type": "string"},
-        "actionId": {"type": "integer"},
-    },
-    "required": ["name"],
-    "additionalProperties": False,
-}
-_REASON = {
-    "type": "string",
-    "description": "why planning decided so: forced, unmanaged, absent, a dataset state, "
-    "in-flight, claim-failed, digest-mismatch, reused or not-needed",
-}
-_REUSE_SUMMARY = _object(
-    {
-        "computed": {"type": "integer"},
-        "shared": {"type": "integer"},
-        "reused": {"type": "integer"},
-        "notNeeded": {"type": "integer"},
-    },
-    description="how many actions are computed, shared, reused and not needed",
-)
-
-
 def _schemas() -> dict[str, Any]:
-    action_state = {"type": "string", "enum": [s.value for s in states.ActionState]}
-    dataset_state = {"type": "string", "enum": [s.value for s in states.DatasetState]}
-    workflow_state = {"type": "string", "enum": [s.value for s in states.WorkflowState]}
-    action_summary = {
-        "actionId": {"type": "integer"},
-        "name": {"type": "string"},
-        "type": {"type": "string"},
-        "state": action_state,
-        "datasetId": _DATASET_ID,
-        "reused": {
-            "type": "boolean",
-            "description": "planning reused its dataset or did not need it: never runs",
-        },
-        "reuse": _REUSE,
-        "sharedWith": _SHARED_WITH,
-        "attempts": {"type": "integer", "minimum": 0},
-        "startedAt": _TIME_OR_NULL,
-        "finishedAt": _TIME_OR_NULL,
-        "error": {
-            "type": ["string", "null"],
-            "description": "why the last attempt failed (or the action was killed), if it did",
-        },
-    }
-    workflow_summary = {
-        "id": {"type": "string"},
-        "name": {"type": "string"},
-        "owner": {"type": "string"},
-        "state": workflow_state,
-        "createdAt": _TIME,
-        "finishedAt": _TIME_OR_NULL,
-        "endDatasetId": {"type": ["string", "null"]},
-    }
+    """`components/schemas`: generated from `models`, but for the request bodies whose
+    shape another module owns (the workflow language, the schedule rules, callbacks)."""
     return {
         "Workflow": workflow_schema(),
-        "ValidationIssue": _object(
-            {
-                "code": {"type": "string", "description": "stable machine-readable code"},
-                "message": {"type": "string"},
-                "pointer": {"type": "string", "description": "RFC 6901 JSON pointer"},
-            }
-        ),
-        "Problem": _object(
-            {
-                "type": {"type": "string", "format": "uri-reference"},
-                "title": {"type": "string"},
-                "status": {"type": "integer"},
-                "detail": {"type": "string"},
-                "code": {"type": "string", "description": "stable code; see /docs#problems"},
-                "instance": {"type": "string"},
-                "errors": {"type": "array", "items": _ref("ValidationIssue")},
-            },
-            required=["type", "title", "status", "detail", "code"],
-            description="RFC 9457 problem details.",
-        ),
-        "ActionSummary": _object(action_summary),
-        "ActionDetail": _object(
-            {
-                **action_summary,
-                "reason": _REASON,
-                "callbackId": {"type": "string"},
-                "externalId": {"type": ["string", "null"]},
-                "definition": {"type": "object", "description": "the action as submitted"},
-                "history": {
-                    "type": "array",
-                    "maxItems": HISTORY_LIMIT,
-                    "items": _object({"state": action_state, "at": _TIME}),
-                    "description": "each state the action entered and when, oldest first; "
-                    f"retries repeat states; the latest {HISTORY_LIMIT} entries are kept",
-                },
-            }
-        ),
-        "ClusterJobs": _object(
-            {
-                "attempt": {"type": "integer", "minimum": 1},
-                "applications": {
-                    "type": "array",
-                    "items": _object(
-                        {
-                            "id": {"type": "string", "pattern": "^application_[0-9]+_[0-9]+$"},
-                            "logsCommand": {
-                                "type": "array",
-                                "items": {"type": "string"},
-                                "description": "argv that fetches its aggregated logs",
-                            },
-                        }
-                    ),
-                },
-                "drivers": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "Spark standalone cluster-mode driver ids",
-                },
-                "urls": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "tracking URLs (YARN) and Spark UI URLs",
-                },
-            },
-            description="The cluster jobs one attempt's client submitted, from its log.",
-        ),
-        "WorkflowSummary": _object(workflow_summary),
-        "WorkflowDocument": _object(
-            {
-                **{k: v for k, v in workflow_summary.items() if k != "endDatasetId"},
-                "error": {
-                    "type": ["string", "null"],
-                    "description": "why the workflow failed or was killed, if it did",
-                },
-                "counts": {
-                    "type": "object",
-                    "description": "actions per state (every state, zeros included)",
-                    "properties": {s.value: {"type": "integer"} for s in states.ActionState},
-                },
-                "reuse": _REUSE_SUMMARY,
-                "endDatasetId": workflow_summary["endDatasetId"],
-                "actions": {
-                    "type": "array",
-                    "items": _ref("ActionSummary"),
-                    "description": "every action of the definition, ascending actionId",
-                },
-            }
-        ),
-        "WorkflowPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("WorkflowSummary")},
-                "next": {"type": ["string", "null"], "description": "cursor of the next page"},
-            }
-        ),
-        "PlannedAction": _object(
-            {
-                "actionId": {"type": "integer"},
-                "name": {"type": "string"},
-                "datasetId": _DATASET_ID,
-                "compute": {
-                    "type": "boolean",
-                    "description": "the action will run (one sharing another workflow's "
-                    "computation, `sharedWith`, runs only if that computation fails)",
-                },
-                "reuse": _REUSE,
-                "reason": _REASON,
-                "datasetState": {"type": ["string", "null"]},
-                "sharedWith": _SHARED_WITH,
-            }
-        ),
-        "Plan": _object(
-            {
-                "workflowId": {"type": "string"},
-                "actions": {"type": "array", "items": _ref("PlannedAction")},
-                "summary": _REUSE_SUMMARY,
-            }
-        ),
-        "RerunRequest": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "force": {
-                    "type": "array",
-                    "items": {"type": ["string", "integer"]},
-                    "description": "action names (every action bearing it) or ids to recompute",
-                }
-            },
-        },
-        "Dataset": _object(
-            {
-                "id": _DATASET_ID,
-                "state": dataset_state,
-                "sizeBytes": {"type": ["integer", "null"]},
-                "digest": {
-                    "type": ["string", "null"],
-                    "pattern": "^sha256:[0-9a-f]{64}$",
-                    "description": "SHA-256 of the content's manifest, recorded at commit "
-                    "(null: unmanaged, remote, or not stored yet); see docs/security.md",
-                },
-                "path": {
-                    "type": "string",
-                    "description": "absent for another user's unmanaged dataset",
-                },
-                "scope": {"type": "string"},
-                "managed": {"type": "boolean"},
-                "pinned": {"type": "boolean"},
-                "claimCount": {"type": "integer", "description": "actions that will read it"},
-                "claims": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "admins only: the reading actions (workflowId/actionId)",
-                },
-                "producedBy": _object(
-                    {
-                        "name": {"type": ["string", "null"]},
-                        "type": {"type": "string"},
-                        "workflowId": {"type": "string"},
-                        "actionId": {"type": "integer"},
-                        "definition": {"type": "object"},
-                    },
-                    required=["name", "type"],
-                    description="workflowId, actionId and definition only for admins and the "
-                    "owner of the producing workflow",
-                ),
-                "parents": {"type": "array", "items": _DATASET_ID},
-                "computeSeconds": {"type": ["number", "null"]},
-                "useCount": {"type": "integer"},
-                "createdAt": _TIME,
-                "storedAt": _TIME_OR_NULL,
-                "lastUsedAt": _TIME_OR_NULL,
-                "verification": _ref("Verification"),
-            },
-            required=_DATASET_REQUIRED,
-        ),
-        "Verification": _object(
-            {
-                "status": {
-                    "type": "string",
-                    "enum": ["match", "mismatch", "missing", "unverifiable"],
-                },
-                "recordedDigest": {"type": ["string", "null"]},
-                "actualDigest": {"type": ["string", "null"]},
-                "recordedSizeBytes": {"type": ["integer", "null"]},
-                "actualSizeBytes": {"type": ["integer", "null"]},
-            },
-            description="only with ?verify=true: the files hashed again; a mismatched or "
-            "missing dataset is recomputed at its next reuse, never handed out",
-        ),
-        "DatasetPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("Dataset")},
-                "next": {"type": ["string", "null"]},
-            }
-        ),
-        "Lineage": _object(
-            {
-                "nodes": {"type": "array", "items": {"type": "object"}},
-                "edges": {"type": "array", "items": {"type": "object"}},
-            },
-            description="the dataset and its ancestors",
-        ),
-        "Storage": _object(
-            {
-                "capacityBytes": {"type": ["integer", "null"]},
-                "usedBytes": {"type": "integer"},
-                "bytesByState": {"type": "object", "additionalProperties": {"type": "integer"}},
-                "policy": {"type": "string"},
-                "decisions": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "seq": {"type": "integer"},
-                            "at": {"type": "string", "format": "date-time"},
-                            "datasetId": {"type": ["string", "null"]},
-                            "policy": {"type": ["string", "null"]},
-                            "reason": {"type": ["string", "null"]},
-                            "sizeBytes": {"type": ["integer", "null"]},
-                            "computeSeconds": {"type": ["number", "null"]},
-                            "recomputeCostSeconds": {"type": ["number", "null"]},
-                        },
-                    },
-                },
-            }
-        ),
+        **models.schemas(),
+        **_schedule_request_schemas(),
         "CallbackBody": {
             "type": "object",
             "properties": {
@@ -394,77 +77,6 @@ def _schemas() -> dict[str, Any]:
                 },
             },
         },
-        "CallbackAnswer": _object(
-            {
-                "callbackId": {"type": "string"},
-                "attempt": {"type": "integer"},
-                "state": action_state,
-            }
-        ),
-        "User": _object(_user_properties()),
-        "NewUser": _object(
-            {
-                **_user_properties(),
-                "token": {"type": "string", "description": "shown once; only its hash is kept"},
-            }
-        ),
-        "Limits": _object(
-            {key: {"type": ["integer", "null"]} for key in documents.LIMIT_FIELDS},
-            description="Per-user limits (docs/limits.md).",
-        ),
-        "UserUpdate": {
-            "type": "object",
-            "required": ["limits"],
-            "additionalProperties": False,
-            "properties": {
-                "limits": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "description": "Limits to change; null resets one to the server's default, "
-                    "an absent one is kept.",
-                    "properties": {
-                        key: {
-                            "type": ["integer", "null"],
-                            "minimum": 1,
-                            "maximum": limits.MAX_LIMIT,
-                        }
-                        for key in documents.LIMIT_FIELDS
-                    },
-                }
-            },
-        },
-        "UserRequest": {
-            "type": "object",
-            "required": ["name"],
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
-                "admin": {"type": "boolean", "default": False},
-            },
-        },
-        "UserList": _object({"items": {"type": "array", "items": _ref("User")}}),
-        **_schedule_schemas(),
-        **_event_schemas(),
-        "Status": _object({"status": {"type": "string"}}),
-        "Readiness": _object(
-            {
-                "status": {"type": "string"},
-                "sandbox": {
-                    "enum": ["on", "off", "unavailable"],
-                    "description": "Whether command-line actions run sandboxed (PINGO_SANDBOX).",
-                },
-            }
-        ),
-    }
-
-
-def _user_properties() -> dict[str, Any]:
-    return {
-        "name": {"type": "string"},
-        "admin": {"type": "boolean"},
-        "createdAt": _TIME,
-        "limits": {**_ref("Limits"), "description": "In force (null: unlimited)."},
-        "ownLimits": {**_ref("Limits"), "description": "The user's own (null: server default)."},
     }
 
 
@@ -475,14 +87,9 @@ def _too_many(codes: str) -> dict[str, Any]:
     }
 
 
-def _schedule_schemas() -> dict[str, Any]:
-    webhook_view = _object(
-        {
-            "url": {"type": "string"},
-            "events": {"type": "array", "items": {"type": "string"}},
-        },
-        description="A webhook as views show it: never its secret.",
-    )
+def _schedule_request_schemas() -> dict[str, Any]:
+    """A schedule's request body: `pingo.schedules.rules` validates it, with its own
+    pointers, so this is written beside the rules' constants rather than generated."""
     settings = {
         "cron": {
             "type": "string",
@@ -567,68 +174,6 @@ def _schedule_schemas() -> dict[str, Any]:
             ],
         },
         "Webhook": dict(workflow_schema()["$defs"]["webhook"]),
-        "WebhookView": webhook_view,
-        "Schedule": _object(
-            {
-                "id": {"type": "string"},
-                "name": {"type": "string"},
-                "owner": {"type": "string"},
-                **settings,
-                "paused": {"type": "boolean"},
-                "trigger": _nullable(_ref("Trigger")),
-                "nextFireAt": _TIME_OR_NULL,
-                "firesOnDataAfter": _TIME_OR_NULL,
-                "nextFireTimes": {"type": "array", "items": _TIME},
-                "pendingTickAt": _TIME_OR_NULL,
-                "createdAt": _TIME,
-                "updatedAt": _TIME,
-                "webhooks": {"type": "array", "items": _ref("WebhookView")},
-                "workflow": {"type": "object", "description": "webhook secrets removed"},
-            }
-        ),
-        "ScheduleList": _object(
-            {
-                "items": {"type": "array", "items": _ref("Schedule")},
-                "next": {"type": "null"},
-            }
-        ),
-        "ScheduleRun": _object(
-            {
-                "tickAt": _TIME,
-                "workflowId": {"type": ["string", "null"]},
-                "outcome": {"enum": ["submitted", "skipped", "failed"]},
-                "reason": {"type": ["string", "null"]},
-                "recordedAt": _TIME,
-            }
-        ),
-        "ScheduleRunList": _object(
-            {
-                "items": {"type": "array", "items": _ref("ScheduleRun")},
-                "next": {"type": "null"},
-            }
-        ),
-        "Delivery": _object(
-            {
-                "id": {"type": "string"},
-                "event": {"type": "string"},
-                "url": {"type": "string"},
-                "workflowId": {"type": "string"},
-                "scheduleId": {"type": ["string", "null"]},
-                "state": {"enum": ["pending", "delivered", "failed"]},
-                "attempts": {"type": "integer", "minimum": 0},
-                "lastStatus": {"type": ["integer", "null"]},
-                "lastError": {"type": ["string", "null"]},
-                "nextAttemptAt": _TIME,
-                "createdAt": _TIME,
-                "updatedAt": _TIME,
-            }
-        ),
-        "DeliveryList": _object(
-            {
-                "items": {"type": "array", "items": _ref("Delivery")},
-                "next": {"type": "null"},
-            }
-        ),
     }
 
 
@@ -734,51 +279,9 @@ def _schedule_paths() -> dict[str, Any]:
 
 # ---- events and audit (issue 18): self-contained, merged into the document above.
 
-#: An event's position: what `id` and `next` hold.
-_EVENT_POSITION = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 #: What `cursor` and `Last-Event-ID` take: a position, or empty (absent, like any empty
 #: parameter).
 _EVENT_POSITION_PARAM = {"type": "string", "pattern": "^[0-9]{0,18}$"}
-
-
-def _event_schemas() -> dict[str, Any]:
-    return {
-        "Event": _object(
-            {
-                "id": _EVENT_POSITION,
-                "kind": {"enum": list(events.FEED_KINDS)},
-                "at": _TIME,
-                "workflowId": {"type": ["string", "null"]},
-                "datasetId": {"type": ["string", "null"]},
-                "data": {"type": "object", "description": "per kind: see docs/api.md#events"},
-            },
-            description="An event of your feed.",
-        ),
-        "EventPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("Event")},
-                "next": _nullable(_EVENT_POSITION),
-            }
-        ),
-        "AuditEntry": _object(
-            {
-                "id": _EVENT_POSITION,
-                "at": _TIME,
-                "actor": {"type": "string"},
-                "action": {"type": "string", "description": "workflow.submit, user.add, …"},
-                "remote": {"type": ["string", "null"], "description": "the peer address"},
-                "target": {"type": "object", "additionalProperties": {"type": "string"}},
-                "status": {"type": "integer"},
-            },
-            description="A user action: who, what, when, from where.",
-        ),
-        "AuditPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("AuditEntry")},
-                "next": _nullable(_EVENT_POSITION),
-            }
-        ),
-    }
 
 
 def _event_paths() -> dict[str, Any]:

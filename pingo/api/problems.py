@@ -9,16 +9,16 @@ too; anything else is a 500 that names a log reference and leaks nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
-from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from pingo import errors
+from pingo.api import models
 
 logger = logging.getLogger(__name__)
 
@@ -151,20 +151,23 @@ def problem_response(
     instance: str | None = None,
 ) -> web.Response:
     """An `application/problem+json` response."""
-    body: dict[str, Any] = {
-        "type": problem_type(code),
-        "title": status_title(status),
-        "status": status,
-        "detail": detail,
-        "code": code,
-    }
-    if instance is not None:
-        body["instance"] = instance
-    if issues:
-        body["errors"] = [issue.to_json() for issue in issues]
+    body = models.Problem(
+        type=problem_type(code),
+        title=status_title(status),
+        status=status,
+        detail=detail,
+        code=code,
+        instance=msgspec.UNSET if instance is None else instance,
+        errors=[
+            models.ValidationIssue(code=i.code, message=i.message, pointer=i.pointer)
+            for i in issues
+        ]
+        if issues
+        else msgspec.UNSET,
+    )
     return web.Response(
         status=status,
-        body=json.dumps(body).encode(),
+        body=msgspec.json.encode(body),
         content_type=PROBLEM_JSON,
         headers=headers,
     )

@@ -23,7 +23,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from pingo import errors, states
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _room, rules, utcnow
+from pingo.store import _common, _cursor, _room, rules, utcnow
 from pingo.store.protocol import (
     ActionChanges,
     ActionRecord,
@@ -380,13 +380,7 @@ class MemoryStore:
     ) -> WorkflowRecord | None:
         old = self._workflows.get(workflow_id)
         if old is None or old.state not in expected:
-            logger.debug(
-                "workflow %s not moved to %s: not in %s",
-                workflow_id,
-                new,
-                sorted(expected),
-                extra={"event": "cas_lost", "workflow_id": workflow_id},
-            )
+            _common.log_cas_lost(f"workflow {workflow_id}", new, workflow_id=workflow_id)
             return None
         record = replace(old, state=new, version=old.version + 1, **_settable(changes))
         self._workflows[workflow_id] = record
@@ -463,12 +457,11 @@ class MemoryStore:
             or (if_owner is not None and old.owner != if_owner)
             or (if_attempt is not None and old.attempts != if_attempt)
         ):
-            logger.debug(
-                "action %s/%s not moved to %s: lost the compare-and-set",
-                workflow_id,
-                action_id,
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
                 new,
-                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+                workflow_id=workflow_id,
+                action_id=action_id,
             )
             return None
         record = replace(
@@ -801,12 +794,7 @@ class MemoryStore:
     ) -> DatasetRecord | None:
         old = self._datasets.get(dataset_id)
         if old is None or old.state not in expected or (if_unclaimed and old.claims):
-            logger.debug(
-                "dataset %s not moved to %s: lost the compare-and-set",
-                dataset_id,
-                new,
-                extra={"event": "cas_lost", "dataset_id": dataset_id},
-            )
+            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
             return None
         record = replace(
             old,

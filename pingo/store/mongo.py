@@ -73,7 +73,7 @@ from pymongo.write_concern import WriteConcern
 
 from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _json, _room, lookup, rules, utcnow
+from pingo.store import _common, _cursor, _json, _room, lookup, rules, utcnow
 from pingo.store.protocol import (
     HISTORY_LIMIT,
     ActionChanges,
@@ -949,13 +949,7 @@ class MongoStore:
             return_document=_AFTER,
         )
         if doc is None:
-            logger.debug(
-                "workflow %s not moved to %s: not in %s",
-                workflow_id,
-                new,
-                sorted(expected),
-                extra={"event": "cas_lost", "workflow_id": workflow_id},
-            )
+            _common.log_cas_lost(f"workflow {workflow_id}", new, workflow_id=workflow_id)
             return None
         return _workflow(doc)
 
@@ -1080,12 +1074,11 @@ class MongoStore:
             update.update(_entered(new, now_us))
         doc = await self._actions.find_one_and_update(query, update, return_document=_AFTER)
         if doc is None:
-            logger.debug(
-                "action %s/%s not moved to %s: lost the compare-and-set",
-                workflow_id,
-                action_id,
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
                 new,
-                extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
+                workflow_id=workflow_id,
+                action_id=action_id,
             )
             return None
         return _action(doc)
@@ -1670,12 +1663,7 @@ class MongoStore:
             query, {"$set": fields, "$inc": {"version": 1}}, return_document=_AFTER
         )
         if doc is None:
-            logger.debug(
-                "dataset %s not moved to %s: lost the compare-and-set",
-                dataset_id,
-                new,
-                extra={"event": "cas_lost", "dataset_id": dataset_id},
-            )
+            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
             return None
         return _dataset(doc)
 
@@ -2100,10 +2088,9 @@ def _oldest_action(doc: Doc) -> tuple[int, str, int]:
     return doc["updated_at_us"], doc["workflow_id"], doc["action_id"]
 
 
-def _chunks(items: list[T], size: int = _IN_CHUNK) -> Iterator[list[T]]:
-    """`items` in slices of `size`, for `$in` lists that stay small on every server."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """`items` in slices, for `$in` lists that stay small on every server."""
+    return _common.chunks(items, _IN_CHUNK)
 
 
 def _make_page(items: list[R], limit: int) -> Page[R]:

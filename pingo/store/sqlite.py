@@ -59,7 +59,7 @@ from typing import Any, Self, TypeVar, overload
 
 from pingo import errors, heap, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _cursor, _json, _room, lookup, rules, utcnow
+from pingo.store import _common, _cursor, _json, _room, _rows, lookup, rules, utcnow
 from pingo.store.protocol import (
     HISTORY_LIMIT,
     KEEP,
@@ -412,21 +412,38 @@ _DATASET_COLUMNS = (
     "producer_action_id, is_managed, created_at, updated_at, claims, size_bytes, compute_s, "
     "use_count, last_used_at, stored_at, pinned, version, digest"
 )
-_EVENT_COLUMNS = "seq, kind, at, dataset_id, workflow_id, payload, owner"
-_USER_COLUMNS = (
-    "name, token_hash, is_admin, created_at, max_workflows, max_in_flight_actions, "
-    "submissions_per_minute"
+
+#: Tables whose rows are built from their records' fields (`_rows`).
+_EVENTS = _rows.Rows(EventRecord, {"at": _rows.TIME, "payload": _rows.OPTIONAL_JSON})
+_USERS = _rows.Rows(UserRecord, {"is_admin": _rows.BOOL, "created_at": _rows.TIME})
+_SCHEDULES = _rows.Rows(
+    ScheduleRecord,
+    {
+        "spec": _rows.JSON,
+        "paused": _rows.BOOL,
+        "next_fire_at": _rows.OPTIONAL_TIME,
+        "pending_tick_at": _rows.OPTIONAL_TIME,
+        "claim_expires_at": _rows.OPTIONAL_TIME,
+        "created_at": _rows.TIME,
+        "updated_at": _rows.TIME,
+    },
 )
-_SCHEDULE_COLUMNS = (
-    "id, owner, name, spec, paused, next_fire_at, pending_tick_at, claimed_by, "
-    "claim_expires_at, created_at, updated_at, version"
+_RUNS = _rows.Rows(ScheduleRunRecord, {"tick_at": _rows.TIME, "recorded_at": _rows.TIME})
+_DELIVERIES = _rows.Rows(
+    WebhookDeliveryRecord,
+    {
+        "body": _rows.BYTES,
+        "next_attempt_at": _rows.TIME,
+        "created_at": _rows.TIME,
+        "updated_at": _rows.TIME,
+        "claim_expires_at": _rows.OPTIONAL_TIME,
+    },
 )
-_RUN_COLUMNS = "schedule_id, tick_at, outcome, recorded_at, workflow_id, reason"
-_DELIVERY_COLUMNS = (
-    "id, owner, workflow_id, schedule_id, url, event, body, state, attempts, "
-    "next_attempt_at, created_at, updated_at, last_status, last_error, claimed_by, "
-    "claim_expires_at, version"
-)
+_EVENT_COLUMNS = _EVENTS.columns
+_USER_COLUMNS = _USERS.columns
+_SCHEDULE_COLUMNS = _SCHEDULES.columns
+_RUN_COLUMNS = _RUNS.columns
+_DELIVERY_COLUMNS = _DELIVERIES.columns
 
 _HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 18)})"
 #: `, history = …` for an UPDATE of actions that sets the state; its parameters are
@@ -525,10 +542,9 @@ def _dt_req(micros: int) -> datetime:
     return _EPOCH + micros * _US
 
 
-def _chunks(values: Sequence[T], size: int = 500) -> Iterable[Sequence[T]]:
-    """`values` in slices of at most `size`: SQLite binds a limited number of parameters."""
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
+def _chunks(values: Sequence[T]) -> Iterable[Sequence[T]]:
+    """`values` in slices small enough to bind: SQLite binds a limited number of parameters."""
+    return _common.chunks(values, 500)
 
 
 def _placeholders(count: int) -> str:
@@ -766,82 +782,23 @@ def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
     )
 
 
-def _event(row: Sequence[Any]) -> EventRecord:
-    return EventRecord(
-        seq=row[0],
-        kind=row[1],
-        at=_dt_req(row[2]),
-        dataset_id=row[3],
-        workflow_id=row[4],
-        payload=None if row[5] is None else json.loads(row[5]),
-        owner=row[6],
-    )
+_event = _EVENTS.record
 
 
-def _user(row: Sequence[Any]) -> UserRecord:
-    return UserRecord(
-        name=row[0],
-        token_hash=row[1],
-        is_admin=bool(row[2]),
-        created_at=_dt_req(row[3]),
-        limits=UserLimits(
-            max_workflows=row[4], max_in_flight_actions=row[5], submissions_per_minute=row[6]
-        ),
-    )
+_user = _USERS.record
 
 
 def _limit_values(limits: UserLimits) -> tuple[int | None, int | None, int | None]:
     return (limits.max_workflows, limits.max_in_flight_actions, limits.submissions_per_minute)
 
 
-def _schedule(row: Sequence[Any]) -> ScheduleRecord:
-    return ScheduleRecord(
-        id=row[0],
-        owner=row[1],
-        name=row[2],
-        spec=json.loads(row[3]),
-        paused=bool(row[4]),
-        next_fire_at=_dt(row[5]),
-        pending_tick_at=_dt(row[6]),
-        claimed_by=row[7],
-        claim_expires_at=_dt(row[8]),
-        created_at=_dt_req(row[9]),
-        updated_at=_dt_req(row[10]),
-        version=row[11],
-    )
+_schedule = _SCHEDULES.record
 
 
-def _run(row: Sequence[Any]) -> ScheduleRunRecord:
-    return ScheduleRunRecord(
-        schedule_id=row[0],
-        tick_at=_dt_req(row[1]),
-        outcome=row[2],
-        recorded_at=_dt_req(row[3]),
-        workflow_id=row[4],
-        reason=row[5],
-    )
+_run = _RUNS.record
 
 
-def _delivery(row: Sequence[Any]) -> WebhookDeliveryRecord:
-    return WebhookDeliveryRecord(
-        id=row[0],
-        owner=row[1],
-        workflow_id=row[2],
-        schedule_id=row[3],
-        url=row[4],
-        event=row[5],
-        body=bytes(row[6]),
-        state=row[7],
-        attempts=row[8],
-        next_attempt_at=_dt_req(row[9]),
-        created_at=_dt_req(row[10]),
-        updated_at=_dt_req(row[11]),
-        last_status=row[12],
-        last_error=row[13],
-        claimed_by=row[14],
-        claim_expires_at=_dt(row[15]),
-        version=row[16],
-    )
+_delivery = _DELIVERIES.record
 
 
 def _column_value(name: str, value: Any) -> Any:
@@ -901,16 +858,6 @@ def _transition_action_statement(
         args.append(if_waiting_on)
     sql += f" RETURNING {_HOT_COLUMNS}"
     return sql, args
-
-
-def _log_action_cas_lost(workflow_id: str, action_id: int, new: ActionState) -> None:
-    logger.debug(
-        "action %s/%s not moved to %s: lost the compare-and-set",
-        workflow_id,
-        action_id,
-        new,
-        extra={"event": "cas_lost", "workflow_id": workflow_id, "action_id": action_id},
-    )
 
 
 def path_from_url(url: str) -> str:
@@ -1700,12 +1647,7 @@ class SQLiteStore:
             [new.value, *params, workflow_id, *(s.value for s in expected)],
         )
         if record is None:
-            logger.debug(
-                "workflow %s not moved to %s: lost the compare-and-set",
-                workflow_id,
-                new,
-                extra={"event": "cas_lost", "workflow_id": workflow_id},
-            )
+            _common.log_cas_lost(f"workflow {workflow_id}", new, workflow_id=workflow_id)
         return record
 
     # -------------------------------------------------------------------- actions
@@ -1794,7 +1736,12 @@ class SQLiteStore:
         )
         record = await self._run_write(self._one, self._action_hot, sql, args)
         if record is None:
-            _log_action_cas_lost(workflow_id, action_id, new)
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
+                new,
+                workflow_id=workflow_id,
+                action_id=action_id,
+            )
         return record
 
     async def transition_actions(
@@ -2168,7 +2115,12 @@ class SQLiteStore:
             lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now),
         )
         if outcome is None:
-            _log_action_cas_lost(workflow_id, action_id, ActionState.FINISHED)
+            _common.log_cas_lost(
+                f"action {workflow_id}/{action_id}",
+                ActionState.FINISHED,
+                workflow_id=workflow_id,
+                action_id=action_id,
+            )
         return outcome
 
     def _finish_action(
@@ -2361,12 +2313,7 @@ class SQLiteStore:
         args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
         record = await self._run_write(self._one, self._dataset, sql, args)
         if record is None:
-            logger.debug(
-                "dataset %s not moved to %s: lost the compare-and-set",
-                dataset_id,
-                new,
-                extra={"event": "cas_lost", "dataset_id": dataset_id},
-            )
+            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
         return record
 
     async def add_dataset_claim(
@@ -2543,14 +2490,8 @@ class SQLiteStore:
             await self._run_write(
                 self._one,
                 tuple,
-                f"INSERT INTO users ({_USER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    user.name,
-                    user.token_hash,
-                    int(user.is_admin),
-                    _us(user.created_at),
-                    *_limit_values(user.limits),
-                ),
+                f"INSERT INTO users ({_USERS.columns}) VALUES ({_USERS.placeholders})",
+                _USERS.row(user),
             )
         except errors.Conflict as exc:
             raise errors.Conflict(f"user {user.name!r} (or its token) already exists") from exc
@@ -2607,21 +2548,8 @@ class SQLiteStore:
             await self._run_write(
                 self._one,
                 tuple,
-                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES ({_placeholders(12)})",
-                (
-                    s.id,
-                    s.owner,
-                    s.name,
-                    _dumps(s.spec),
-                    int(s.paused),
-                    _us_or_none(s.next_fire_at),
-                    _us_or_none(s.pending_tick_at),
-                    s.claimed_by,
-                    _us_or_none(s.claim_expires_at),
-                    _us(s.created_at),
-                    _us(s.updated_at),
-                    s.version,
-                ),
+                f"INSERT INTO schedules ({_SCHEDULES.columns}) VALUES ({_SCHEDULES.placeholders})",
+                _SCHEDULES.row(s),
             )
         except errors.Conflict as exc:
             raise errors.Conflict(f"schedule {s.id!r} already exists") from exc
@@ -2675,11 +2603,7 @@ class SQLiteStore:
             [_us(self.clock()), *params, schedule_id, expected_version],
         )
         if record is None:
-            logger.debug(
-                "schedule %s not updated: lost the compare-and-set",
-                schedule_id,
-                extra={"event": "cas_lost", "schedule_id": schedule_id},
-            )
+            _common.log_cas_lost(f"schedule {schedule_id}", None, schedule_id=schedule_id)
         return record
 
     async def update_schedules(
@@ -2715,16 +2639,9 @@ class SQLiteStore:
     async def record_schedule_run(self, run: ScheduleRunRecord) -> ScheduleRunRecord:
         def record(conn: sqlite3.Connection) -> ScheduleRunRecord:
             conn.execute(
-                f"INSERT INTO schedule_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO schedule_runs ({_RUNS.columns}) VALUES ({_RUNS.placeholders}) "
                 "ON CONFLICT (schedule_id, tick_at) DO NOTHING",
-                (
-                    run.schedule_id,
-                    _us(run.tick_at),
-                    run.outcome,
-                    _us(run.recorded_at),
-                    run.workflow_id,
-                    run.reason,
-                ),
+                _RUNS.row(run),
             )
             row = conn.execute(
                 f"SELECT {_RUN_COLUMNS} FROM schedule_runs WHERE schedule_id = ? AND tick_at = ?",
@@ -2748,35 +2665,14 @@ class SQLiteStore:
     # --------------------------------------------------------- webhook deliveries
 
     async def create_deliveries(self, deliveries: Sequence[WebhookDeliveryRecord]) -> None:
-        rows = [
-            (
-                d.id,
-                d.owner,
-                d.workflow_id,
-                d.schedule_id,
-                d.url,
-                d.event,
-                d.body,
-                d.state,
-                d.attempts,
-                _us(d.next_attempt_at),
-                _us(d.created_at),
-                _us(d.updated_at),
-                d.last_status,
-                d.last_error,
-                d.claimed_by,
-                _us_or_none(d.claim_expires_at),
-                d.version,
-            )
-            for d in deliveries
-        ]
+        rows = [_DELIVERIES.row(d) for d in deliveries]
         if not rows:
             return
 
         def insert(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                f"INSERT INTO webhook_deliveries ({_DELIVERY_COLUMNS}) "
-                f"VALUES ({_placeholders(17)}) ON CONFLICT (id) DO NOTHING",
+                f"INSERT INTO webhook_deliveries ({_DELIVERIES.columns}) "
+                f"VALUES ({_DELIVERIES.placeholders}) ON CONFLICT (id) DO NOTHING",
                 rows,
             )
 

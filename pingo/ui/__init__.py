@@ -305,7 +305,7 @@ async def _workflows_context(request: web.Request) -> dict[str, object]:
             planned = reuse_counts.put(record.id, _reuse_summary(decisions))
         rows.append(
             {
-                **documents.workflow_summary(record),
+                **documents.as_dict(documents.workflow_summary(record)),
                 **planned,
                 "actions": sum(by_state.values()),
                 "done": sum(n for st, n in by_state.items() if st in states.ACTION_TERMINAL),
@@ -488,11 +488,13 @@ async def action_page(request: web.Request) -> dict[str, object]:
     return _context(
         user,
         session,
-        workflow=documents.workflow_summary(record),
-        action=documents.action_detail(
-            action,
-            await store.get_dataset(action.dataset_id),
-            await workflow_routes.shared_views(request, record, [action]),
+        workflow=documents.as_dict(documents.workflow_summary(record)),
+        action=documents.as_dict(
+            documents.action_detail(
+                action,
+                await store.get_dataset(action.dataset_id),
+                await workflow_routes.shared_views(request, record, [action]),
+            )
         ),
         reason=action.reason,
         runtime_s=action.runtime_s,
@@ -542,7 +544,8 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
         ]
         # As the API shows them to this user: another user's dataset names its producing
         # action and type only, never the workflow.
-        for row in await dataset_routes.dataset_documents(request, matching):
+        for found_row in await dataset_routes.dataset_documents(request, matching):
+            row = documents.as_dict(found_row)
             row["producerName"] = row["producedBy"].get("name")
             if filters["producer"] and row["producerName"] != filters["producer"]:
                 continue
@@ -564,7 +567,8 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
 async def dataset_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
     record = await dataset_routes.visible_dataset(request)
-    (dataset,) = await dataset_routes.dataset_documents(request, [record])
+    (document,) = await dataset_routes.dataset_documents(request, [record])
+    dataset = documents.as_dict(document)
     datasets = runtime.node(request).datasets
     ancestors = await datasets.lineage(record.id)
     below = await datasets.descendants(record.id, limit=LINEAGE_NODES)
@@ -574,7 +578,7 @@ async def dataset_page(request: web.Request) -> dict[str, object]:
         for k, v in {**below.records, **ancestors.records}.items()
         if v is None or auth.may_see_scope(user, v.scope)
     }
-    nodes = await dataset_routes.lineage_nodes(request, records)
+    nodes = [documents.as_dict(n) for n in await dataset_routes.lineage_nodes(request, records)]
     for node in nodes:
         node["relation"] = (
             "this dataset"
@@ -611,7 +615,9 @@ async def _visible_workflows(
             *(["planned it"] if workflow_id in planned else []),
             *(["computed from it"] if workflow_id in readers else []),
         ]
-        rows.append({**documents.workflow_summary(record), "use": " and ".join(uses)})
+        rows.append(
+            {**documents.as_dict(documents.workflow_summary(record)), "use": " and ".join(uses)}
+        )
     return rows
 
 
@@ -652,7 +658,7 @@ def _usage_bars(storage: Mapping[str, Any]) -> list[dict[str, Any]]:
 @aiohttp_jinja2.template("storage.html")
 async def storage_page(request: web.Request) -> dict[str, object]:
     user, session = await _session_user(request)
-    storage = await dataset_routes.storage_document(request)
+    storage = documents.as_dict(await dataset_routes.storage_document(request))
     on_disk = sorted(s.value for s in states.DATASET_ON_DISK)
     return _context(user, session, storage=storage, bars=_usage_bars(storage), on_disk=on_disk)
 
@@ -671,7 +677,7 @@ async def decision_page(request: web.Request) -> dict[str, object]:
     dataset = await runtime.node(request).store.get_dataset(decision["datasetId"] or "")
     if dataset is not None and not auth.may_see_scope(user, dataset.scope):
         raise errors.NotFound(f"no recent retention decision {seq}")
-    document = None if dataset is None else documents.dataset_document(dataset)
+    document = None if dataset is None else documents.as_dict(documents.dataset_document(dataset))
     return _context(user, session, decision=decision, dataset=document)
 
 
@@ -684,9 +690,11 @@ async def schedules_page(request: web.Request) -> dict[str, object]:
     found = await store.list_schedules(owner=owner, limit=200)
     schedules = []
     for record in found:
-        document = schedule_routes.schedule_document(record)
+        document = documents.as_dict(schedule_routes.schedule_document(record))
         runs = await store.list_schedule_runs(record.id, limit=1)
-        document["lastRun"] = schedule_routes.run_document(runs[0]) if runs else None
+        document["lastRun"] = (
+            documents.as_dict(schedule_routes.run_document(runs[0])) if runs else None
+        )
         schedules.append(document)
     return _context(user, session, schedules=schedules)
 
@@ -697,7 +705,10 @@ async def _users_context(
     settings = runtime.settings(request)
     users = await runtime.node(request).store.list_users()
     return _context(
-        user, session, users=[documents.user_document(u, settings) for u in users], **values
+        user,
+        session,
+        users=[documents.as_dict(documents.user_document(u, settings)) for u in users],
+        **values,
     )
 
 
@@ -759,7 +770,7 @@ async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], s
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     actions = await runtime.node(request).store.list_actions(record.id)
-    document = documents.workflow_document(record, actions)
+    document = documents.as_dict(documents.workflow_document(record, actions))
     context = _context(
         user,
         session,

@@ -17,6 +17,8 @@ from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.node import Node
 
+from .documented import ResponseCheck
+
 ADMIN_TOKEN = "admin-token-for-tests"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,6 +154,25 @@ class Api:
                 return action
             assert loop.time() < deadline, f"action still {action['state']}"
             await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def response_check() -> ResponseCheck:
+    """One checker for the session: its validators are compiled once."""
+    return ResponseCheck()
+
+
+@pytest.fixture
+def aiohttp_client(
+    aiohttp_client: AiohttpClient, response_check: ResponseCheck
+) -> Callable[..., Awaitable[TestClient[Any, Any]]]:
+    """pytest-aiohttp's client, every answer checked against the OpenAPI document."""
+
+    async def client(app: web.Application, **kwargs: Any) -> TestClient[Any, Any]:
+        middlewares = (*kwargs.pop("middlewares", ()), response_check.middleware)
+        return await aiohttp_client(app, middlewares=middlewares, **kwargs)  # type: ignore[call-arg]
+
+    return client
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import replace
 from datetime import timedelta
 
@@ -85,6 +86,21 @@ async def test_lost_transition_returns_none_and_changes_nothing(
     assert await store.transition_action("missing", 0, {A.READY}, A.PROCESSING) is None
     assert await store.transition_action(wid, 0, set(), A.PROCESSING) is None
     assert await store.get_action(wid, 0) == plan.actions[0]
+
+
+async def test_a_lost_compare_and_set_is_logged_alike_by_every_backend(
+    store: Store, make: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = make.plan()
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    with caplog.at_level(logging.DEBUG, logger="pingo.store"):
+        assert await store.transition_action(wid, 1, {A.READY}, A.PROCESSING) is None
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "cas_lost"]
+    assert [r.getMessage() for r in lost] == [
+        f"action {wid}/1 not moved to PROCESSING: lost the compare-and-set"
+    ]
+    assert (getattr(lost[0], "workflow_id", None), getattr(lost[0], "action_id", None)) == (wid, 1)
 
 
 async def test_owner_and_attempt_guards(store: Store, make: Factory) -> None:

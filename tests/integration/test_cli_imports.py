@@ -11,7 +11,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: Top-level packages `pingo validate` must never import: the HTTP server, the database
 #: drivers, the numeric and graph libraries, pydantic (typer >= 0.29 coerces through it).
-HEAVY = ("aiohttp", "pymongo", "sqlite3", "scipy", "numpy", "networkx", "pydantic", "jinja2")
+HEAVY = (
+    *("aiohttp", "pymongo", "sqlite3", "scipy", "numpy", "networkx", "pydantic", "jinja2"),
+    "msgspec",  # the API's models: never needed to validate a document locally
+)
 
 _PROBE = """
 import json, sys

@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from pingo import errors, states
-from pingo.api import auth, bodies, documents, problems, runtime
+from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.retention.policy import recent_decisions
 from pingo.store import lookup
 from pingo.store.protocol import DatasetRecord, Store
@@ -89,10 +90,10 @@ def view_of(request: web.Request, producer: documents.Producer | None) -> docume
 
 async def dataset_documents(
     request: web.Request, records: Sequence[DatasetRecord]
-) -> list[dict[str, Any]]:
+) -> list[models.Dataset]:
     """The documents of `records` as the requester may see them."""
     found = await producers(request, records)
-    documents_: list[dict[str, Any]] = []
+    documents_: list[models.Dataset] = []
     for record in records:
         producer = found[(record.producer_workflow_id, record.producer_action_id)]
         documents_.append(documents.dataset_document(record, view_of(request, producer), producer))
@@ -101,7 +102,7 @@ async def dataset_documents(
 
 async def lineage_nodes(
     request: web.Request, records: Mapping[str, DatasetRecord | None]
-) -> list[dict[str, Any]]:
+) -> list[models.LineageNode]:
     """Lineage nodes as the requester may see each of them."""
     found = await producers(request, records.values())
     nodes = []
@@ -115,14 +116,14 @@ async def lineage_nodes(
     return nodes
 
 
-async def lineage_document(request: web.Request, dataset_id: str) -> dict[str, Any]:
+async def lineage_document(request: web.Request, dataset_id: str) -> models.Lineage:
     """The dataset's ancestor graph as the requester may see each of its nodes."""
     lineage = await runtime.node(request).datasets.lineage(dataset_id)
-    return {
-        "datasetId": lineage.dataset_id,
-        "nodes": await lineage_nodes(request, lineage.records),
-        "edges": [{"from": parent, "to": child} for parent, child in lineage.edges],
-    }
+    return models.Lineage(
+        dataset_id=lineage.dataset_id,
+        nodes=await lineage_nodes(request, lineage.records),
+        edges=[models.LineageEdge(parent=p, child=c) for p, c in lineage.edges],
+    )
 
 
 @routes.get(PREFIX + "/datasets", name="list_datasets")
@@ -141,7 +142,7 @@ async def list_datasets(request: web.Request) -> web.Response:
     # the cursor stays valid, so clients simply follow `next`.
     visible = [d for d in found.items if auth.may_see_scope(user, d.scope)]
     items = await dataset_documents(request, visible)
-    return bodies.json_response(documents.page(items, found.next_cursor))
+    return bodies.json_response(models.DatasetPage(items=items, next=found.next_cursor))
 
 
 @routes.get(PREFIX + "/datasets/{dataset_id}", name="get_dataset")
@@ -156,7 +157,7 @@ async def get_dataset(request: web.Request) -> web.Response:
     (document,) = await dataset_documents(request, [record])
     if verify:
         verdict = await runtime.node(request).datasets.verify(record)
-        document["verification"] = documents.verification_document(verdict, record)
+        document.verification = documents.verification_document(verdict, record)
     return bodies.json_response(document)
 
 
@@ -221,17 +222,19 @@ async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
     ]
 
 
-async def storage_document(request: web.Request) -> dict[str, Any]:
+async def storage_document(request: web.Request) -> models.Storage:
     """Capacity, usage by dataset state, the retention policy and its recent decisions."""
     settings = runtime.settings(request)
     summary = await runtime.node(request).datasets.storage_summary()
-    return {
-        "capacityBytes": settings.storage_capacity_bytes,
-        "usedBytes": summary["usedBytes"],
-        "bytesByState": summary["bytesByState"],
-        "policy": settings.retention_policy,
-        "decisions": await retention_decisions(request),
-    }
+    return models.Storage(
+        capacity_bytes=settings.storage_capacity_bytes,
+        used_bytes=summary["usedBytes"],
+        bytes_by_state=summary["bytesByState"],
+        policy=settings.retention_policy,
+        decisions=msgspec.convert(
+            await retention_decisions(request), list[models.RetentionDecision]
+        ),
+    )
 
 
 @routes.get(PREFIX + "/storage", name="get_storage")

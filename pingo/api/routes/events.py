@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 
 from aiohttp import web
 
 from pingo import errors, events
-from pingo.api import auth, bodies, documents, problems, runtime
+from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.store.protocol import EventRecord
 
 logger = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ async def list_events(request: web.Request) -> web.StreamResponse:
     page, more = found[:limit], len(found) > limit
     next_cursor = str(page[-1].seq) if more else None
     return bodies.json_response(
-        documents.page([documents.event_document(e) for e in page], next_cursor)
+        models.EventPage(items=[documents.event_document(e) for e in page], next=next_cursor)
     )
 
 
@@ -135,7 +134,7 @@ async def _ended(request: web.Request) -> bool:
 
 def _frame(event: EventRecord) -> bytes:
     """One SSE message; the JSON has no raw newline, so it is one `data` line."""
-    data = json.dumps(documents.event_document(event), separators=(",", ":"), ensure_ascii=False)
+    data = documents.encode(documents.event_document(event)).decode()
     return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
 
 
@@ -151,5 +150,5 @@ async def list_audit(request: web.Request) -> web.Response:
     page, more = found[:limit], len(found) > limit
     next_cursor = str(page[-1].seq) if more else None
     return bodies.json_response(
-        documents.page([documents.audit_document(e) for e in page], next_cursor)
+        models.AuditPage(items=[documents.audit_document(e) for e in page], next=next_cursor)
     )

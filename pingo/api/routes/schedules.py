@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from pingo import errors
-from pingo.api import auth, bodies, documents, runtime
+from pingo.api import auth, bodies, models, runtime
 from pingo.api.routes import workflows as workflow_routes
 from pingo.schedules.service import next_fire_times
 from pingo.store.protocol import ScheduleRecord, ScheduleRunRecord, WebhookDeliveryRecord
@@ -29,68 +29,70 @@ def schedule_location(schedule_id: str) -> str:
     return f"{PREFIX}/schedules/{schedule_id}"
 
 
-def schedule_document(record: ScheduleRecord) -> dict[str, Any]:
+def schedule_document(record: ScheduleRecord) -> models.Schedule:
     """A schedule as the API shows it: its definition, state and next ticks; no secret."""
     spec = record.spec
     triggered = "trigger" in spec
-    workflow = spec.get("workflow")
-    if isinstance(workflow, Mapping):
-        workflow = dict(workflow)
-        if "webhooks" in workflow:
-            workflow["webhooks"] = hooks.redact(workflow["webhooks"])
-    return {
-        "id": record.id,
-        "name": record.name,
-        "owner": record.owner,
-        "cron": spec.get("cron"),
-        "trigger": spec.get("trigger"),
-        "timezone": spec.get("timezone", "UTC"),
-        "catchUp": spec.get("catchUp", "latest"),
-        "catchUpLimit": spec.get("catchUpLimit", 100),
-        "maxConcurrent": spec.get("maxConcurrent"),
-        "overlap": spec.get("overlap", "skip"),
-        "parameters": spec.get("parameters", {}),
-        "start": spec.get("start"),
-        "end": spec.get("end"),
-        "paused": record.paused,
+    # Stored resolved: a schedule's workflow is always a document by now.
+    workflow: dict[str, Any] = dict(spec.get("workflow") or {})
+    if "webhooks" in workflow:
+        workflow["webhooks"] = hooks.redact(workflow["webhooks"])
+    return models.Schedule(
+        id=record.id,
+        name=record.name,
+        owner=record.owner,
+        cron=spec.get("cron"),
+        trigger=spec.get("trigger"),
+        timezone=spec.get("timezone", "UTC"),
+        catch_up=spec.get("catchUp", "latest"),
+        catch_up_limit=spec.get("catchUpLimit", 100),
+        max_concurrent=spec.get("maxConcurrent"),
+        overlap=spec.get("overlap", "skip"),
+        parameters=spec.get("parameters", {}),
+        start=spec.get("start"),
+        end=spec.get("end"),
+        paused=record.paused,
         # A data trigger has no next fire time: its next_fire_at is a watermark.
-        "nextFireAt": None if triggered else documents.timestamp(record.next_fire_at),
-        "firesOnDataAfter": documents.timestamp(record.next_fire_at) if triggered else None,
-        "nextFireTimes": [documents.timestamp(t) for t in next_fire_times(record, NEXT_FIRE_TIMES)],
-        "pendingTickAt": documents.timestamp(record.pending_tick_at),
-        "createdAt": documents.timestamp(record.created_at),
-        "updatedAt": documents.timestamp(record.updated_at),
-        "webhooks": hooks.redact(spec.get("webhooks", [])),
-        "workflow": workflow,
-    }
+        next_fire_at=None if triggered else record.next_fire_at,
+        fires_on_data_after=record.next_fire_at if triggered else None,
+        next_fire_times=next_fire_times(record, NEXT_FIRE_TIMES),
+        pending_tick_at=record.pending_tick_at,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        webhooks=[
+            models.WebhookView(url=h["url"], events=h["events"])
+            for h in hooks.redact(spec.get("webhooks", []))
+        ],
+        workflow=workflow,
+    )
 
 
-def run_document(run: ScheduleRunRecord) -> dict[str, Any]:
-    return {
-        "tickAt": documents.timestamp(run.tick_at),
-        "workflowId": run.workflow_id,
-        "outcome": run.outcome,
-        "reason": run.reason,
-        "recordedAt": documents.timestamp(run.recorded_at),
-    }
+def run_document(run: ScheduleRunRecord) -> models.ScheduleRun:
+    return models.ScheduleRun(
+        tick_at=run.tick_at,
+        workflow_id=run.workflow_id,
+        outcome=run.outcome,
+        reason=run.reason,
+        recorded_at=run.recorded_at,
+    )
 
 
-def delivery_document(delivery: WebhookDeliveryRecord) -> dict[str, Any]:
+def delivery_document(delivery: WebhookDeliveryRecord) -> models.Delivery:
     """One entry of a delivery log (the URL and outcome; the secret is never stored here)."""
-    return {
-        "id": delivery.id,
-        "event": delivery.event,
-        "url": delivery.url,
-        "workflowId": delivery.workflow_id,
-        "scheduleId": delivery.schedule_id,
-        "state": delivery.state,
-        "attempts": delivery.attempts,
-        "lastStatus": delivery.last_status,
-        "lastError": delivery.last_error,
-        "nextAttemptAt": documents.timestamp(delivery.next_attempt_at),
-        "createdAt": documents.timestamp(delivery.created_at),
-        "updatedAt": documents.timestamp(delivery.updated_at),
-    }
+    return models.Delivery(
+        id=delivery.id,
+        event=delivery.event,
+        url=delivery.url,
+        workflow_id=delivery.workflow_id,
+        schedule_id=delivery.schedule_id,
+        state=delivery.state,
+        attempts=delivery.attempts,
+        last_status=delivery.last_status,
+        last_error=delivery.last_error,
+        next_attempt_at=delivery.next_attempt_at,
+        created_at=delivery.created_at,
+        updated_at=delivery.updated_at,
+    )
 
 
 async def _visible_schedule(request: web.Request) -> ScheduleRecord:
@@ -135,10 +137,10 @@ async def list_schedules(request: web.Request) -> web.Response:
     owner = request.query.get("owner") or None
     if not user.is_admin:
         if owner is not None and owner != user.name:
-            return bodies.json_response(documents.page([], None))
+            return bodies.json_response(models.ScheduleList(items=[]))
         owner = user.name
     found = await runtime.node(request).store.list_schedules(owner=owner, limit=limit)
-    return bodies.json_response(documents.page([schedule_document(s) for s in found], None))
+    return bodies.json_response(models.ScheduleList(items=[schedule_document(s) for s in found]))
 
 
 @routes.get(PREFIX + "/schedules/{schedule_id}", name="get_schedule")
@@ -153,7 +155,7 @@ async def list_schedule_runs(request: web.Request) -> web.Response:
     record = await _visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     runs = await runtime.node(request).store.list_schedule_runs(record.id, limit=limit)
-    return bodies.json_response(documents.page([run_document(r) for r in runs], None))
+    return bodies.json_response(models.ScheduleRunList(items=[run_document(r) for r in runs]))
 
 
 @routes.post(PREFIX + "/schedules/{schedule_id}/pause", name="pause_schedule")
@@ -188,7 +190,7 @@ async def list_schedule_deliveries(request: web.Request) -> web.Response:
     record = await _visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     found = await runtime.node(request).store.list_deliveries(schedule_id=record.id, limit=limit)
-    return bodies.json_response(documents.page([delivery_document(d) for d in found], None))
+    return bodies.json_response(models.DeliveryList(items=[delivery_document(d) for d in found]))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}/deliveries", name="list_workflow_deliveries")
@@ -197,4 +199,4 @@ async def list_workflow_deliveries(request: web.Request) -> web.Response:
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     found = await runtime.node(request).store.list_deliveries(workflow_id=record.id, limit=limit)
-    return bodies.json_response(documents.page([delivery_document(d) for d in found], None))
+    return bodies.json_response(models.DeliveryList(items=[delivery_document(d) for d in found]))

@@ -6,7 +6,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pingo import metrics
-from pingo.api import bodies, openapi, runtime
+from pingo.api import bodies, models, openapi, runtime
 
 routes = web.RouteTableDef()
 
@@ -14,7 +14,7 @@ routes = web.RouteTableDef()
 @routes.get("/healthz", name="healthz")
 async def healthz(request: web.Request) -> web.Response:
     """The process answers (liveness)."""
-    return bodies.json_response({"status": "ok"})
+    return bodies.json_response(models.Status(status="ok"))
 
 
 @routes.get("/readyz", name="readyz")
@@ -22,7 +22,7 @@ async def readyz(request: web.Request) -> web.Response:
     """The store answers (readiness); 503 STORE_UNAVAILABLE otherwise; and the sandbox's state."""
     node = runtime.node(request)
     await node.store.ping()
-    return bodies.json_response({"status": "ready", "sandbox": node.sandbox})
+    return bodies.json_response(models.Readiness(status="ready", sandbox=node.sandbox))
 
 
 @routes.get("/metrics", name="metrics")

@@ -3,45 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
+import msgspec
 from aiohttp import web
 
-from pingo import errors, limits, untrusted
-from pingo.api import auth, bodies, documents, runtime
+from pingo import errors, limits
+from pingo.api import auth, bodies, documents, models, runtime
 from pingo.store.protocol import UserRecord
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 routes = web.RouteTableDef()
-
-_FIELDS = {"name": str, "admin": bool}
-
-
-def _user_request(body: object) -> tuple[str, bool]:
-    """`{"name": str, "admin": bool?}`, every issue reported (422)."""
-    if not isinstance(body, Mapping):
-        raise errors.ValidationFailed(
-            [errors.ValidationIssue("SCHEMA_VIOLATION", "the body must be an object", "")]
-        )
-    issues = [
-        errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown field {key!r}", f"/{key}")
-        for key in body
-        if key not in _FIELDS
-    ]
-    name = body.get("name")
-    admin = body.get("admin", False)
-    if not isinstance(name, str):
-        issues.append(errors.ValidationIssue("SCHEMA_VIOLATION", "name must be a string", "/name"))
-    if not isinstance(admin, bool):
-        issues.append(
-            errors.ValidationIssue("SCHEMA_VIOLATION", "admin must be true or false", "/admin")
-        )
-    if issues:
-        raise errors.ValidationFailed(issues)
-    assert isinstance(name, str) and isinstance(admin, bool)
-    return name, admin
 
 
 async def add_user(
@@ -83,10 +56,11 @@ async def revoke_user(request: web.Request, caller: UserRecord, name: str) -> No
 async def create_user(request: web.Request) -> web.Response:
     """Create a user (admin only); the answer holds its token, shown this once."""
     caller = auth.require_admin(request)
-    name, admin = _user_request(await bodies.read_json(request))
-    user, token = await add_user(request, caller, name, admin)
+    wanted = bodies.read_model(await bodies.read_json(request), models.UserRequest)
+    name = wanted.name
+    user, token = await add_user(request, caller, name, wanted.admin)
     return bodies.json_response(
-        {**documents.user_document(user, runtime.settings(request)), "token": token},
+        documents.new_user_document(user, runtime.settings(request), token),
         status=201,
         headers={"Location": f"{PREFIX}/users/{name}"},
     )
@@ -98,7 +72,9 @@ async def list_users(request: web.Request) -> web.Response:
     auth.require_admin(request)
     users = await runtime.node(request).store.list_users()
     settings = runtime.settings(request)
-    return bodies.json_response({"items": [documents.user_document(u, settings) for u in users]})
+    return bodies.json_response(
+        models.UserList(items=[documents.user_document(u, settings) for u in users])
+    )
 
 
 @routes.delete(PREFIX + "/users/{name}", name="delete_user")
@@ -135,7 +111,7 @@ async def update_user(request: web.Request) -> web.Response:
     """Change a user's limits (admin only; nobody else, not even for themselves)."""
     caller = auth.require_admin(request)
     name = request.match_info["name"]
-    changes = _limits_request(await bodies.read_json(request))
+    changes = _limit_changes(bodies.read_model(await bodies.read_json(request), models.UserUpdate))
     store = runtime.node(request).store
     user = await store.get_user(name)
     if user is None:
@@ -153,54 +129,11 @@ async def update_user(request: web.Request) -> web.Response:
     return bodies.json_response(documents.user_document(updated, runtime.settings(request)))
 
 
-def _limits_request(body: object) -> dict[str, int | None]:
-    """`{"limits": {field: positive int or null, …}}` → `UserLimits` changes (422 otherwise).
-
-    A null resets that limit to the server's default; an absent field is kept.
-    """
-    if not isinstance(body, Mapping):
-        raise _invalid("the body must be an object", "")
-    issues = [
-        errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown field {key!r}", f"/{key}")
-        for key in body
-        if key != "limits"
-    ]
-    wanted = body.get("limits")
-    if not isinstance(wanted, Mapping):
-        issues.append(
-            errors.ValidationIssue("SCHEMA_VIOLATION", "limits must be an object", "/limits")
-        )
-        raise errors.ValidationFailed(issues)
-    changes: dict[str, int | None] = {}
-    for key, raw in wanted.items():
-        pointer = "/limits/" + _pointer_token(key)
-        attr = documents.LIMIT_FIELDS.get(key)
-        # JSON Schema's integer: 3.0 is one, as the OpenAPI document promises.
-        value = None if raw is None else untrusted.json_integer(raw)
-        if attr is None:
-            issues.append(
-                errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown limit {key!r}", pointer)
-            )
-        elif raw is not None and (value is None or not 1 <= value <= limits.MAX_LIMIT):
-            issues.append(
-                errors.ValidationIssue(
-                    "INVALID_LIMIT",
-                    f"{key} must be an integer from 1 to {limits.MAX_LIMIT}, or null for the "
-                    "server's default",
-                    pointer,
-                )
-            )
-        else:
-            changes[attr] = value
-    if issues:
-        raise errors.ValidationFailed(issues)
-    return changes
-
-
-def _pointer_token(key: str) -> str:
-    """`key` escaped as one RFC 6901 reference token."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _invalid(message: str, pointer: str) -> errors.ValidationFailed:
-    return errors.ValidationFailed([errors.ValidationIssue("SCHEMA_VIOLATION", message, pointer)])
+def _limit_changes(update: models.UserUpdate) -> dict[str, int | None]:
+    """The `UserLimits` fields a request sets: null resets one, an absent one is kept."""
+    wanted = update.limits
+    return {
+        field: value
+        for field in wanted.__struct_fields__
+        if (value := getattr(wanted, field)) is not msgspec.UNSET
+    }

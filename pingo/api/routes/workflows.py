@@ -14,7 +14,7 @@ from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors import cluster
 from pingo.actions.executors.sandbox import COMMAND_LINE
-from pingo.api import auth, bodies, documents, problems, runtime
+from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 from pingo.webhooks import hooks
@@ -223,7 +223,7 @@ async def _submit_workflow(request: web.Request) -> web.Response:
     check_executors(request, document)
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
-        return bodies.json_response(plan.to_json())
+        return bodies.json_response(documents.plan_document(plan))
     if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
         # A replay makes no new workflow: only a new one counts against the cap.
         await check_workflow_cap(request, user.name)
@@ -249,7 +249,7 @@ async def list_workflows(request: web.Request) -> web.Response:
     if not user.is_admin:
         if owner is not None and owner != user.name:
             # Another user's workflows are invisible, not forbidden.
-            return bodies.json_response(documents.page([], None))
+            return bodies.json_response(models.WorkflowPage(items=[], next=None))
         owner = user.name
     try:
         found = await runtime.node(request).store.list_workflows(
@@ -262,7 +262,7 @@ async def list_workflows(request: web.Request) -> web.Response:
     except errors.ValidationFailed as exc:
         raise problems.InvalidParameter(exc.message, exc.issues) from exc
     items = [documents.workflow_summary(w) for w in found.items]
-    return bodies.json_response(documents.page(items, found.next_cursor))
+    return bodies.json_response(models.WorkflowPage(items=items, next=found.next_cursor))
 
 
 @routes.get(PREFIX + "/workflows/{workflow_id}", name="get_workflow")
@@ -307,29 +307,7 @@ def force_targets(body: Any) -> tuple[int | str, ...]:
     """What a rerun body `{"force": [name or id, ...]}` names; the planner resolves them."""
     if body is None:
         return ()
-    if not isinstance(body, Mapping):
-        raise errors.ValidationFailed(
-            [errors.ValidationIssue("SCHEMA_VIOLATION", "the body must be an object", "")]
-        )
-    issues = [
-        errors.ValidationIssue("SCHEMA_VIOLATION", f"unknown field {key!r}", f"/{key}")
-        for key in body
-        if key != "force"
-    ]
-    force = body.get("force", [])
-    if not isinstance(force, list):
-        issues.append(errors.ValidationIssue("SCHEMA_VIOLATION", "force must be a list", "/force"))
-        force = []
-    issues.extend(
-        errors.ValidationIssue(
-            "SCHEMA_VIOLATION", "an action name (string) or id (integer)", f"/force/{index}"
-        )
-        for index, item in enumerate(force)
-        if isinstance(item, bool) or not isinstance(item, int | str)
-    )
-    if issues:
-        raise errors.ValidationFailed(issues)
-    return tuple(force)
+    return tuple(bodies.read_model(body, models.RerunRequest).force)
 
 
 async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
