@@ -153,6 +153,7 @@ def action_detail(
         callback_id=action.callback_id,
         external_id=action.external_id,
         definition=dict(action.definition),
+        history=[models.HistoryEntry(state=e.state, at=e.at) for e in action.history],
     )
 
 

@@ -22,6 +22,7 @@ from msgspec import UNSET, UnsetType
 from pingo import events, limits, states
 from pingo.datasets import integrity
 from pingo.schedules import rules
+from pingo.store.protocol import HISTORY_LIMIT
 from pingo.workflows import reuse
 
 #: Where a generated schema points at another: OpenAPI's components.
@@ -100,6 +101,13 @@ class ActionSummary(Model, kw_only=True):
     ]
 
 
+class HistoryEntry(Model, kw_only=True):
+    """A state an action entered, and when (`ActionRecord.history`)."""
+
+    state: states.ActionState
+    at: datetime
+
+
 class ActionDetail(ActionSummary, kw_only=True):
     """An action with what a debugger needs."""
 
@@ -107,6 +115,14 @@ class ActionDetail(ActionSummary, kw_only=True):
     callback_id: str
     external_id: str | None
     definition: Annotated[dict[str, Any], msgspec.Meta(description="the action as submitted")]
+    history: Annotated[
+        list[HistoryEntry],
+        msgspec.Meta(
+            max_length=HISTORY_LIMIT,
+            description="each state the action entered and when, oldest first; retries "
+            f"repeat states; the latest {HISTORY_LIMIT} entries are kept",
+        ),
+    ]
 
 
 class ClusterApplication(Model, kw_only=True):

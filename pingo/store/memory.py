@@ -23,7 +23,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from pingo import errors, states
 from pingo.states import ActionState, DatasetState, WorkflowState
-from pingo.store import _common, _cursor, _room, utcnow
+from pingo.store import _common, _cursor, _room, rules, utcnow
 from pingo.store.protocol import (
     ActionChanges,
     ActionRecord,
@@ -185,6 +185,12 @@ class MemoryStore:
     # ------------------------------------------------------------------ internals
 
     def _put_action(self, old: ActionRecord | None, new: ActionRecord) -> ActionRecord:
+        # Every write of an action passes here, so the history is kept in one place:
+        # opened on creation, extended when the state changes, at the update's time.
+        if old is None:
+            new = replace(new, history=rules.opening_history(new))
+        elif old.state is not new.state:
+            new = replace(new, history=rules.entered(old.history, new.state, new.updated_at))
         key = new.key
         counts = self._action_counts.setdefault(new.workflow_id, {})
         if old is not None:

@@ -75,6 +75,7 @@ from pingo import errors, states, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import _common, _cursor, _json, _room, lookup, rules, utcnow
 from pingo.store.protocol import (
+    HISTORY_LIMIT,
     ActionChanges,
     ActionRecord,
     Clock,
@@ -88,6 +89,7 @@ from pingo.store.protocol import (
     ScheduleChanges,
     ScheduleRecord,
     ScheduleRunRecord,
+    StateEntry,
     UserLimits,
     UserRecord,
     WebhookDeliveryRecord,
@@ -241,7 +243,26 @@ def _action_doc(record: ActionRecord) -> Doc:
         "version": record.version,
         # Only when set: the sparse index then holds the few actions that share.
         **({} if record.shared_with is None else {"shared_with": record.shared_with}),
+        "history": [_entry_doc(e.state, _us(e.at)) for e in rules.opening_history(record)],
     }
+
+
+def _entry_doc(state: ActionState, at_us: int) -> Doc:
+    return {"state": state.value, "at_us": at_us}
+
+
+def _entered(state: ActionState, at_us: int) -> Doc:
+    """The `$push` of an update that moves an action to `state`: one history entry,
+    the oldest dropped past `HISTORY_LIMIT`, in the update that changes the state."""
+    entry = {"$each": [_entry_doc(state, at_us)], "$slice": -HISTORY_LIMIT}
+    return {"$push": {"history": entry}}
+
+
+def _history(entries: Iterable[Doc | str]) -> tuple[StateEntry, ...]:
+    # nx-27017 stores a document pushed into an array as its JSON text (one inserted
+    # with the array comes back a document): read both.
+    decoded = (json.loads(e) if isinstance(e, str) else e for e in entries)
+    return tuple(StateEntry(ActionState(e["state"]), _at(e["at_us"])) for e in decoded)
 
 
 def _action(doc: Doc) -> ActionRecord:
@@ -273,6 +294,7 @@ def _action(doc: Doc) -> ActionRecord:
         runtime_s=doc.get("runtime_s"),
         version=doc.get("version", 0),
         shared_with=doc.get("shared_with"),
+        history=_history(doc.get("history", ())),
     )
 
 
@@ -1029,11 +1051,28 @@ class MongoStore:
             query["attempts"] = if_attempt
         if if_waiting_on is not None:
             query["waiting_on"] = if_waiting_on  # an array field matches any element
+        if new in expected and len(expected) > 1:
+            # The history grows only when the state changes, and an update cannot
+            # push on a condition without a pipeline (which nx-27017 lacks): two
+            # compare-and-sets, the one that changes the state first.
+            others = [s for s in expected if s is not new]
+            cas = functools.partial(
+                self._transition_action,
+                workflow_id,
+                action_id,
+                new=new,
+                changes=changes,
+                if_owner=if_owner,
+                if_attempt=if_attempt,
+                if_waiting_on=if_waiting_on,
+            )
+            return await cas(others) or await cas({new})
         _, now_us = self._now()
         fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
-        doc = await self._actions.find_one_and_update(
-            query, {"$set": fields, "$inc": {"version": 1}}, return_document=_AFTER
-        )
+        update: Doc = {"$set": fields, "$inc": {"version": 1}}
+        if new not in expected:
+            update.update(_entered(new, now_us))
+        doc = await self._actions.find_one_and_update(query, update, return_document=_AFTER)
         if doc is None:
             _common.log_cas_lost(
                 f"action {workflow_id}/{action_id}",
@@ -1310,13 +1349,36 @@ class MongoStore:
             "claim_token": uuid.uuid4().hex,
         }
         # Unchanged since the read (same version) means still claimable: READY past its
-        # backoff or PROCESSING past its lease stay so as time passes.
-        unchanged = [{"_id": doc["_id"], "version": doc["version"]} for doc in candidates]
-        result = await self._actions.update_many(
-            {"$or": unchanged}, {"$set": claim, "$inc": {"version": 1}}
-        )
-        if result.modified_count == len(candidates):
-            return [_action({**doc, **claim, "version": doc["version"] + 1}) for doc in candidates]
+        # backoff or PROCESSING past its lease stay so as time passes. A reclaim keeps
+        # its history (its state does not change): one update_many for each kind.
+        ready = [d for d in candidates if d["state"] == ActionState.READY.value]
+        reclaimed = [d for d in candidates if d["state"] != ActionState.READY.value]
+        entered = _entered(ActionState.PROCESSING, now_us)
+        modified = 0
+        for docs, pushed in ((ready, entered), (reclaimed, {})):
+            if docs:
+                unchanged = [{"_id": doc["_id"], "version": doc["version"]} for doc in docs]
+                result = await self._actions.update_many(
+                    {"$or": unchanged}, {"$set": claim, "$inc": {"version": 1}, **pushed}
+                )
+                modified += result.modified_count
+        if modified == len(candidates):
+            entry = entered["$push"]["history"]["$each"]
+            return [
+                _action(
+                    {
+                        **doc,
+                        **claim,
+                        "version": doc["version"] + 1,
+                        "history": (
+                            [*doc.get("history", ()), *entry][-HISTORY_LIMIT:]
+                            if doc["state"] == ActionState.READY.value
+                            else doc.get("history", ())
+                        ),
+                    }
+                )
+                for doc in candidates
+            ]
         order = {doc["_id"]: i for i, doc in enumerate(candidates)}
         won = self._actions.find({"_id": {"$in": list(order)}, "claim_token": claim["claim_token"]})
         return [
@@ -1412,6 +1474,7 @@ class MongoStore:
                     "updated_at_us": now_us,
                 },
                 "$inc": {"version": 1},
+                **_entered(ActionState.READY, now_us),
             },
             return_document=_AFTER,
         )
@@ -1432,7 +1495,11 @@ class MongoStore:
         #    this CAS; otherwise it matches nothing and changes nothing.
         doc = await self._actions.find_one_and_update(
             {"_id": _id, "state": ActionState.WAITING.value, "waiting_on": {"$size": 0}},
-            {**touched, "$set": {"state": ActionState.READY.value, "updated_at_us": now_us}},
+            {
+                **touched,
+                "$set": {"state": ActionState.READY.value, "updated_at_us": now_us},
+                **_entered(ActionState.READY, now_us),
+            },
             return_document=_AFTER,
         )
         return None if doc is None else _action(doc)

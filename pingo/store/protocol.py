@@ -72,6 +72,20 @@ class WorkflowRecord:
     version: int = 0
 
 
+#: Most entries an action's `history` keeps: the oldest go first. 64 covers about
+#: fifteen attempts (an attempt is READY, PROCESSING, SUBMITTED, RUNNING), far past
+#: any `maxAttempts` in use, while bounding the row a transition rewrites.
+HISTORY_LIMIT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """An action entered `state` at `at` (one step of its recorded history)."""
+
+    state: ActionState
+    at: datetime
+
+
 @dataclass(frozen=True, slots=True)
 class ActionRecord:
     workflow_id: str
@@ -118,6 +132,12 @@ class ActionRecord:
     #: computing this action's dataset when it was planned, which it waits for instead
     #: of computing it (fixed at planning; `pingo.callbacks.sharing`).
     shared_with: str | None = None
+    #: Each state the action entered and when, oldest first, at most `HISTORY_LIMIT`
+    #: (retries enter the same states again). Written by the statement that changes
+    #: the state, with the store's clock; a write that keeps the state (a reclaim, the
+    #: executor's id) adds nothing. A plan leaves it empty: the store opens it with
+    #: the planned state at `created_at` (`rules.opening_history`).
+    history: Sequence[StateEntry] = ()
 
     @property
     def key(self) -> tuple[str, int]:

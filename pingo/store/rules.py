@@ -6,13 +6,12 @@ from it; a rule shared by all backends lives here instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
-from pingo.states import DatasetState
-
-if TYPE_CHECKING:
-    from pingo.store.protocol import DatasetPlan
+from pingo.states import ActionState, DatasetState
+from pingo.store.protocol import HISTORY_LIMIT, ActionRecord, DatasetPlan, StateEntry
 
 #: Targets of a dataset being computed, weakest first: a plan never lowers one.
 TARGET_RANK: Mapping[DatasetState, int] = {
@@ -48,3 +47,15 @@ def revived_fields(plan: DatasetPlan) -> dict[str, Any]:
         "digest": None,
         "stored_at": None,
     }
+
+
+def opening_history(action: ActionRecord) -> Sequence[StateEntry]:
+    """The history an action is created with: its own, else its planned state at creation."""
+    return action.history or (StateEntry(action.state, action.created_at),)
+
+
+def entered(
+    history: Sequence[StateEntry], state: ActionState, at: datetime
+) -> tuple[StateEntry, ...]:
+    """`history` with `state` entered at `at`, the oldest entries dropped past the limit."""
+    return (*history, StateEntry(state, at))[-HISTORY_LIMIT:]

@@ -417,11 +417,12 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Moment:
-    """A row of an action's state history: what happened, when, and where that time is from."""
+    """A row of an action's state history: a state it entered, when, and for how long."""
 
-    what: str
+    state: str
     at: datetime
-    source: str
+    #: Until the next entry (or now, for the current state); None once it ended.
+    lasted_s: float | None
 
 
 def _attempts(request: web.Request, action: ActionRecord) -> list[Attempt]:
@@ -439,33 +440,22 @@ def _attempts(request: web.Request, action: ActionRecord) -> list[Attempt]:
     return found
 
 
-def history(action: ActionRecord, attempts: list[Attempt]) -> list[Moment]:
-    """The action's state history, derived from what the store and the logs keep.
+def history(action: ActionRecord, now: datetime) -> list[Moment]:
+    """The action's recorded state history (`ActionRecord.history`), oldest first.
 
-    The store keeps no log of transitions, only the times it stamps on the record:
-    planned (`created_at`), the latest attempt's submission (`started_at`, reset by
-    each attempt), the end (`finished_at`) and the last change (`updated_at`).
-    Earlier attempts are dated by the last write to their log file.
+    Each state lasted until the next one was entered; the current one lasts until
+    `now`, unless it is terminal.
     """
-    moments = [Moment("planned", action.created_at, "action record: created")]
-    latest = action.attempts
-    moments += [
-        Moment(f"attempt {a.number} wrote its last log line", a.log_written_at, "log file")
-        for a in attempts
-        if a.number < latest and a.log_written_at is not None
-    ]
-    if action.started_at is not None:
-        moments.append(
-            Moment(f"attempt {latest} SUBMITTED", action.started_at, "action record: started")
-        )
-    if action.finished_at is not None:
-        moments.append(Moment(action.state.value, action.finished_at, "action record: finished"))
-    elif action.state in states.ACTION_TERMINAL:
-        # Planned as reused (or killed before it ran): ended without an end stamp.
-        moments.append(Moment(action.state.value, action.updated_at, "action record: updated"))
-    elif action.state is not states.ActionState.WAITING:
-        moments.append(Moment(f"{action.state.value} (now)", action.updated_at, "last update"))
-    return sorted(moments, key=lambda m: m.at)
+    entries = action.history
+    moments = []
+    for i, entry in enumerate(entries):
+        if i + 1 < len(entries):
+            until: datetime | None = entries[i + 1].at
+        else:
+            until = None if entry.state in states.ACTION_TERMINAL else now
+        lasted_s = None if until is None else max(0.0, (until - entry.at).total_seconds())
+        moments.append(Moment(entry.state.value, entry.at, lasted_s))
+    return moments
 
 
 def _timings(action: ActionRecord, now: datetime) -> dict[str, float | None]:
@@ -508,7 +498,7 @@ async def action_page(request: web.Request) -> dict[str, object]:
         ),
         reason=action.reason,
         runtime_s=action.runtime_s,
-        history=history(action, attempts),
+        history=history(action, store.clock()),
         attempts=attempts,
         timings=_timings(action, store.clock()),
         log=log,

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from pingo.api.runtime import CachedDocument, DocumentCache
 from pingo.states import ActionState
 
@@ -438,3 +440,33 @@ async def test_forced_rerun_replaces_the_stored_file_and_directory_outputs(api: 
     assert after[1] != before[1]
     # The old copies were swapped out, not left beside the dataset.
     assert sorted(p.name for p in paths[2].parent.iterdir() if ".replaced." in p.name) == []
+
+
+async def test_an_action_document_shows_its_recorded_history(api: Api) -> None:
+    """A retry's second pass and a reuse, in order, each state at its time, as the
+    OpenAPI document describes it."""
+    # The staging path ends with the attempt number: the first attempt fails.
+    fail_once = 'case "$PINGO_OUTPUT" in *.1) exit 3;; esac; echo ok > "$PINGO_OUTPUT"'
+    document = command_workflow({1: ["sh", "-c", fail_once]}, name="retried")
+    done = await api.wait((await api.submit(document))["id"])
+    assert done["state"] == "SUCCEEDED"
+    detail = await api.client.get(
+        f"/api/v1/workflows/{done['id']}/actions/1", headers=api.auth("admin")
+    )
+    body = await detail.json()
+    served = await (await api.client.get("/openapi.json")).json()
+    schema = {**served["components"]["schemas"]["ActionDetail"], "components": served["components"]}
+    jsonschema.Draft202012Validator(schema).validate(body)
+    history = body["history"]
+    attempt = ["READY", "PROCESSING", "SUBMITTED"]
+    assert [e["state"] for e in history] == [*attempt, *attempt, "FINISHED"]
+    times = [e["at"] for e in history]
+    assert times == sorted(times) and all(t.endswith("Z") for t in times)
+    # The store stamps the change itself, just after the outcome service's finishedAt.
+    assert history[-1]["at"] >= body["finishedAt"]
+
+    again = await api.wait((await api.submit(document))["id"])
+    reused = await api.client.get(
+        f"/api/v1/workflows/{again['id']}/actions/1", headers=api.auth("admin")
+    )
+    assert [e["state"] for e in (await reused.json())["history"]] == ["FINISHED"]

@@ -29,6 +29,7 @@ from pingo.store import open_store
 from pingo.store.protocol import (
     ActionRecord,
     DatasetPlan,
+    StateEntry,
     Store,
     UserRecord,
     WorkflowPlan,
@@ -179,6 +180,8 @@ class Factory:
             "updated_at": self.clock(),
         }
         values.update(overrides)
+        # What the store opens a history with, so that a stored record equals its plan.
+        values.setdefault("history", (StateEntry(values["state"], values["created_at"]),))
         return ActionRecord(**values)
 
     def dataset(self, action: ActionRecord, **overrides: Any) -> DatasetPlan:

@@ -12,7 +12,7 @@ import pytest
 
 from pingo import errors, states
 from pingo.states import ActionState
-from pingo.store.protocol import ActionChanges, Store
+from pingo.store.protocol import ActionChanges, StateEntry, Store
 from tests.contract.conftest import Factory, FakeClock
 
 A = ActionState
@@ -55,6 +55,7 @@ async def test_transition_action_success_sets_changes(
         attempts=1,
         updated_at=now,
         version=original.version + 1,
+        history=(*original.history, StateEntry(A.PROCESSING, now)),
     )
     assert await store.get_action(wid, 0) == moved
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from pingo.states import ActionState, DatasetState
-from pingo.store.protocol import ActionChanges, Store, WorkflowPlan, claim_key
+from pingo.store.protocol import ActionChanges, StateEntry, Store, WorkflowPlan, claim_key
 from tests.contract.conftest import Factory, FakeClock
 
 A = ActionState
@@ -69,6 +69,7 @@ async def test_finish_action_finishes_drops_claims_and_releases_children(
         lease_expires_at=None,
         updated_at=now,
         version=by_id[2].version + 1,
+        history=(*by_id[2].history, StateEntry(A.FINISHED, now)),
     )
     assert await store.get_action(wid, 2) == finished
     # Its only-waiting child is READY; the one that also waits on 5 keeps waiting.

@@ -166,8 +166,22 @@ async def test_the_action_page_shows_history_attempts_and_timings(users_api: Api
     url = f"/workflows/{submitted['id']}/actions/1"
     page = await (await users_api.client.get(url)).text()
     history = page[page.index('id="history"') : page.index("</table>", page.index('id="history"'))]
-    whats = re.findall(r"<tr><td>([^<]+)</td>", history)
-    assert whats == ["planned", "attempt 1 SUBMITTED", "FINISHED"]
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>([^<]*)</td></tr>", history)
+    # The store's record, as the API shows it: every state, when, and for how long.
+    detail = await users_api.client.get(
+        f"/api/v1/workflows/{submitted['id']}/actions/1", headers=users_api.auth("alice")
+    )
+    recorded = (await detail.json())["history"]
+    assert [(state, at) for state, at, _ in rows] == [(e["state"], e["at"]) for e in recorded]
+    # The local executor reports no start: SUBMITTED goes straight to FINISHED.
+    assert [state for state, _, _ in rows] == [
+        "READY",
+        "PROCESSING",
+        "SUBMITTED",
+        "FINISHED",
+    ]
+    assert all(re.fullmatch(r"\d+\.\d{3}", lasted) for _, _, lasted in rows[:-1])
+    assert rows[-1][2] == ""  # ended: no duration for the last state
     assert f'href="{url}/log?attempt=1"' in page
     attempts = _cells(page, f"{url}/log?attempt=1")
     assert attempts[0] == "1" and int(attempts[1]) > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,13 @@ from pingo import errors, testing
 from pingo.states import ActionState, WorkflowState
 from pingo.store import open_store
 from pingo.store.mongo import MongoStore, parse_write_concern
-from pingo.store.protocol import ActionRecord, UserRecord, WorkflowPlan, WorkflowRecord
+from pingo.store.protocol import (
+    ActionRecord,
+    StateEntry,
+    UserRecord,
+    WorkflowPlan,
+    WorkflowRecord,
+)
 
 #: A time with microseconds, which BSON dates would truncate.
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -186,7 +193,10 @@ async def test_times_are_exact_microsecond_integers(wire_store: MongoStore) -> N
     assert raw["updated_at_us"] == 1772366400123456
     assert raw["not_before_us"] == 1772366400123457
     action = await wire_store.get_action("wf", 7)
-    assert action == plan.actions[0]  # microseconds, int parent ids and all
+    # Microseconds, int parent ids and all; the store opens the history at creation.
+    planned = plan.actions[0]
+    assert action == replace(planned, history=(StateEntry(planned.state, planned.created_at),))
+    assert raw["history"] == [{"state": planned.state.value, "at_us": raw["created_at_us"]}]
     workflow = await wire_store.get_workflow("wf")
     assert workflow == plan.workflow  # keys MongoDB would refuse are stored as JSON text
 

@@ -17,6 +17,7 @@ from pingo.store import open_store, sqlite
 from pingo.store.protocol import (
     NO_LIMITS,
     ActionRecord,
+    StateEntry,
     UserLimits,
     UserRecord,
     WorkflowPlan,
@@ -173,6 +174,68 @@ async def test_users_of_the_first_schema_get_limits_on_upgrade(tmp_path: Path) -
         assert old is not None and old.limits == NO_LIMITS
         changed = await store.set_user_limits("old", UserLimits(max_workflows=2))
         assert changed is not None and changed.limits.max_workflows == 2
+    assert _pragma(path, "user_version") == len(MIGRATIONS)
+
+
+def _old_action(
+    conn: sqlite3.Connection,
+    action_id: int,
+    state: str,
+    *,
+    updated: int,
+    started: int | None = None,
+    finished: int | None = None,
+    reused: bool = False,
+) -> None:
+    """An action row as the schema before the history column wrote it (times in µs)."""
+    conn.execute(
+        "INSERT INTO actions (workflow_id, action_id, state, waiting_on, updated_at, attempts, "
+        "started_at, finished_at, version) VALUES ('wf-old', ?, ?, '[]', ?, 1, ?, ?, 1)",
+        (action_id, state, updated, started, finished),
+    )
+    conn.execute(
+        "INSERT INTO action_specs VALUES ('wf-old', ?, 'a', 'command-line', 'd', ?, 'absent', "
+        "'{}', '[]', '[]', ?, 0, 3)",
+        (action_id, int(reused), f"cb-old-{action_id}"),
+    )
+
+
+async def test_the_history_migration_back_fills_what_the_timestamps_say(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "before-history.db"
+    conn = sqlite3.connect(path)
+    for step in MIGRATIONS[:-1]:
+        for statement in step:
+            conn.execute(statement)
+    _old_action(conn, 1, "FINISHED", updated=9, finished=5, reused=True)
+    _old_action(conn, 2, "FAILED", updated=40, started=20, finished=30)
+    _old_action(conn, 3, "SUBMITTED", updated=60, started=50)
+    _old_action(conn, 4, "READY", updated=70)
+    _old_action(conn, 5, "READY", updated=90, started=80)  # waits to retry
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    conn.commit()
+    conn.close()
+
+    def at(micros: int) -> datetime:
+        return datetime.fromtimestamp(micros / 1e6, UTC)
+
+    expected = {
+        1: [StateEntry(ActionState.FINISHED, at(5))],
+        2: [StateEntry(ActionState.SUBMITTED, at(20)), StateEntry(ActionState.FAILED, at(30))],
+        3: [StateEntry(ActionState.SUBMITTED, at(50))],
+        4: [StateEntry(ActionState.READY, at(70))],
+        5: [StateEntry(ActionState.SUBMITTED, at(80)), StateEntry(ActionState.READY, at(90))],
+    }
+    async with SQLiteStore(path) as store:
+        for action_id, history in expected.items():
+            action = await store.get_action("wf-old", action_id)
+            assert action is not None
+            assert list(action.history) == history, action_id
+        # New entries follow the back-filled ones.
+        moved = await store.transition_action("wf-old", 4, {ActionState.READY}, ActionState.KILLED)
+        assert moved is not None
+        assert [e.state for e in moved.history] == [ActionState.READY, ActionState.KILLED]
     assert _pragma(path, "user_version") == len(MIGRATIONS)
 
 

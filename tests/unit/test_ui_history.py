@@ -1,25 +1,25 @@
-"""An action's state history as the UI derives it from the record's stamps and its logs."""
+"""An action's state history as the UI shows it: the recorded entries, each with how long
+the action stayed in that state."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from pingo import states
-from pingo.store.protocol import ActionRecord
-from pingo.ui import Attempt, history
+from pingo.store.protocol import ActionRecord, StateEntry
+from pingo.ui import history
 
 A = states.ActionState
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _action(**overrides: object) -> ActionRecord:
-    record = ActionRecord(
+def _action(*entries: tuple[A, float]) -> ActionRecord:
+    return ActionRecord(
         workflow_id="wf",
         action_id=1,
         name="a",
         type="command-line",
-        state=A.WAITING,
+        state=entries[-1][0],
         dataset_id="d",
         reused=False,
         reason="absent",
@@ -29,48 +29,37 @@ def _action(**overrides: object) -> ActionRecord:
         children=(),
         callback_id="c",
         created_at=T0,
-        updated_at=T0,
+        updated_at=T0 + timedelta(seconds=entries[-1][1]),
+        history=tuple(StateEntry(state, T0 + timedelta(seconds=s)) for state, s in entries),
     )
-    return replace(record, **overrides)  # type: ignore[arg-type]
 
 
-def _whats(action: ActionRecord, attempts: list[Attempt] | None = None) -> list[str]:
-    return [m.what for m in history(action, attempts or [])]
+def _rows(action: ActionRecord, now_s: float) -> list[tuple[str, float, float | None]]:
+    moments = history(action, T0 + timedelta(seconds=now_s))
+    return [(m.state, (m.at - T0).total_seconds(), m.lasted_s) for m in moments]
 
 
-def test_a_waiting_action_was_only_planned() -> None:
-    assert _whats(_action()) == ["planned"]
-
-
-def test_a_ready_action_shows_its_state_since_the_last_update() -> None:
-    moments = history(_action(state=A.READY, updated_at=T0 + timedelta(seconds=5)), [])
-    assert [(m.what, m.at) for m in moments] == [
-        ("planned", T0),
-        ("READY (now)", T0 + timedelta(seconds=5)),
+def test_each_state_lasts_until_the_next_and_the_current_one_until_now() -> None:
+    action = _action((A.WAITING, 0), (A.READY, 2), (A.PROCESSING, 2.5))
+    assert _rows(action, 10) == [
+        ("WAITING", 0, 2.0),
+        ("READY", 2, 0.5),
+        ("PROCESSING", 2.5, 7.5),
     ]
 
 
-def test_a_retried_action_dates_earlier_attempts_by_their_logs() -> None:
+def test_a_retry_shows_every_pass_and_an_ended_action_no_last_duration() -> None:
     action = _action(
-        state=A.FINISHED,
-        attempts=3,
-        started_at=T0 + timedelta(seconds=30),
-        finished_at=T0 + timedelta(seconds=40),
-        updated_at=T0 + timedelta(seconds=40),
+        (A.READY, 0), (A.SUBMITTED, 1), (A.READY, 3), (A.SUBMITTED, 4), (A.FINISHED, 9)
     )
-    attempts = [
-        Attempt(1, 10, T0 + timedelta(seconds=10)),
-        Attempt(2, None, None),  # its log is on another node
-        Attempt(3, 10, T0 + timedelta(seconds=39)),
-    ]
-    assert _whats(action, attempts) == [
-        "planned",
-        "attempt 1 wrote its last log line",
-        "attempt 3 SUBMITTED",
-        "FINISHED",
+    assert _rows(action, 100) == [
+        ("READY", 0, 1.0),
+        ("SUBMITTED", 1, 2.0),
+        ("READY", 3, 1.0),
+        ("SUBMITTED", 4, 5.0),
+        ("FINISHED", 9, None),
     ]
 
 
-def test_a_reused_action_ends_without_running() -> None:
-    action = _action(state=A.FINISHED, reused=True, reason="reused")
-    assert _whats(action) == ["planned", "FINISHED"]
+def test_a_reused_action_has_one_entry() -> None:
+    assert _rows(_action((A.FINISHED, 0)), 5) == [("FINISHED", 0, None)]
