@@ -345,8 +345,8 @@ class Node:
             await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
             poll_s = min(poll_s * 1.5, max_poll_s)
             polls += 1
-            counts = await self.store.count_actions(workflow_id)
-            read_workflow = polls % 10 == 0 or not any(counts.get(s) for s in _LEFT)
+            left = await self.store.has_actions_in(workflow_id, _LEFT)
+            read_workflow = polls % 10 == 0 or not left
 
     async def _queue_webhooks(self, workflow: WorkflowRecord) -> None:
         """Queue the deliveries a workflow's end owes its webhooks (OutcomeService's hook)."""

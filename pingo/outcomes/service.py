@@ -935,9 +935,9 @@ class OutcomeService:
         self, workflow_id: str, trigger: states.Trigger, error: str | None = None
     ) -> None:
         """End the workflow when none of its actions is left to run."""
-        counts = await self.store.count_actions(workflow_id)
-        if any(counts.get(s, 0) for s in _LEFT):
+        if await self.store.has_actions_in(workflow_id, _LEFT):
             return
+        counts = await self.store.count_actions(workflow_id)
         bad = sum(counts.get(s, 0) for s in states.ACTION_UNSUCCESSFUL)
         if bad:
             new = W.FAILED

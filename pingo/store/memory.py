@@ -424,6 +424,10 @@ class MemoryStore:
         counts = self._action_counts.get(workflow_id, {})
         return {state: n for state, n in counts.items() if n}
 
+    async def has_actions_in(self, workflow_id: str, states: Collection[ActionState]) -> bool:
+        counts = self._action_counts.get(workflow_id, {})
+        return any(counts.get(state) for state in states)
+
     async def transition_action(
         self,
         workflow_id: str,

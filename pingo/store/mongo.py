@@ -722,6 +722,8 @@ class MongoStore:
         )
         await actions.create_index([("callback_id", asc)], name="callback_id", unique=True)
         await actions.create_index([("workflow_id", asc), ("action_id", asc)], name="workflow")
+        # Whether a workflow has work left (has_actions_in), without reading its actions.
+        await actions.create_index([("workflow_id", asc), ("state", asc)], name="workflow_state")
         # A dataset's page: the workflows that computed or reused it, newest first.
         await actions.create_index([("dataset_id", asc), ("workflow_id", desc)], name="dataset")
         # In-flight deduplication (issue 16): the actions still WAITING that share with a
@@ -1012,6 +1014,19 @@ class MongoStore:
             ],
         )
         return {ActionState(g["_id"]): g["count"] for g in groups if g["count"]}
+
+    @_translated
+    async def has_actions_in(self, workflow_id: str, states: Collection[ActionState]) -> bool:
+        # One index probe (workflow_state), where counting groups every action of the
+        # workflow: asked after each action's outcome, a $group made a workflow's
+        # callbacks cost the square of its size (issue 15).
+        if not states:
+            return False
+        found = await self._actions.find_one(
+            {"workflow_id": workflow_id, "state": {"$in": [s.value for s in states]}},
+            {"_id": 1},
+        )
+        return found is not None
 
     @_translated
     async def transition_action(

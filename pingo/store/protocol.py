@@ -506,6 +506,14 @@ class Store(Protocol):
         """How many of the workflow's actions are in each state (states with none omitted)."""
         ...
 
+    async def has_actions_in(self, workflow_id: str, states: Collection[ActionState]) -> bool:
+        """Whether any of the workflow's actions is in one of `states`.
+
+        Cheaper than `count_actions` where a backend counts by scanning (MongoDB):
+        the outcome service asks it after every action to know whether work is left.
+        """
+        ...
+
     async def transition_action(
         self,
         workflow_id: str,

@@ -1738,6 +1738,18 @@ class SQLiteStore:
         )
         return {ActionState(state): count for state, count in rows}
 
+    async def has_actions_in(self, workflow_id: str, states: Collection[ActionState]) -> bool:
+        if not states:
+            return False
+        row = await self._run(
+            self._one,
+            tuple,
+            "SELECT 1 FROM action_counts WHERE workflow_id = ? "
+            f"AND state IN ({_placeholders(len(states))}) AND count > 0 LIMIT 1",
+            (workflow_id, *(s.value for s in states)),
+        )
+        return row is not None
+
     async def transition_action(
         self,
         workflow_id: str,

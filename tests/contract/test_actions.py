@@ -30,6 +30,20 @@ async def test_list_and_count_actions(store: Store, make: Factory) -> None:
     assert await store.count_actions(plan.workflow.id) == {A.READY: 2, A.WAITING: 3}
 
 
+async def test_has_actions_in_agrees_with_the_counts(store: Store, make: Factory) -> None:
+    plan = make.plan({0: (), 1: (0,), 2: ()})
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    assert await store.has_actions_in(wid, {A.WAITING, A.RUNNING})
+    assert not await store.has_actions_in(wid, {A.RUNNING, A.FAILED})
+    assert not await store.has_actions_in(wid, set())
+    assert not await store.has_actions_in("wf-missing", {A.READY})
+    for action_id in (0, 2):
+        assert await store.transition_action(wid, action_id, {A.READY}, A.KILLED)
+    assert not await store.has_actions_in(wid, {A.READY})
+    assert await store.has_actions_in(wid, {A.KILLED})
+
+
 async def test_transition_action_success_sets_changes(
     store: Store, make: Factory, clock: FakeClock
 ) -> None:
