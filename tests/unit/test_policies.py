@@ -611,7 +611,15 @@ def test_the_worked_example_in_the_docs_is_a_working_plugin(
 # ---------------------------------------------------------------------- lineage policy
 
 
-def planned(dataset_id: str, step: int, *, owner: str = "ann", name: str = "") -> Any:
+def planned(
+    dataset_id: str,
+    step: int,
+    *,
+    owner: str = "ann",
+    name: str = "",
+    workflow: str = "wf",
+    metadata: dict[str, Any] | None = None,
+) -> Any:
     """What the planner tells the keep hook about a new dataset of step `step`."""
     from pingo.workflows.definition import ActionDefinition
 
@@ -625,13 +633,13 @@ def planned(dataset_id: str, step: int, *, owner: str = "ann", name: str = "") -
         output_path=None,
         timeout_s=None,
         max_attempts=None,
-        metadata={},
+        metadata=metadata or {},
         spec={"command": ["true"]},
         raw={},
     )
     return policy_api.NewDatasetInfo(
         dataset_id=dataset_id,
-        workflow_id="wf",
+        workflow_id=workflow,
         owner=owner,
         scope="server",
         action=action,
@@ -682,6 +690,49 @@ def test_lineage_learns_that_a_superseded_step_came_back_and_stops_trusting_it()
     costly_old = cand("x1", recompute_cost_s=1000.0, size_bytes=10)
     evictions = policy.select_evictions([costly_old, cheap], 50, at(40))
     assert chosen(evictions) == ["other"]
+
+
+def test_step_category_is_the_metadata_category_or_the_name_without_its_index() -> None:
+    assert builtin.step_category("mProject_00012", {}) == "mProject"
+    assert builtin.step_category("mProject_00012", {"category": "project"}) == "project"
+    assert builtin.step_category("42", {}) == "42"
+
+
+def test_lineage_keeps_the_kinds_of_datasets_its_workflow_keeps_needing() -> None:
+    policy = builtin.Lineage()
+    for info in (
+        planned("p1", 1, name="prep_1", workflow="wf1"),
+        planned("p2", 2, name="prep_2", workflow="wf1"),
+        planned("m3", 3, name="merge_3", workflow="wf1"),
+        planned("o4", 4, name="other_4", workflow="wf1"),
+    ):
+        policy.keep_new(info, at(0))
+    # The second submission of that workflow edits step 4 and reuses p1.
+    policy.keep_new(planned("o4b", 4, name="other_4", workflow="wf2"), at(10))
+    p1 = cand("p1", use_count=1, last_used_at=at(10))
+    p2, m3 = cand("p2"), cand("m3")
+    evictions = policy.select_evictions([p1, p2, m3], 100, at(20))
+    # p2 was never reused either, but its kind (prep) was: merge goes first.
+    assert chosen(evictions) == ["m3"]
+    assert "needed by" in evictions[0].reason and "recompute 10.0s" in evictions[0].reason
+    model = policy.model
+    assert model.need_probability("p2") > model.need_probability("m3")
+    # A recompute is a need too: m3, evicted, is planned again by the third submission.
+    before = model.need_probability("m3")
+    policy.keep_new(planned("m3", 3, name="merge_3", workflow="wf3"), at(30))
+    assert model.need_probability("m3") > before
+
+
+def test_lineage_values_datasets_of_frequently_submitted_workflows_more() -> None:
+    policy = builtin.Lineage()
+    policy.keep_new(planned("a1", 1, name="a_1", workflow="busy1"), at(0))
+    policy.keep_new(planned("b1", 1, name="b_1", owner="bob", workflow="rare1"), at(0))
+    for n in range(2, 6):
+        policy.keep_new(planned(f"a{n}", 1, name="a_1", workflow=f"busy{n}"), at(n))
+    share = policy.model.family_share
+    assert share("a5") > share("b1")
+    evictions = policy.select_evictions([cand("a5"), cand("b1")], 100, at(10))
+    assert chosen(evictions) == ["b1"]
 
 
 def test_lineage_options_are_checked() -> None:
