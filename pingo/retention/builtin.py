@@ -529,6 +529,9 @@ class Lineage:
             raise errors.ConfigurationError(
                 f"max_reuse_rate must be between 0 and 1, not {self.max_reuse_rate}"
             )
+        #: Bytes of candidates kept by the last pass that could reach its target: what
+        #: fits at rest (None before any such pass).
+        self.room: int | None = None
         self.model = ReuseModel()
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
@@ -604,9 +607,7 @@ class Lineage:
             del self._anchors[dataset_id]
         if bytes_to_free <= 0:
             return []
-        evictions = take_until_freed(
-            ((c, self._reason(tier, h, c)) for tier, h, c in ranked), bytes_to_free
-        )
+        evictions = self._choose(ranked, bytes_to_free)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:
             if c.dataset_id not in chosen:
@@ -618,6 +619,31 @@ class Lineage:
                 self.inflation = max(self.inflation, h)
             self._anchors.pop(c.dataset_id, None)
         return evictions
+
+    def _choose(
+        self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int
+    ) -> list[Eviction]:
+        """Evictions in rank order, sparing what fits at rest while claims hold the excess.
+
+        When evicting every candidate would still leave storage over the mark, the
+        excess is held by what running actions claim (and by leaves): it goes when
+        they finish. Flushing every candidate then throws away what the next
+        submissions read and does not bring storage under the mark. So the pass
+        keeps as many bytes of candidates as the last pass that could reach its
+        target kept (the most valuable first) and evicts the rest, superseded first.
+        """
+        total = sum(max(c.size_bytes, 0) for _, _, c in ranked)
+        reasons = ((c, self._reason(tier, h, c)) for tier, h, c in ranked)
+        if total >= bytes_to_free or self.room is None:
+            evictions = take_until_freed(reasons, bytes_to_free)
+            if total >= bytes_to_free:
+                chosen = {e.dataset_id for e in evictions}
+                self.room = sum(
+                    max(c.size_bytes, 0) for _, _, c in ranked if c.dataset_id not in chosen
+                )
+            return evictions
+        superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
+        return take_until_freed(reasons, max(total - self.room, superseded))
 
     def _reason(self, tier: int, h: float, c: Candidate) -> str:
         if tier == 0:

@@ -147,7 +147,7 @@ def test_gdsf_ranks_by_frequency_times_cost_over_size_and_inflates() -> None:
 
 def test_every_builtin_frees_enough_and_returns_each_dataset_once() -> None:
     candidates = [cand(f"d{i}", size_bytes=10 * (i + 1), created_at=at(i)) for i in range(10)]
-    for name in ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive"):
+    for name in ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive", "lineage"):
         evictions = policy_api.load_policy(name).select_evictions(candidates, 200, at(50))
         ids = chosen(evictions)
         assert len(ids) == len(set(ids)), name
@@ -733,6 +733,25 @@ def test_lineage_values_datasets_of_frequently_submitted_workflows_more() -> Non
     assert share("a5") > share("b1")
     evictions = policy.select_evictions([cand("a5"), cand("b1")], 100, at(10))
     assert chosen(evictions) == ["b1"]
+
+
+def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None:
+    policy = builtin.Lineage()
+    costly, cheap = cand("costly", recompute_cost_s=500.0), cand("cheap", recompute_cost_s=1.0)
+    # Before any pass could reach its target, an unreachable one evicts everything.
+    assert sorted(chosen(policy.select_evictions([costly, cheap], 1000, at(0)))) == [
+        "cheap",
+        "costly",
+    ]
+    # A pass that reaches its target learns what fits at rest: 100 B of candidates.
+    assert chosen(policy.select_evictions([costly, cheap], 100, at(10))) == ["cheap"]
+    assert policy.room == 100
+    # A running workflow's claims hold 1,000 B: evicting all 300 B of candidates would
+    # not bring storage under the mark. The pass keeps the 100 B worth the most.
+    fresh = cand("fresh", recompute_cost_s=50.0)
+    other = cand("other", recompute_cost_s=5.0)
+    evictions = policy.select_evictions([costly, fresh, other], 1000, at(20))
+    assert chosen(evictions) == ["other", "fresh"]
 
 
 def test_lineage_options_are_checked() -> None:
