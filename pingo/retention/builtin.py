@@ -1,4 +1,5 @@
-"""The built-in retention policies: keep-all, lru, lfu, cost-benefit, gdsf, most-used, adaptive.
+"""The built-in retention policies: keep-all, lru, lfu, cost-benefit, gdsf, most-used, adaptive,
+lineage.
 
 Each ranks the candidates from "evict first" to "evict last" and takes them in
 that order until enough bytes are freed. Ties are broken by dataset id so that
@@ -11,8 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -342,144 +342,6 @@ class Adaptive(_WindowedUse):
         return self.window()
 
 
-def step_category(action_name: str, metadata: Mapping[str, object]) -> str:
-    """The kind of step an action is: its `metadata.category`, else its name without the index.
-
-    Workflows generated from one template name their tasks `mProject_00012`,
-    `mProject_00013`…: one kind of step, whose datasets are read alike.
-    """
-    category = metadata.get("category")
-    if isinstance(category, str) and category:
-        return category
-    return action_name.rstrip("0123456789").rstrip("_-. ") or action_name
-
-
-@dataclass(slots=True)
-class _Tally:
-    """Needs observed against submissions exposed: a reuse probability's evidence."""
-
-    reads: float = 0.0
-    exposures: float = 0.0
-
-
-@dataclass(slots=True)
-class _Tracked:
-    """What the reuse model knows of one current dataset."""
-
-    family: str
-    kind: tuple[str, str]
-    #: The family's submission count when it appeared: exposures are counted from there.
-    born_at: int
-    reads: int = 0
-    #: The candidate's use count when last seen, to notice new reuses.
-    use_count: int = 0
-
-
-class ReuseModel:
-    """How likely each dataset is to be needed again, learned online from the history.
-
-    A *family* is a workflow (the submission in which its steps first appeared);
-    a dataset's *kind* is its family and its step's category. Every submission of
-    a family exposes each current dataset of that family to one possible need; a
-    need is observed as a reuse (the candidate's use count grew) or as a recompute
-    (the planner asks about a dataset id it has seen before). The probability
-    that a submission of its family needs a dataset is its kind's share of needs
-    per exposure, shrunk towards the overall share while the kind has little
-    evidence, then refined by the dataset's own record. The family's share of the
-    recent submissions turns it into needs per submission.
-    """
-
-    #: Weight (in exposures) of the overall rate in a kind's estimate, and of the
-    #: kind's estimate in a dataset's.
-    KIND_PRIOR = 5.0
-    DATASET_PRIOR = 4.0
-
-    def __init__(self, window: int = 50) -> None:
-        self.window = window
-        self._family_of_step: dict[tuple[str, ...], str] = {}
-        self._family_of_workflow: dict[str, str] = {}
-        self._submissions: dict[str, int] = {}
-        self._recent: deque[str] = deque(maxlen=window)
-        self._recent_counts: dict[str, int] = {}
-        self._datasets: dict[str, _Tracked] = {}
-        self._kinds: dict[tuple[str, str], _Tally] = {}
-        #: Current datasets per kind: each submission of the family exposes them all.
-        self._live: dict[tuple[str, str], int] = {}
-        self._overall = _Tally()
-
-    def planned(self, dataset: NewDatasetInfo, step: tuple[str, ...]) -> None:
-        """The planner will compute `dataset`: a new submission, a new dataset, or a recompute."""
-        family = self._family_of_step.setdefault(
-            step, self._family_of_workflow.get(dataset.workflow_id, dataset.workflow_id)
-        )
-        if dataset.workflow_id not in self._family_of_workflow:
-            self._family_of_workflow[dataset.workflow_id] = family
-            self._submit(family)
-        known = self._datasets.get(dataset.dataset_id)
-        if known is not None:
-            # Computed again under the same id: it was needed while not on disk.
-            self._need(known)
-            return
-        kind = (family, step_category(dataset.action.name, dataset.action.metadata))
-        self._datasets[dataset.dataset_id] = _Tracked(family, kind, self._submissions[family])
-        self._live[kind] = self._live.get(kind, 0) + 1
-
-    def _submit(self, family: str) -> None:
-        self._submissions[family] = self._submissions.get(family, 0) + 1
-        if len(self._recent) == self.window:
-            self._recent_counts[self._recent[0]] -= 1
-        self._recent.append(family)
-        self._recent_counts[family] = self._recent_counts.get(family, 0) + 1
-        for kind, live in self._live.items():
-            if kind[0] == family:
-                self._kinds.setdefault(kind, _Tally()).exposures += live
-                self._overall.exposures += live
-
-    def _need(self, known: _Tracked) -> None:
-        known.reads += 1
-        self._kinds.setdefault(known.kind, _Tally()).reads += 1
-        self._overall.reads += 1
-
-    def retire(self, dataset_id: str) -> None:
-        """`dataset_id` is not current any more (superseded): stop exposing it."""
-        known = self._datasets.pop(dataset_id, None)
-        if known is not None:
-            self._live[known.kind] -= 1
-
-    def observe(self, candidates: Sequence[Candidate]) -> None:
-        """Count the reuses that happened since the last pass."""
-        for c in candidates:
-            known = self._datasets.get(c.dataset_id)
-            if known is not None and c.use_count > known.use_count:
-                for _ in range(c.use_count - known.use_count):
-                    self._need(known)
-                known.use_count = c.use_count
-
-    def need_probability(self, dataset_id: str) -> float:
-        """The probability that the next submission of its family needs `dataset_id`."""
-        overall = (self._overall.reads + 1.0) / (self._overall.exposures + 2.0)
-        known = self._datasets.get(dataset_id)
-        if known is None:
-            return overall
-        tally = self._kinds.get(known.kind, _Tally())
-        kind = (tally.reads + self.KIND_PRIOR * overall) / (tally.exposures + self.KIND_PRIOR)
-        exposures = self._submissions[known.family] - known.born_at
-        return (known.reads + self.DATASET_PRIOR * kind) / (exposures + self.DATASET_PRIOR)
-
-    def family_share(self, dataset_id: str) -> float:
-        """Its family's share of the recent submissions (one pseudo-submission each)."""
-        known = self._datasets.get(dataset_id)
-        families = max(len(self._submissions), 1)
-        if known is None:
-            return 1.0 / families
-        count = self._recent_counts.get(known.family, 0)
-        return (count + 1.0) / (len(self._recent) + families)
-
-    def needs_per_submission(self, dataset_id: str) -> float:
-        """Expected needs of `dataset_id` per submission, whatever the family submitted."""
-        return self.need_probability(dataset_id) * self.family_share(dataset_id)
-
-
 @dataclass(slots=True)
 class _Supersession:
     """An older version of a workflow step, replaced at planning time by a newer one."""
@@ -490,7 +352,7 @@ class _Supersession:
 
 
 class Lineage:
-    """Pingo's own policy: superseded versions first, then the least needed per byte.
+    """Pingo's own policy: superseded versions first, then GDSF's order, never a flush.
 
     It learns from the planner what the other policies cannot see. Every new
     intermediate passes through `keep_new`; when a workflow plans a new dataset
@@ -506,14 +368,15 @@ class Lineage:
     and when the learned reuse rate exceeds `max_reuse_rate` the tier is
     dropped.
 
-    The rest are ranked like GDSF, with the frequency replaced by the needs
-    per submission the `ReuseModel` learns for each dataset (its kind's share
-    of needs, its family's share of submissions): H = L + needs * recompute
-    cost / size, the recompute cost including the missing ancestors' cascade,
-    L rising to the H of each evicted dataset.
+    The rest are ranked by GDSF's H = L + (uses + 1) * recompute cost / size,
+    the recompute cost including the missing ancestors' cascade, with H
+    recomputed on every pass (GDSF keeps the H of the last use), so a dataset
+    whose ancestors were evicted since is worth more at once. While running
+    actions' claims hold storage over the mark, it keeps what fitted at rest
+    (`_choose`).
 
-    State lives in the instance: a node learns from the workflows it plans;
-    what another node planned it ranks with the overall rate.
+    State lives in the instance: a node learns supersessions from the
+    workflows it plans; what another node planned it ranks by GDSF's order alone.
     """
 
     name = "lineage"
@@ -532,7 +395,6 @@ class Lineage:
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
-        self.model = ReuseModel()
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
         self._anchors: dict[str, tuple[int, float]] = {}
@@ -550,11 +412,9 @@ class Lineage:
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         step = self.step_key(dataset)
-        self.model.planned(dataset, step)
         previous = self._latest.get(step)
         if previous is not None and previous != dataset.dataset_id:
             self._superseded[previous] = _Supersession(step, now, dataset.dataset_id)
-            self.model.retire(previous)
         self._latest[step] = dataset.dataset_id
         # A dataset planned again (recomputed after an eviction) is current again.
         self._superseded.pop(dataset.dataset_id, None)
@@ -570,7 +430,6 @@ class Lineage:
         return (self.superseded_reused + self.PRIOR_REUSES) / (observed + self.PRIOR_WEIGHT)
 
     def _learn(self, candidates: Sequence[Candidate]) -> None:
-        self.model.observe(candidates)
         for c in candidates:
             known = self._superseded.get(c.dataset_id)
             if known is not None and c.last_used_at is not None and c.last_used_at > known.at:
@@ -585,13 +444,13 @@ class Lineage:
         return known
 
     def priority(self, candidate: Candidate) -> float:
-        """H: the L anchored at its creation or last reuse, plus its needs * cost / size."""
+        """H: the L anchored at its creation or last reuse, plus (uses + 1) * cost / size."""
         anchor = self._anchors.get(candidate.dataset_id)
         if anchor is None or anchor[0] != candidate.use_count:
             anchor = (candidate.use_count, self.inflation)
             self._anchors[candidate.dataset_id] = anchor
-        needs = self.model.needs_per_submission(candidate.dataset_id)
-        return anchor[1] + needs * candidate.recompute_cost_s / max(candidate.size_bytes, 1)
+        frequency = candidate.use_count + 1
+        return anchor[1] + frequency * candidate.recompute_cost_s / max(candidate.size_bytes, 1)
 
     def select_evictions(
         self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
@@ -654,10 +513,8 @@ class Lineage:
                 f"{self.superseded_reused + self.superseded_evicted}"
             )
         return (
-            f"lineage: H {h:.3g} (L {self.inflation:.3g}; needed by "
-            f"{self.model.need_probability(c.dataset_id):.0%} of its workflow's submissions, "
-            f"{self.model.family_share(c.dataset_id):.0%} of recent submissions; "
-            f"recompute {c.recompute_cost_s:.1f}s with missing ancestors, {c.size_bytes} B)"
+            f"lineage: H {h:.3g} (L {self.inflation:.3g}; {c.use_count + 1} uses * "
+            f"recompute {c.recompute_cost_s:.1f}s with missing ancestors / {c.size_bytes} B)"
         )
 
 

@@ -692,47 +692,17 @@ def test_lineage_learns_that_a_superseded_step_came_back_and_stops_trusting_it()
     assert chosen(evictions) == ["other"]
 
 
-def test_step_category_is_the_metadata_category_or_the_name_without_its_index() -> None:
-    assert builtin.step_category("mProject_00012", {}) == "mProject"
-    assert builtin.step_category("mProject_00012", {"category": "project"}) == "project"
-    assert builtin.step_category("42", {}) == "42"
-
-
-def test_lineage_keeps_the_kinds_of_datasets_its_workflow_keeps_needing() -> None:
-    policy = builtin.Lineage()
-    for info in (
-        planned("p1", 1, name="prep_1", workflow="wf1"),
-        planned("p2", 2, name="prep_2", workflow="wf1"),
-        planned("m3", 3, name="merge_3", workflow="wf1"),
-        planned("o4", 4, name="other_4", workflow="wf1"),
-    ):
-        policy.keep_new(info, at(0))
-    # The second submission of that workflow edits step 4 and reuses p1.
-    policy.keep_new(planned("o4b", 4, name="other_4", workflow="wf2"), at(10))
-    p1 = cand("p1", use_count=1, last_used_at=at(10))
-    p2, m3 = cand("p2"), cand("m3")
-    evictions = policy.select_evictions([p1, p2, m3], 100, at(20))
-    # p2 was never reused either, but its kind (prep) was: merge goes first.
-    assert chosen(evictions) == ["m3"]
-    assert "needed by" in evictions[0].reason and "recompute 10.0s" in evictions[0].reason
-    model = policy.model
-    assert model.need_probability("p2") > model.need_probability("m3")
-    # A recompute is a need too: m3, evicted, is planned again by the third submission.
-    before = model.need_probability("m3")
-    policy.keep_new(planned("m3", 3, name="merge_3", workflow="wf3"), at(30))
-    assert model.need_probability("m3") > before
-
-
-def test_lineage_values_datasets_of_frequently_submitted_workflows_more() -> None:
-    policy = builtin.Lineage()
-    policy.keep_new(planned("a1", 1, name="a_1", workflow="busy1"), at(0))
-    policy.keep_new(planned("b1", 1, name="b_1", owner="bob", workflow="rare1"), at(0))
-    for n in range(2, 6):
-        policy.keep_new(planned(f"a{n}", 1, name="a_1", workflow=f"busy{n}"), at(n))
-    share = policy.model.family_share
-    assert share("a5") > share("b1")
-    evictions = policy.select_evictions([cand("a5"), cand("b1")], 100, at(10))
-    assert chosen(evictions) == ["b1"]
+def test_lineage_refreshes_h_when_ancestors_go_missing() -> None:
+    child = cand("child", recompute_cost_s=10.0)
+    other = cand("other", recompute_cost_s=15.0)
+    # The child's parent is evicted between two passes: recomputing the child now
+    # costs both. GDSF keeps the H it set when it first saw the child.
+    orphaned = cand("child", recompute_cost_s=40.0)
+    gdsf, lineage = builtin.GDSF(), builtin.Lineage()
+    for policy in (gdsf, lineage):
+        assert policy.select_evictions([child, other], 0, at(0)) == []
+    assert chosen(gdsf.select_evictions([orphaned, other], 100, at(10))) == ["child"]
+    assert chosen(lineage.select_evictions([orphaned, other], 100, at(10))) == ["other"]
 
 
 def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None:
