@@ -491,7 +491,7 @@ class Lineage:
         keeps as many bytes of candidates as the last pass that could reach its
         target kept (the most valuable first) and evicts the rest, superseded first.
         """
-        total = sum(max(c.size_bytes, 0) for _, _, c in ranked)
+        total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
         reasons = ((c, self._reason(tier, h, c)) for tier, h, c in ranked)
         if total >= bytes_to_free or self.room is None:
             evictions = take_until_freed(reasons, bytes_to_free)
