@@ -1,4 +1,5 @@
-"""The built-in retention policies: keep-all, lru, lfu, cost-benefit, gdsf, most-used, adaptive.
+"""The built-in retention policies: keep-all, lru, lfu, cost-benefit, gdsf, most-used, adaptive,
+lineage.
 
 Each ranks the candidates from "evict first" to "evict last" and takes them in
 that order until enough bytes are freed. Ties are broken by dataset id so that
@@ -351,7 +352,7 @@ class _Supersession:
 
 
 class Lineage:
-    """Pingo's own policy: GDSF, after the datasets a newer version of their step replaced.
+    """Pingo's own policy: superseded versions first, then GDSF's order, never a flush.
 
     It learns from the planner what the other policies cannot see. Every new
     intermediate passes through `keep_new`; when a workflow plans a new dataset
@@ -364,13 +365,18 @@ class Lineage:
     policy counts the superseded datasets it saw reused after their
     supersession. A step whose old version came back (two workflows sharing a
     step name, a user going back to an older version) is no longer trusted,
-    and when the learned reuse rate exceeds `max_reuse_rate` the policy falls
-    back to plain GDSF. Among the rest, and within each tier, the order is
-    GDSF's (recompute cost with the missing ancestors' cascade, frequency,
-    size, aging).
+    and when the learned reuse rate exceeds `max_reuse_rate` the tier is
+    dropped.
+
+    The rest are ranked by GDSF's H = L + (uses + 1) * recompute cost / size,
+    the recompute cost including the missing ancestors' cascade, with H
+    recomputed on every pass (GDSF keeps the H of the last use), so a dataset
+    whose ancestors were evicted since is worth more at once. While running
+    actions' claims hold storage over the mark, it keeps what fitted at rest
+    (`_choose`).
 
     State lives in the instance: a node learns supersessions from the
-    workflows it plans; what another node planned it ranks by GDSF alone.
+    workflows it plans; what another node planned it ranks by GDSF's order alone.
     """
 
     name = "lineage"
@@ -386,7 +392,12 @@ class Lineage:
             raise errors.ConfigurationError(
                 f"max_reuse_rate must be between 0 and 1, not {self.max_reuse_rate}"
             )
-        self.gdsf = GDSF()
+        #: Bytes of candidates kept by the last pass that could reach its target: what
+        #: fits at rest (None before any such pass).
+        self.room: int | None = None
+        self.inflation = 0.0
+        #: dataset id → (use count when L was last anchored, that L).
+        self._anchors: dict[str, tuple[int, float]] = {}
         self._latest: dict[tuple[str, ...], str] = {}
         self._superseded: dict[str, _Supersession] = {}
         self._untrusted: set[tuple[str, ...]] = set()
@@ -432,22 +443,30 @@ class Lineage:
             return None
         return known
 
+    def priority(self, candidate: Candidate) -> float:
+        """H: the L anchored at its creation or last reuse, plus (uses + 1) * cost / size."""
+        anchor = self._anchors.get(candidate.dataset_id)
+        if anchor is None or anchor[0] != candidate.use_count:
+            anchor = (candidate.use_count, self.inflation)
+            self._anchors[candidate.dataset_id] = anchor
+        frequency = candidate.use_count + 1
+        return anchor[1] + frequency * candidate.recompute_cost_s / max(candidate.size_bytes, 1)
+
     def select_evictions(
         self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
     ) -> list[Eviction]:
         self._learn(candidates)
         trust = self.reuse_rate() <= self.max_reuse_rate
         ranked = sorted(
-            ((0 if trust and self._dead(c) else 1, self.gdsf.priority(c), c) for c in candidates),
+            ((0 if trust and self._dead(c) else 1, self.priority(c), c) for c in candidates),
             key=lambda thc: (thc[0], thc[1], thc[2].dataset_id),
         )
         present = {c.dataset_id for c in candidates}
-        self.gdsf.forget_absent(present)
+        for dataset_id in [d for d in self._anchors if d not in present]:
+            del self._anchors[dataset_id]
         if bytes_to_free <= 0:
             return []
-        evictions = take_until_freed(
-            ((c, self._reason(tier, h, c)) for tier, h, c in ranked), bytes_to_free
-        )
+        evictions = self._choose(ranked, bytes_to_free)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:
             if c.dataset_id not in chosen:
@@ -456,9 +475,34 @@ class Lineage:
                 self.superseded_evicted += 1
                 del self._superseded[c.dataset_id]
             else:
-                self.gdsf.inflation = max(self.gdsf.inflation, h)
-            self.gdsf.drop(c.dataset_id)
+                self.inflation = max(self.inflation, h)
+            self._anchors.pop(c.dataset_id, None)
         return evictions
+
+    def _choose(
+        self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int
+    ) -> list[Eviction]:
+        """Evictions in rank order, sparing what fits at rest while claims hold the excess.
+
+        When evicting every candidate would still leave storage over the mark, the
+        excess is held by what running actions claim (and by leaves): it goes when
+        they finish. Flushing every candidate then throws away what the next
+        submissions read and does not bring storage under the mark. So the pass
+        keeps as many bytes of candidates as the last pass that could reach its
+        target kept (the most valuable first) and evicts the rest, superseded first.
+        """
+        total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
+        reasons = ((c, self._reason(tier, h, c)) for tier, h, c in ranked)
+        if total >= bytes_to_free or self.room is None:
+            evictions = take_until_freed(reasons, bytes_to_free)
+            if total >= bytes_to_free:
+                chosen = {e.dataset_id for e in evictions}
+                self.room = sum(
+                    max(c.size_bytes, 0) for _, _, c in ranked if c.dataset_id not in chosen
+                )
+            return evictions
+        superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
+        return take_until_freed(reasons, max(total - self.room, superseded))
 
     def _reason(self, tier: int, h: float, c: Candidate) -> str:
         if tier == 0:
@@ -469,8 +513,8 @@ class Lineage:
                 f"{self.superseded_reused + self.superseded_evicted}"
             )
         return (
-            f"lineage: H {h:.3g} (recompute {c.recompute_cost_s:.1f}s with missing "
-            f"ancestors, {c.use_count} uses, {c.size_bytes} B, L {self.gdsf.inflation:.3g})"
+            f"lineage: H {h:.3g} (L {self.inflation:.3g}; {c.use_count + 1} uses * "
+            f"recompute {c.recompute_cost_s:.1f}s with missing ancestors / {c.size_bytes} B)"
         )
 
 

@@ -6,7 +6,9 @@ submission that first computes it and the submissions that read it. Every
 consecutive pair of these (a *gap*) is an interval; keeping the dataset
 through an interval needs its bytes at every submission boundary the interval
 spans, and not keeping it costs at least one recompute of its action. The
-budget holds at every boundary. docs/retention.md proves that any policy of
+budget holds at every boundary. A dropped interval also pays, once, for a
+parent the unlimited plan never reads again, unless that parent stays on disk
+until the interval starts (`Cascade`). docs/retention.md proves that any policy of
 the model pays at least the unlimited-storage compute plus the optimum of
 this problem; the LP relaxation (HiGHS, through scipy.optimize.milp) is below that optimum,
 and the integer program (`exact=True`) is the optimum itself, for small cases.
@@ -14,6 +16,7 @@ and the integer program (`exact=True`) is the optimum itself, for small cases.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +40,25 @@ class Interval:
 
 
 @dataclass(frozen=True, slots=True)
+class Cascade:
+    """A parent the sequence never reads after `since`, whose children's intervals start later.
+
+    Dropping such a child's interval recomputes the child after the interval's
+    start, and that recompute needs `dataset`: either it stayed on disk from
+    `since` through the interval's start, or it is computed again after
+    `since` (at most one such recompute is charged, whatever the number of
+    children).
+    """
+
+    dataset: str
+    since: int
+    size: int
+    cost_s: float
+    #: Indices (into `Instance.intervals`) of the children's intervals starting at or after `since`.
+    children: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Instance:
     """The relaxed problem: intervals and the bytes available at each boundary."""
 
@@ -44,6 +66,7 @@ class Instance:
     #: Bytes intermediates may use at the end of submission b (leaves deducted).
     budgets: tuple[int, ...]
     unlimited_compute_s: float
+    cascades: tuple[Cascade, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +107,31 @@ def instance(models: Sequence[SubmissionModel], catalog: Catalog, budget_bytes: 
             else:
                 last[ds] = t
         budgets.append(max(0, budget_bytes - leaf_bytes))
-    return Instance(tuple(intervals), tuple(budgets), unlimited)
+    return Instance(
+        tuple(intervals), tuple(budgets), unlimited, _cascades(intervals, catalog, last)
+    )
+
+
+def _cascades(
+    intervals: Sequence[Interval], catalog: Catalog, last: dict[str, int]
+) -> tuple[Cascade, ...]:
+    """The parents whose recompute a dropped child interval may force (see `Cascade`).
+
+    `last` holds each intermediate's last event with unlimited storage (its
+    creation or its last read): after it, the unlimited plan never reads it.
+    Parents that are free to keep (no bytes) or to recompute (no runtime) are left out.
+    """
+    children: dict[str, list[int]] = {}
+    for i, iv in enumerate(intervals):
+        for parent in catalog.parents.get(iv.dataset, ()):
+            since = last.get(parent)
+            if since is not None and since <= iv.start:
+                children.setdefault(parent, []).append(i)
+    return tuple(
+        Cascade(p, last[p], catalog.size[p], catalog.runtime[p], tuple(kids))
+        for p, kids in children.items()
+        if catalog.size[p] > 0 and catalog.runtime[p] > 0
+    )
 
 
 def solve(problem: Instance, *, exact: bool = False) -> Bound:
@@ -92,37 +139,35 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
 
     Variable x_i in [0, 1] is the part of interval i not kept; the constraint at
     boundary b is sum over the intervals spanning b of size_i * (1 - x_i) <= budget_b.
+    Each cascade parent p adds w_p (recomputed after its last read, cost runtime_p)
+    and u_pk (kept from then through the k-th start of its children's intervals,
+    non-increasing in k): u_pk >= x_i - w_p for a child interval starting there,
+    and u_pk takes size_p at the boundaries up to that start.
     """
     started = time.perf_counter()
-    # Zero-byte and zero-cost intervals never matter: keep the first, drop the second.
-    live = [iv for iv in problem.intervals if iv.size > 0 and iv.cost_s > 0]
+    # Zero-byte intervals cost nothing to keep, so keeping them is optimal.
+    live = [i for i, iv in enumerate(problem.intervals) if iv.size > 0]
     if not live:
         return Bound(problem.unlimited_compute_s, problem.unlimited_compute_s, 0, True, 0.0)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    spanned = np.zeros(len(problem.budgets))
-    for i, iv in enumerate(live):
+    column = {i: n for n, i in enumerate(live)}
+    model = _Model(len(problem.budgets))
+    cost = [problem.intervals[i].cost_s for i in live]
+    for i in live:
+        iv = problem.intervals[i]
         for b in range(iv.start, iv.end):
-            rows.append(b)
-            cols.append(i)
-            vals.append(float(iv.size))
-            spanned[b] += iv.size
-    # sum size*(1-x) <= B  <=>  -sum size*x <= B - sum size.
-    matrix = sparse.csr_matrix(
-        (-np.asarray(vals), (rows, cols)), shape=(len(problem.budgets), len(live))
-    )
-    upper = np.asarray(problem.budgets, dtype=float) - spanned
-    needed = upper < 0  # boundaries that the unlimited plan already fits impose nothing
-    cost = np.asarray([iv.cost_s for iv in live])
-    if not needed.any():
+            model.capacity(b, column[i], -float(iv.size))
+            model.spanned[b] += iv.size
+    for cascade in problem.cascades:
+        _add_cascade(model, cost, cascade, column, problem.intervals)
+    matrix, lower, upper = model.constraints(problem.budgets)
+    if matrix is None:
         value = 0.0
     else:
         # One HiGHS call for both: integrality 0 is the LP relaxation, 1 the integer program.
         result = optimize.milp(
-            cost,
-            constraints=optimize.LinearConstraint(matrix[needed], -np.inf, upper[needed]),
-            integrality=np.full(len(live), int(exact), dtype=np.int64),
+            np.asarray(cost),
+            constraints=optimize.LinearConstraint(matrix, lower, upper),
+            integrality=np.full(len(cost), int(exact), dtype=np.int64),
             bounds=optimize.Bounds(0, 1),
         )
         value = _value(result)
@@ -133,6 +178,92 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
         exact=exact,
         solve_s=time.perf_counter() - started,
     )
+
+
+class _Model:
+    """The sparse rows of the problem: capacity per boundary, then cascade links."""
+
+    def __init__(self, boundaries: int) -> None:
+        self.boundaries = boundaries
+        #: Bytes of the intervals spanning each boundary (all kept).
+        self.spanned = np.zeros(boundaries)
+        #: Bytes a cascade may add at each boundary (all its parents kept).
+        self.extra = np.zeros(boundaries)
+        self._cap: tuple[list[int], list[int], list[float]] = ([], [], [])
+        self._links: tuple[list[int], list[int], list[float]] = ([], [], [])
+        self._link_rows = 0
+
+    def capacity(self, boundary: int, col: int, value: float) -> None:
+        rows, cols, vals = self._cap
+        rows.append(boundary)
+        cols.append(col)
+        vals.append(value)
+
+    def link(self, terms: Sequence[tuple[int, float]]) -> None:
+        """A row sum(value * var) <= 0."""
+        rows, cols, vals = self._links
+        for col, value in terms:
+            rows.append(self._link_rows)
+            cols.append(col)
+            vals.append(value)
+        self._link_rows += 1
+
+    def constraints(
+        self, budgets: Sequence[int]
+    ) -> tuple[sparse.csr_matrix | None, np.ndarray, np.ndarray]:
+        """The rows that can bind, with their bounds (None when none can)."""
+        width = 1 + max([*self._cap[1], *self._links[1]], default=0)
+        # sum size*(1-x) + sum size_p*u <= B  <=>  -sum size*x + sum size_p*u <= B - sum size.
+        cap = sparse.csr_matrix(
+            (self._cap[2], (self._cap[0], self._cap[1])), shape=(self.boundaries, width)
+        )
+        upper = np.asarray(budgets, dtype=float) - self.spanned
+        # A boundary that holds everything kept, cascades included, imposes nothing.
+        needed = upper - self.extra < 0
+        if not needed.any():
+            return None, np.zeros(0), np.zeros(0)
+        rows = [cap[needed]]
+        bounds = [upper[needed]]
+        if self._link_rows:
+            rows.append(
+                sparse.csr_matrix(
+                    (self._links[2], (self._links[0], self._links[1])),
+                    shape=(self._link_rows, width),
+                )
+            )
+            bounds.append(np.zeros(self._link_rows))
+        matrix = sparse.vstack(rows, format="csr")
+        upper_all = np.concatenate(bounds)
+        return matrix, np.full(len(upper_all), -np.inf), upper_all
+
+
+def _add_cascade(
+    model: _Model,
+    cost: list[float],
+    cascade: Cascade,
+    column: dict[int, int],
+    intervals: Sequence[Interval],
+) -> None:
+    """w_p, the u_pk, their links to the children's intervals and their bytes."""
+    children = [i for i in cascade.children if i in column]
+    if not children:
+        return
+    w = len(cost)
+    cost.append(cascade.cost_s)
+    starts = sorted({intervals[i].start for i in children})
+    u = {a: len(cost) + k for k, a in enumerate(starts)}
+    cost.extend(0.0 for _ in starts)
+    for i in children:
+        # x_i - w_p - u_pk <= 0
+        model.link([(column[i], 1.0), (w, -1.0), (u[intervals[i].start], -1.0)])
+    for earlier, later in itertools.pairwise(starts):
+        model.link([(u[later], 1.0), (u[earlier], -1.0)])
+    previous = cascade.since
+    for a in starts:
+        for b in range(previous, a + 1):
+            model.capacity(b, u[a], float(cascade.size))
+            model.extra[b] += cascade.size
+        previous = a + 1
 
 
 def _value(result: optimize.OptimizeResult) -> float:

@@ -147,7 +147,7 @@ def test_gdsf_ranks_by_frequency_times_cost_over_size_and_inflates() -> None:
 
 def test_every_builtin_frees_enough_and_returns_each_dataset_once() -> None:
     candidates = [cand(f"d{i}", size_bytes=10 * (i + 1), created_at=at(i)) for i in range(10)]
-    for name in ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive"):
+    for name in ("lru", "lfu", "cost-benefit", "gdsf", "most-used", "adaptive", "lineage"):
         evictions = policy_api.load_policy(name).select_evictions(candidates, 200, at(50))
         ids = chosen(evictions)
         assert len(ids) == len(set(ids)), name
@@ -611,7 +611,15 @@ def test_the_worked_example_in_the_docs_is_a_working_plugin(
 # ---------------------------------------------------------------------- lineage policy
 
 
-def planned(dataset_id: str, step: int, *, owner: str = "ann", name: str = "") -> Any:
+def planned(
+    dataset_id: str,
+    step: int,
+    *,
+    owner: str = "ann",
+    name: str = "",
+    workflow: str = "wf",
+    metadata: dict[str, Any] | None = None,
+) -> Any:
     """What the planner tells the keep hook about a new dataset of step `step`."""
     from pingo.workflows.definition import ActionDefinition
 
@@ -625,13 +633,13 @@ def planned(dataset_id: str, step: int, *, owner: str = "ann", name: str = "") -
         output_path=None,
         timeout_s=None,
         max_attempts=None,
-        metadata={},
+        metadata=metadata or {},
         spec={"command": ["true"]},
         raw={},
     )
     return policy_api.NewDatasetInfo(
         dataset_id=dataset_id,
-        workflow_id="wf",
+        workflow_id=workflow,
         owner=owner,
         scope="server",
         action=action,
@@ -682,6 +690,38 @@ def test_lineage_learns_that_a_superseded_step_came_back_and_stops_trusting_it()
     costly_old = cand("x1", recompute_cost_s=1000.0, size_bytes=10)
     evictions = policy.select_evictions([costly_old, cheap], 50, at(40))
     assert chosen(evictions) == ["other"]
+
+
+def test_lineage_refreshes_h_when_ancestors_go_missing() -> None:
+    child = cand("child", recompute_cost_s=10.0)
+    other = cand("other", recompute_cost_s=15.0)
+    # The child's parent is evicted between two passes: recomputing the child now
+    # costs both. GDSF keeps the H it set when it first saw the child.
+    orphaned = cand("child", recompute_cost_s=40.0)
+    gdsf, lineage = builtin.GDSF(), builtin.Lineage()
+    for policy in (gdsf, lineage):
+        assert policy.select_evictions([child, other], 0, at(0)) == []
+    assert chosen(gdsf.select_evictions([orphaned, other], 100, at(10))) == ["child"]
+    assert chosen(lineage.select_evictions([orphaned, other], 100, at(10))) == ["other"]
+
+
+def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None:
+    policy = builtin.Lineage()
+    costly, cheap = cand("costly", recompute_cost_s=500.0), cand("cheap", recompute_cost_s=1.0)
+    # Before any pass could reach its target, an unreachable one evicts everything.
+    assert sorted(chosen(policy.select_evictions([costly, cheap], 1000, at(0)))) == [
+        "cheap",
+        "costly",
+    ]
+    # A pass that reaches its target learns what fits at rest: 100 B of candidates.
+    assert chosen(policy.select_evictions([costly, cheap], 100, at(10))) == ["cheap"]
+    assert policy.room == 100
+    # A running workflow's claims hold 1,000 B: evicting all 300 B of candidates would
+    # not bring storage under the mark. The pass keeps the 100 B worth the most.
+    fresh = cand("fresh", recompute_cost_s=50.0)
+    other = cand("other", recompute_cost_s=5.0)
+    evictions = policy.select_evictions([costly, fresh, other], 1000, at(20))
+    assert chosen(evictions) == ["other", "fresh"]
 
 
 def test_lineage_options_are_checked() -> None:

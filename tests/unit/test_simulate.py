@@ -275,10 +275,10 @@ async def test_every_engine_replay_stays_above_the_lower_bound(small_traces: lis
         small_traces,
         submissions=25,
         seeds=[5],
-        policies=["lru", "gdsf", "most-used:window=5", "adaptive"],
+        policies=["lru", "gdsf", "most-used:window=5", "adaptive", "lineage"],
         capacities=[0.05, 0.2],
     )
-    assert len(result.results) == 8
+    assert len(result.results) == 10
     for row in result.results:
         assert row.unlimited_compute_s <= row.bound_compute_s + 1e-6
         assert row.bound_compute_s <= row.oracle_compute_s + 1e-6
