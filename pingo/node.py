@@ -44,16 +44,6 @@ from pingo.workflows.planner import WorkflowManager
 logger = logging.getLogger(__name__)
 
 
-#: Action states with work left to do: while any remains, the workflow is not over.
-_LEFT = (
-    states.ActionState.WAITING,
-    states.ActionState.READY,
-    states.ActionState.PROCESSING,
-    states.ActionState.SUBMITTED,
-    states.ActionState.RUNNING,
-)
-
-
 class _HeldReporter:
     """The in-process callbacks, forgetting an action's lease once its work reported.
 
@@ -345,7 +335,7 @@ class Node:
             await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
             poll_s = min(poll_s * 1.5, max_poll_s)
             polls += 1
-            left = await self.store.has_actions_in(workflow_id, _LEFT)
+            left = await self.store.has_actions_in(workflow_id, states.ACTION_LEFT)
             read_workflow = polls % 10 == 0 or not left
 
     async def _queue_webhooks(self, workflow: WorkflowRecord) -> None:

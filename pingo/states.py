@@ -173,6 +173,9 @@ WORKFLOW_TRANSITIONS: Mapping[tuple[WorkflowState, WorkflowState], frozenset[Tri
 ACTION_TERMINAL: frozenset[ActionState] = frozenset(
     {A.FINISHED, A.FAILED, A.KILLED, A.UPSTREAM_FAILED}
 )
+#: Action states with work left to do: while one of a workflow's actions is in one, the
+#: workflow is not over.
+ACTION_LEFT: frozenset[ActionState] = frozenset(ActionState) - ACTION_TERMINAL
 #: Terminal action states other than FINISHED: a workflow holding one did not succeed.
 ACTION_UNSUCCESSFUL: frozenset[ActionState] = frozenset({A.FAILED, A.KILLED, A.UPSTREAM_FAILED})
 #: Action states in which an executor may be working on the action.

@@ -42,10 +42,6 @@ _EXECUTING: frozenset[states.ActionState] = frozenset({A.SUBMITTED, A.RUNNING})
 _KILLED_BY_CLUSTER = "killed by the cluster (not by Pingo): no attempt is retried"
 #: States in which an action has not started and can simply be killed.
 _NOT_STARTED: frozenset[states.ActionState] = frozenset({A.WAITING, A.READY, A.PROCESSING})
-#: States in which an action is still to run (the workflow is not done).
-_LEFT: frozenset[states.ActionState] = frozenset(
-    {A.WAITING, A.READY, A.PROCESSING, A.SUBMITTED, A.RUNNING}
-)
 #: Where a computed dataset goes once its files are stored.
 _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
     D.TO_STORE: D.STORED,
@@ -277,7 +273,7 @@ class OutcomeService:
         workflow = await self._workflow(workflow_id)
         actions = await self.store.list_actions(workflow_id)
         if workflow.state in (W.KILLED, W.FAILED):
-            if any(a.state in _LEFT for a in actions):
+            if any(a.state in states.ACTION_LEFT for a in actions):
                 trigger = T.USER if workflow.state is W.KILLED else T.CALLBACK
                 await self._sweep(workflow_id, f"workflow {workflow.state.value.lower()}", trigger)
                 actions = await self.store.list_actions(workflow_id)
@@ -935,7 +931,7 @@ class OutcomeService:
         self, workflow_id: str, trigger: states.Trigger, error: str | None = None
     ) -> None:
         """End the workflow when none of its actions is left to run."""
-        if await self.store.has_actions_in(workflow_id, _LEFT):
+        if await self.store.has_actions_in(workflow_id, states.ACTION_LEFT):
             return
         counts = await self.store.count_actions(workflow_id)
         bad = sum(counts.get(s, 0) for s in states.ACTION_UNSUCCESSFUL)
