@@ -17,7 +17,6 @@ limit is meant to be reachable.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import re
@@ -248,21 +247,6 @@ def _as_id(value: Any) -> int | None:
     return untrusted.json_integer(value)
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Hold off full collections while building many small containers.
-
-    A 100,000-action document allocates millions of dicts and lists, none of
-    them garbage; each allocation burst triggered full collections that walk them
-    all again, which doubled the parse time. Young collections go on: turning the
-    collector off instead left millions of objects in the youngest generation,
-    and the first two young collections after it walked them all, 100 ms each
-    with the GIL held, stalling the event loop (issue 13).
-    """
-    with heap.full_collections_deferred():
-        yield
-
-
 def _analyse(
     document: bytes | str | Mapping[str, Any],
     max_actions: int,
@@ -270,7 +254,11 @@ def _analyse(
     *,
     build: bool = True,
 ) -> tuple[list[ValidationIssue], WorkflowDefinition | None]:
-    with gc_paused():
+    # A 100,000-action document allocates millions of dicts and lists, none of them
+    # garbage: full collections would walk them all again and again (twice the parse
+    # time). Young collections go on, so none walks them all at once afterwards
+    # (turning the collector off left them for two 100 ms young collections, issue 13).
+    with heap.full_collections_deferred():
         return _analyse_document(document, max_actions, types, build=build)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import networkx as nx
 
+from pingo import heap
 from pingo.workflows import language
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
@@ -116,7 +117,7 @@ def dataset_ids(definition: WorkflowDefinition, scope: str) -> dict[int, str]:
     actions = definition.actions
     scope_text = _encode(scope)
     ids: dict[int, str] = {}
-    with language.gc_paused():
+    with heap.full_collections_deferred():
         for aid in order:
             action = actions[aid]
             ids[aid] = _hash_fast(action, [ids[p] for p in action.parents], scope_text)
