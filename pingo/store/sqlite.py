@@ -441,11 +441,6 @@ _DELIVERIES = _rows.Rows(
         "claim_expires_at": _rows.OPTIONAL_TIME,
     },
 )
-_EVENT_COLUMNS = _EVENTS.columns
-_USER_COLUMNS = _USERS.columns
-_SCHEDULE_COLUMNS = _SCHEDULES.columns
-_RUN_COLUMNS = _RUNS.columns
-_DELIVERY_COLUMNS = _DELIVERIES.columns
 
 _HOT_INSERT = f"INSERT INTO actions ({_HOT_COLUMNS}, action_type) VALUES ({', '.join('?' * 18)})"
 #: `, history = …` for an UPDATE of actions that sets the state; its parameters are
@@ -798,23 +793,8 @@ def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
     )
 
 
-_event = _EVENTS.record
-
-
-_user = _USERS.record
-
-
 def _limit_values(limits: UserLimits) -> tuple[int | None, int | None, int | None]:
     return (limits.max_workflows, limits.max_in_flight_actions, limits.submissions_per_minute)
-
-
-_schedule = _SCHEDULES.record
-
-
-_run = _RUNS.record
-
-
-_delivery = _DELIVERIES.record
 
 
 def _column_value(name: str, value: Any) -> Any:
@@ -2487,9 +2467,9 @@ class SQLiteStore:
     ) -> EventRecord:
         at = _us(self.clock())
         event: EventRecord | None = await self._run_statement(
-            _event,
+            _EVENTS.record,
             f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
-            f"VALUES (?, ?, ?, ?, ?, ?) RETURNING {_EVENT_COLUMNS}",
+            f"VALUES (?, ?, ?, ?, ?, ?) RETURNING {_EVENTS.columns}",
             (
                 kind,
                 at,
@@ -2524,12 +2504,12 @@ class SQLiteStore:
         if after_seq is not None:
             where.append("seq > ?")
             params.append(after_seq)
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events"
+        sql = f"SELECT {_EVENTS.columns} FROM events"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY seq {'ASC' if after_seq is not None else 'DESC'} LIMIT ?"
         params.append(max(limit, 0))
-        return await self._run(self._all, _event, sql, params)
+        return await self._run(self._all, _EVENTS.record, sql, params)
 
     # ---------------------------------------------------------------------- users
 
@@ -2547,20 +2527,20 @@ class SQLiteStore:
 
     async def get_user(self, name: str) -> UserRecord | None:
         return await self._run(
-            self._one, _user, f"SELECT {_USER_COLUMNS} FROM users WHERE name = ?", (name,)
+            self._one, _USERS.record, f"SELECT {_USERS.columns} FROM users WHERE name = ?", (name,)
         )
 
     async def get_user_by_token_hash(self, token_hash: str) -> UserRecord | None:
         return await self._run(
             self._one,
-            _user,
-            f"SELECT {_USER_COLUMNS} FROM users WHERE token_hash = ?",
+            _USERS.record,
+            f"SELECT {_USERS.columns} FROM users WHERE token_hash = ?",
             (token_hash,),
         )
 
     async def list_users(self) -> list[UserRecord]:
         return await self._run(
-            self._all, _user, f"SELECT {_USER_COLUMNS} FROM users ORDER BY name", ()
+            self._all, _USERS.record, f"SELECT {_USERS.columns} FROM users ORDER BY name", ()
         )
 
     async def delete_user(self, name: str) -> bool:
@@ -2572,9 +2552,9 @@ class SQLiteStore:
     async def set_user_limits(self, name: str, limits: UserLimits) -> UserRecord | None:
         return await self._run_write(
             self._one,
-            _user,
+            _USERS.record,
             "UPDATE users SET max_workflows = ?, max_in_flight_actions = ?, "
-            f"submissions_per_minute = ? WHERE name = ? RETURNING {_USER_COLUMNS}",
+            f"submissions_per_minute = ? WHERE name = ? RETURNING {_USERS.columns}",
             (*_limit_values(limits), name),
         )
 
@@ -2606,8 +2586,8 @@ class SQLiteStore:
     async def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
         return await self._run(
             self._one,
-            _schedule,
-            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE id = ?",
+            _SCHEDULES.record,
+            f"SELECT {_SCHEDULES.columns} FROM schedules WHERE id = ?",
             (schedule_id,),
         )
 
@@ -2617,8 +2597,8 @@ class SQLiteStore:
         where, params = ("WHERE owner = ? ", [owner]) if owner is not None else ("", [])
         return await self._run(
             self._all,
-            _schedule,
-            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules {where}"
+            _SCHEDULES.record,
+            f"SELECT {_SCHEDULES.columns} FROM schedules {where}"
             "ORDER BY created_at DESC, id DESC LIMIT ?",
             [*params, limit],
         )
@@ -2630,10 +2610,10 @@ class SQLiteStore:
         # Two index ranges (pending ticks, due ticks) rather than one OR over both.
         return await self._run(
             self._all,
-            _schedule,
-            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE pending_tick_at IS NOT NULL "
+            _SCHEDULES.record,
+            f"SELECT {_SCHEDULES.columns} FROM schedules WHERE pending_tick_at IS NOT NULL "
             "AND (claimed_by = ? OR claim_expires_at IS NULL OR claim_expires_at <= ?) "
-            f"UNION ALL SELECT {_SCHEDULE_COLUMNS} FROM schedules "
+            f"UNION ALL SELECT {_SCHEDULES.columns} FROM schedules "
             "WHERE next_fire_at <= ? AND pending_tick_at IS NULL AND paused = 0 "
             "ORDER BY 6, 1 LIMIT ?",
             (node_id, at, at, limit),
@@ -2645,9 +2625,9 @@ class SQLiteStore:
         sets, params = _set_clause(changes)
         record = await self._run_write(
             self._one,
-            _schedule,
+            _SCHEDULES.record,
             f"UPDATE schedules SET version = version + 1, updated_at = ?{sets} "
-            f"WHERE id = ? AND version = ? RETURNING {_SCHEDULE_COLUMNS}",
+            f"WHERE id = ? AND version = ? RETURNING {_SCHEDULES.columns}",
             [_us(self.clock()), *params, schedule_id, expected_version],
         )
         if record is None:
@@ -2665,10 +2645,10 @@ class SQLiteStore:
                 sets, params = _set_clause(changes)
                 row = conn.execute(
                     f"UPDATE schedules SET version = version + 1, updated_at = ?{sets} "
-                    f"WHERE id = ? AND version = ? RETURNING {_SCHEDULE_COLUMNS}",
+                    f"WHERE id = ? AND version = ? RETURNING {_SCHEDULES.columns}",
                     [now, *params, schedule_id, expected_version],
                 ).fetchone()
-                results.append(None if row is None else _schedule(row))
+                results.append(None if row is None else _SCHEDULES.record(row))
             return results
 
         if not updates:
@@ -2692,10 +2672,10 @@ class SQLiteStore:
                 _RUNS.row(run),
             )
             row = conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM schedule_runs WHERE schedule_id = ? AND tick_at = ?",
+                f"SELECT {_RUNS.columns} FROM schedule_runs WHERE schedule_id = ? AND tick_at = ?",
                 (run.schedule_id, _us(run.tick_at)),
             ).fetchone()
-            return _run(row)
+            return _RUNS.record(row)
 
         return await self._run_write(self._with_db, record)
 
@@ -2704,8 +2684,8 @@ class SQLiteStore:
     ) -> list[ScheduleRunRecord]:
         return await self._run(
             self._all,
-            _run,
-            f"SELECT {_RUN_COLUMNS} FROM schedule_runs WHERE schedule_id = ? "
+            _RUNS.record,
+            f"SELECT {_RUNS.columns} FROM schedule_runs WHERE schedule_id = ? "
             "ORDER BY tick_at DESC LIMIT ?",
             (schedule_id, limit),
         )
@@ -2732,12 +2712,12 @@ class SQLiteStore:
         at = _us(now)
         return await self._run_write(
             self._all,
-            _delivery,
+            _DELIVERIES.record,
             "UPDATE webhook_deliveries SET claimed_by = ?, claim_expires_at = ?, "
             "updated_at = ?, version = version + 1 WHERE id IN ("
             "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= ? "
             "AND (claim_expires_at IS NULL OR claim_expires_at <= ?) "
-            f"ORDER BY next_attempt_at, id LIMIT ?) RETURNING {_DELIVERY_COLUMNS}",
+            f"ORDER BY next_attempt_at, id LIMIT ?) RETURNING {_DELIVERIES.columns}",
             (node_id, at + int(lease_s * 1e6), at, at, at, limit),
         )
 
@@ -2747,9 +2727,9 @@ class SQLiteStore:
         sets, params = _set_clause(changes)
         return await self._run_write(
             self._one,
-            _delivery,
+            _DELIVERIES.record,
             f"UPDATE webhook_deliveries SET version = version + 1, updated_at = ?{sets} "
-            f"WHERE id = ? AND version = ? RETURNING {_DELIVERY_COLUMNS}",
+            f"WHERE id = ? AND version = ? RETURNING {_DELIVERIES.columns}",
             [_us(self.clock()), *params, delivery_id, expected_version],
         )
 
@@ -2771,8 +2751,8 @@ class SQLiteStore:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        sql = f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries"
+        sql = f"SELECT {_DELIVERIES.columns} FROM webhook_deliveries"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        return await self._run(self._all, _delivery, sql, [*params, limit])
+        return await self._run(self._all, _DELIVERIES.record, sql, [*params, limit])
