@@ -47,19 +47,20 @@ class Rows(Generic[R]):
     def __init__(self, record: type[R], conversions: Mapping[str, Conversion] | None = None):
         conversions = conversions or {}
         self._record = record
-        self._parts: list[tuple[str, type[Any] | None]] = []
+        #: Each field: its name, and for a nested dataclass its type and its fields' names.
+        self._parts: list[tuple[str, type[Any] | None, tuple[str, ...]]] = []
         names: list[str] = []
         # Annotations are strings under `from __future__ import annotations`.
         hints = typing.get_type_hints(record)
         for field in fields(record):  # type: ignore[arg-type]
             nested = hints[field.name]
             if isinstance(nested, type) and is_dataclass(nested):
-                inner = [f.name for f in fields(nested)]
+                inner = tuple(f.name for f in fields(nested))
                 names += inner
-                self._parts.append((field.name, nested))
+                self._parts.append((field.name, nested, inner))
             else:
                 names.append(field.name)
-                self._parts.append((field.name, None))
+                self._parts.append((field.name, None, ()))
         self.names: tuple[str, ...] = tuple(names)
         #: `a, b, c`: for SELECT, RETURNING and INSERT column lists.
         self.columns = ", ".join(names)
@@ -71,12 +72,12 @@ class Rows(Generic[R]):
     def row(self, record: R) -> tuple[Any, ...]:
         """The column values of `record`, in `columns` order."""
         values: list[Any] = []
-        for name, nested in self._parts:
+        for name, nested, inner in self._parts:
             value = getattr(record, name)
             if nested is None:
                 values.append(value)
             else:
-                values += [getattr(value, f.name) for f in fields(nested)]
+                values += [getattr(value, n) for n in inner]
         return tuple(
             v if store is None else store(v) for store, v in zip(self._store, values, strict=True)
         )
@@ -86,12 +87,11 @@ class Rows(Generic[R]):
         values = [v if load is None else load(v) for load, v in zip(self._load, row, strict=True)]
         arguments: list[Any] = []
         at = 0
-        for _, nested in self._parts:
+        for _, nested, inner in self._parts:
             if nested is None:
                 arguments.append(values[at])
                 at += 1
             else:
-                width = len(fields(nested))
-                arguments.append(nested(*values[at : at + width]))
-                at += width
+                arguments.append(nested(*values[at : at + len(inner)]))
+                at += len(inner)
         return self._record(*arguments)
