@@ -50,6 +50,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
@@ -1378,21 +1379,14 @@ class MongoStore:
                 )
                 modified += result.modified_count
         if modified == len(candidates):
-            entry = entered["$push"]["history"]["$each"]
+            claimed = [
+                _action({**doc, **claim, "version": doc["version"] + 1}) for doc in candidates
+            ]
             return [
-                _action(
-                    {
-                        **doc,
-                        **claim,
-                        "version": doc["version"] + 1,
-                        "history": (
-                            [*doc.get("history", ()), *entry][-HISTORY_LIMIT:]
-                            if doc["state"] == ActionState.READY.value
-                            else doc.get("history", ())
-                        ),
-                    }
-                )
-                for doc in candidates
+                replace(a, history=rules.entered(a.history, ActionState.PROCESSING, now))
+                if doc["state"] == ActionState.READY.value
+                else a
+                for doc, a in zip(candidates, claimed, strict=True)
             ]
         order = {doc["_id"]: i for i, doc in enumerate(candidates)}
         won = self._actions.find({"_id": {"$in": list(order)}, "claim_token": claim["claim_token"]})
