@@ -283,7 +283,7 @@ class _Pieces:
                 key, at = _scanstring(text, at + 1, True)
             except json.JSONDecodeError as exc:
                 raise _malformed(exc) from exc
-            where = f"{pointer}/{_escape(key)}"
+            where = f"{pointer}/{pointer_token(key)}"
             if _SURROGATE.search(key):
                 raise MalformedJSON("a string holds a lone UTF-16 surrogate", where)
             at = self._skip(at)
@@ -316,8 +316,9 @@ class _Pieces:
             at = self._skip(at + 1)
 
 
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
+def pointer_token(key: object) -> str:
+    """`key` as one RFC 6901 reference token of a JSON pointer (`~` and `/` escaped)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def _lone_surrogate(value: Any, where: str) -> str | None:
@@ -339,8 +340,8 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             stack.extend((v, f"{at}/{i}") for i, v in enumerate(item))
         elif isinstance(item, dict):
             for key, v in item.items():
-                yield f"{at}/{_escape(key)}", key
-                stack.append((v, f"{at}/{_escape(key)}"))
+                yield f"{at}/{pointer_token(key)}", key
+                stack.append((v, f"{at}/{pointer_token(key)}"))
 
 
 def to_bytes(text: str) -> bytes | None:

@@ -108,20 +108,21 @@ def _validator(model: type[msgspec.Struct]) -> jsonschema.Draft202012Validator:
 
 def _issues(error: jsonschema.ValidationError) -> list[errors.ValidationIssue]:
     """The issues one schema error stands for (one per unknown or missing field)."""
-    at = "".join(f"/{_pointer_token(str(part))}" for part in error.absolute_path)
+    token = untrusted.pointer_token
+    at = "".join(f"/{token(part)}" for part in error.absolute_path)
     schema = error.schema if isinstance(error.schema, Mapping) else {}
     code = schema.get(models.ISSUE_CODE, "SCHEMA_VIOLATION")
     instance = error.instance
     if error.validator == "additionalProperties" and isinstance(instance, Mapping):
         known = schema.get("properties", {})
         return [
-            errors.ValidationIssue(code, f"unknown field {key!r}", f"{at}/{_pointer_token(key)}")
+            errors.ValidationIssue(code, f"unknown field {key!r}", f"{at}/{token(key)}")
             for key in instance
             if key not in known
         ]
     if error.validator == "required" and isinstance(instance, Mapping):
         return [
-            errors.ValidationIssue(code, f"{name} is required", f"{at}/{_pointer_token(name)}")
+            errors.ValidationIssue(code, f"{name} is required", f"{at}/{token(name)}")
             for name in error.validator_value
             if name not in instance
         ]
@@ -132,11 +133,6 @@ def _issues(error: jsonschema.ValidationError) -> list[errors.ValidationIssue]:
     # of the given schemas" does.
     message = schema.get("description") or error.message
     return [errors.ValidationIssue(code, str(message), at)]
-
-
-def _pointer_token(key: str) -> str:
-    """`key` escaped as one RFC 6901 reference token."""
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def encode_json(data: Any) -> bytes:

@@ -38,7 +38,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.errors import ValidationIssue
 
 #: Stable error codes of schedule definitions.
@@ -290,7 +290,7 @@ def _parameters(value: Any, issues: list[ValidationIssue]) -> dict[str, str]:
                 ValidationIssue(
                     SCHEMA_VIOLATION,
                     "a name of letters, digits, '_', '.', '-' and a string value",
-                    f"/parameters/{key.replace('~', '~0').replace('/', '~1')}",
+                    f"/parameters/{untrusted.pointer_token(key)}",
                 )
             )
             continue
@@ -521,7 +521,7 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}/{i}")
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from _strings(item, f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}")
+            yield from _strings(item, f"{where}/{untrusted.pointer_token(key)}")
 
 
 def idempotency_key(schedule_id: str, tick: datetime) -> str:

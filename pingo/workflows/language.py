@@ -196,12 +196,8 @@ def _validators(types: Mapping[str, action_types.ActionType] | None) -> _Validat
     return _compile(tuple(types[name] for name in sorted(types)))
 
 
-def _escape(token: object) -> str:
-    return str(token).replace("~", "~0").replace("/", "~1")
-
-
 def _pointer(base: str, path: Sequence[object]) -> str:
-    return base + "".join("/" + _escape(p) for p in path)
+    return base + "".join("/" + untrusted.pointer_token(p) for p in path)
 
 
 def _explain(validator: Any, instance: Any, base: str) -> Iterator[ValidationIssue]:
@@ -215,12 +211,12 @@ def _explain(validator: Any, instance: Any, base: str) -> Iterator[ValidationIss
                     yield ValidationIssue(
                         SCHEMA_VIOLATION,
                         f"unknown field {key!r} (free-form data belongs in an action's metadata)",
-                        f"{where}/{_escape(key)}",
+                        f"{where}/{untrusted.pointer_token(key)}",
                     )
             continue
         if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
             # jsonschema points at the object; the culprit is one of its keys.
-            where = f"{where}/{_escape(error.instance)}"
+            where = f"{where}/{untrusted.pointer_token(error.instance)}"
         message = error.message
         if error.validator == "pattern" and "description" in error.schema:
             # "'a\x00' does not match '^[^\\u0000]*$'" says less than the rule itself.
@@ -453,7 +449,7 @@ def _placeholder_issues(
     for key, value in action.items():
         if key in common:
             continue
-        for where, text in _strings(value, f"{base}/{_escape(key)}"):
+        for where, text in _strings(value, f"{base}/{untrusted.pointer_token(key)}"):
             for match in INPUT_PLACEHOLDER.finditer(text):
                 if int(match.group(1)) not in parents:
                     yield ValidationIssue(
@@ -474,7 +470,7 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}/{i}")
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _strings(item, f"{where}/{_escape(key)}")
+            yield from _strings(item, f"{where}/{untrusted.pointer_token(key)}")
 
 
 def _topological_order(parents: Mapping[int, tuple[int, ...]]) -> list[int]:
