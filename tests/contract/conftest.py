@@ -24,6 +24,9 @@ from typing import Any, cast
 
 import pytest
 
+from pingo.config import Settings
+from pingo.datasets.storage import DatasetStorage
+from pingo.outcomes.service import OutcomeService
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import open_store
 from pingo.store.protocol import (
@@ -36,6 +39,8 @@ from pingo.store.protocol import (
     WorkflowRecord,
     claim_key,
 )
+from pingo.workflows import planner
+from tests.unit._engine_support import make_settings
 
 BACKENDS = ("memory", "sqlite", "mongomock", "wire")
 #: Backends that several OS processes can share.
@@ -281,3 +286,29 @@ __all__ = [
     "make_store",
     "seed_dataset",
 ]
+
+
+# The engine over a contract store: the planner and the outcome service, as a node wires
+# them (for the contract tests that run whole workflows: sharing, history).
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path)
+
+
+@pytest.fixture
+def storage(settings: Settings) -> DatasetStorage:
+    return DatasetStorage(settings.data_root)
+
+
+@pytest.fixture
+def outcomes(store: Store, storage: DatasetStorage, settings: Settings) -> OutcomeService:
+    return OutcomeService(store, storage, settings)
+
+
+@pytest.fixture
+def manager(
+    store: Store, storage: DatasetStorage, settings: Settings, outcomes: OutcomeService
+) -> planner.WorkflowManager:
+    return planner.WorkflowManager(store, storage, settings, outcomes=outcomes)

@@ -6,46 +6,20 @@ store rules under them (a write that keeps the state adds nothing, the cap).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from pathlib import Path
-
-import pytest
 
 from pingo import states
-from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import OutcomeService
 from pingo.store.protocol import HISTORY_LIMIT, ActionChanges, ActionRecord, StateEntry, Store
 from pingo.workflows import planner
 from tests.contract.conftest import Factory, FakeClock
-from tests.unit._engine_support import make_settings, workflow, write_output
+from tests.unit._engine_support import workflow, write_output
 
 A = states.ActionState
 W = states.WorkflowState
 
 CHAIN = workflow({1: [], 2: [1]})
 LEASE_S = 30.0
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return DatasetStorage(settings.data_root)
-
-
-@pytest.fixture
-def outcomes(store: Store, storage: DatasetStorage, settings: Settings) -> OutcomeService:
-    return OutcomeService(store, storage, settings)
-
-
-@pytest.fixture
-def manager(
-    store: Store, storage: DatasetStorage, settings: Settings, outcomes: OutcomeService
-) -> planner.WorkflowManager:
-    return planner.WorkflowManager(store, storage, settings, outcomes=outcomes)
 
 
 async def get(store: Store, workflow_id: str, action_id: int) -> ActionRecord:

@@ -55,28 +55,6 @@ class Interleaved:
         return await self._store.create_workflow(plan)
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path)
-
-
-@pytest.fixture
-def storage(settings: Settings) -> DatasetStorage:
-    return DatasetStorage(settings.data_root)
-
-
-@pytest.fixture
-def callbacks(store: Store, storage: DatasetStorage, settings: Settings) -> OutcomeService:
-    return OutcomeService(store, storage, settings)
-
-
-@pytest.fixture
-def manager(
-    store: Store, storage: DatasetStorage, settings: Settings, callbacks: OutcomeService
-) -> planner.WorkflowManager:
-    return planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
-
-
 async def get(store: Store, workflow_id: str, action_id: int) -> protocol.ActionRecord:
     action = await store.get_action(workflow_id, action_id)
     assert action is not None
@@ -90,19 +68,19 @@ async def state_of(store: Store, workflow_id: str) -> W:
 
 
 async def succeed(
-    store: Store, storage: DatasetStorage, callbacks: OutcomeService, workflow_id: str, aid: int
+    store: Store, storage: DatasetStorage, outcomes: OutcomeService, workflow_id: str, aid: int
 ) -> None:
     action = await start_attempt(store, workflow_id, aid)
     write_output(storage, action)
-    await callbacks.success(action.callback_id, action.attempts)
+    await outcomes.success(action.callback_id, action.attempts)
 
 
 async def fail_for_good(
-    store: Store, callbacks: OutcomeService, workflow_id: str, aid: int, clock: Any
+    store: Store, outcomes: OutcomeService, workflow_id: str, aid: int, clock: Any
 ) -> None:
     for _ in range(3):
         action = await start_attempt(store, workflow_id, aid)
-        await callbacks.failed(action.callback_id, action.attempts, "boom")
+        await outcomes.failed(action.callback_id, action.attempts, "boom")
         clock.advance(60)
 
 
@@ -173,7 +151,7 @@ async def test_finishing_a_shared_action_requires_it_still_waits_for_its_produce
 async def test_a_consumer_shares_the_computation_and_finishes_when_it_is_stored(
     store: Store,
     storage: DatasetStorage,
-    callbacks: OutcomeService,
+    outcomes: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -185,14 +163,14 @@ async def test_a_consumer_shares_the_computation_and_finishes_when_it_is_stored(
     dataset = await store.get_dataset(shared.dataset_id)
     assert dataset is not None and claim_key(second.id, 2) in dataset.claims
 
-    await succeed(store, storage, callbacks, first.id, 1)
+    await succeed(store, storage, outcomes, first.id, 1)
     done = await get(store, second.id, 1)
     assert done.state is A.FINISHED and done.attempts == 0  # it never ran
     assert (await get(store, second.id, 2)).state is A.READY
     stored = await store.get_dataset(shared.dataset_id)
     assert stored is not None and stored.state is D.LEAF
     assert claim_key(second.id, 2) in stored.claims  # its reader holds it
-    await succeed(store, storage, callbacks, second.id, 2)
+    await succeed(store, storage, outcomes, second.id, 2)
     assert await state_of(store, second.id) is W.SUCCEEDED
 
 
@@ -230,24 +208,24 @@ async def test_forced_and_per_user_scopes_never_share(
 
 
 async def test_a_retry_of_the_producer_keeps_the_consumer_waiting(
-    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
+    store: Store, outcomes: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
     attempt = await start_attempt(store, first.id, 1)
-    await callbacks.failed(attempt.callback_id, 1, "flaky")
+    await outcomes.failed(attempt.callback_id, 1, "flaky")
     assert (await get(store, first.id, 1)).state is A.READY
     assert (await get(store, second.id, 1)).is_attached
 
 
 async def test_the_producer_failing_makes_every_consumer_compute_it(
-    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager, clock: Any
+    store: Store, outcomes: OutcomeService, manager: planner.WorkflowManager, clock: Any
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     consumers = await asyncio.gather(
         manager.submit(CONSUMER, owner="bob"), manager.submit(CONSUMER, owner="cid")
     )
-    await fail_for_good(store, callbacks, first.id, 1, clock)
+    await fail_for_good(store, outcomes, first.id, 1, clock)
     assert await state_of(store, first.id) is W.FAILED
     for consumer in consumers:
         action = await get(store, consumer.id, 1)
@@ -258,27 +236,27 @@ async def test_the_producer_failing_makes_every_consumer_compute_it(
 async def test_killing_the_producers_workflow_never_kills_the_consumer(
     store: Store,
     storage: DatasetStorage,
-    callbacks: OutcomeService,
+    outcomes: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
     await start_attempt(store, first.id, 1)
-    await callbacks.kill_workflow(first.id)
+    await outcomes.kill_workflow(first.id)
     assert (await get(store, first.id, 1)).state is A.KILLED
     action = await get(store, second.id, 1)
     assert action.state is A.READY and action.attempts == 0
-    await succeed(store, storage, callbacks, second.id, 1)
-    await succeed(store, storage, callbacks, second.id, 2)
+    await succeed(store, storage, outcomes, second.id, 1)
+    await succeed(store, storage, outcomes, second.id, 2)
     assert await state_of(store, second.id) is W.SUCCEEDED
 
 
 async def test_killing_the_consumer_leaves_the_producer_alone(
-    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
+    store: Store, outcomes: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
-    await callbacks.kill_workflow(second.id)
+    await outcomes.kill_workflow(second.id)
     assert (await get(store, second.id, 1)).state is A.KILLED
     producer = await get(store, first.id, 1)
     assert producer.state is A.READY
@@ -295,7 +273,7 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
     store: Store,
     storage: DatasetStorage,
     settings: Settings,
-    callbacks: OutcomeService,
+    outcomes: OutcomeService,
     manager: planner.WorkflowManager,
     clock: Any,
     outcome: str,
@@ -306,15 +284,15 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
         # After the consumer's planning read the dataset in flight, before its persist:
         # the producer's own settlement cannot see the consumer yet.
         if outcome == "success":
-            await succeed(store, storage, callbacks, first.id, 1)
+            await succeed(store, storage, outcomes, first.id, 1)
         else:
-            await fail_for_good(store, callbacks, first.id, 1, clock)
+            await fail_for_good(store, outcomes, first.id, 1, clock)
 
     racing = planner.WorkflowManager(
         Interleaved(store, producer_ends),  # type: ignore[arg-type]
         storage,
         settings,
-        outcomes=callbacks,
+        outcomes=outcomes,
     )
     second = await racing.submit(CONSUMER, owner="bob")
     action = await get(store, second.id, 1)
@@ -329,7 +307,7 @@ async def test_the_producer_ending_while_the_consumer_is_planned(
 async def test_two_consumers_and_two_settlers_racing(
     store: Store,
     storage: DatasetStorage,
-    callbacks: OutcomeService,
+    outcomes: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -342,10 +320,10 @@ async def test_two_consumers_and_two_settlers_racing(
     action = await start_attempt(store, first.id, 1)
     write_output(storage, action)
     # The producer's success and two more settlers (another node's, the reaper's) at once.
-    other = OutcomeService(store, storage, callbacks.settings)
+    other = OutcomeService(store, storage, outcomes.settings)
     waiting = await get(store, a.id, 1)
     results = await asyncio.gather(
-        callbacks.success(action.callback_id, 1),
+        outcomes.success(action.callback_id, 1),
         other.settle_shared(waiting),
         other.settle_shared(waiting, states.Trigger.REAPER),
     )
@@ -358,7 +336,7 @@ async def test_two_consumers_and_two_settlers_racing(
 
 
 async def test_a_settlement_a_dead_node_left_undone_is_done_by_the_reaper(
-    store: Store, callbacks: OutcomeService, manager: planner.WorkflowManager
+    store: Store, outcomes: OutcomeService, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
     second = await manager.submit(CONSUMER, owner="bob")
@@ -367,16 +345,16 @@ async def test_a_settlement_a_dead_node_left_undone_is_done_by_the_reaper(
     await store.transition_action(first.id, 1, {A.SUBMITTED}, A.FAILED)
     await store.transition_dataset(producer.dataset_id, {D.TO_LEAF}, D.DELETED)
     assert (await get(store, second.id, 1)).is_attached
-    assert await callbacks.settle_stranded() >= 1
+    assert await outcomes.settle_stranded() >= 1
     assert (await get(store, second.id, 1)).state is A.READY
     # Nothing left to settle: a second pass changes nothing.
-    assert await callbacks.settle_stranded() == 0
+    assert await outcomes.settle_stranded() == 0
 
 
 async def test_recovery_settles_a_consumer_whose_producer_ended(
     store: Store,
     storage: DatasetStorage,
-    callbacks: OutcomeService,
+    outcomes: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
     first = await manager.submit(PRODUCER, owner="ann")
@@ -385,7 +363,7 @@ async def test_recovery_settles_a_consumer_whose_producer_ended(
     # Stored and finished, but the node died before settling the consumer.
     await store.transition_dataset(producer.dataset_id, {D.TO_LEAF}, D.LEAF)
     await store.finish_action(first.id, 1, {A.SUBMITTED})
-    await callbacks.recover_workflow(second.id)
+    await outcomes.recover_workflow(second.id)
     assert (await get(store, second.id, 1)).state is A.FINISHED
     assert (await get(store, second.id, 2)).state is A.READY
 
@@ -405,7 +383,7 @@ async def test_a_wide_workflow_shares_every_action_in_flight(
 async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
     store: Store, storage: DatasetStorage, settings: Settings, manager: planner.WorkflowManager
 ) -> None:
-    callbacks = OutcomeService(store, storage, settings)
+    outcomes = OutcomeService(store, storage, settings)
     once = workflow({1: []}, extra={1: {"maxAttempts": 1}})
     first = await manager.submit(once, owner="ann")
     second = await manager.submit(
@@ -414,7 +392,7 @@ async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
     assert (await get(store, second.id, 1)).is_attached
     # The producer's node died with its last attempt: the reaper fails it for good.
     producer = await start_attempt(store, first.id, 1)
-    await callbacks.release_lost(producer, "the node died")
+    await outcomes.release_lost(producer, "the node died")
     assert (await get(store, first.id, 1)).state is A.FAILED
     assert (await get(store, second.id, 1)).state is A.READY
 
@@ -425,7 +403,7 @@ async def test_the_reaper_giving_up_on_the_producer_or_settling_a_stranded_one(
     lost = await start_attempt(store, third.id, 1)
     await store.transition_action(third.id, 1, {A.SUBMITTED}, A.FAILED)
     await store.transition_dataset(lost.dataset_id, {D.TO_LEAF}, D.DELETED)
-    reaper = Reaper(store, settings, {}, callbacks, HeldActions({}))
+    reaper = Reaper(store, settings, {}, outcomes, HeldActions({}))
     await reaper.run_once()
     assert (await get(store, fourth.id, 1)).state is A.READY
 
@@ -451,10 +429,10 @@ async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
             assert (await get(store, consumer.id, 1)).is_attached
         action = await start_attempt(store, first.id, 1)
         write_output(storage, action)
-        callbacks = OutcomeService(store, storage, settings)
+        outcomes = OutcomeService(store, storage, settings)
         # The producer's success on one node, the backstop on the other, at once.
         await asyncio.gather(
-            callbacks.success(action.callback_id, 1), other_callbacks.settle_stranded()
+            outcomes.success(action.callback_id, 1), other_callbacks.settle_stranded()
         )
         for consumer in (a, b):
             done = await get(other_store, consumer.id, 1)
