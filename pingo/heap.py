@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +44,20 @@ _saved_threshold: tuple[int, int, int] | None = None
 
 
 @contextlib.contextmanager
-def full_collections_deferred() -> Iterator[None]:
+def full_collections_deferred(when: bool = True) -> Iterator[None]:
     """Hold off full (generation-2) garbage collections while a big workflow is handled.
 
     A full collection walks every tracked object with the GIL held, so no thread runs
     meanwhile: with a 100,000-action workflow's objects alive that is seconds (parsing
     one on the loaded VM triggered 8, the longest 4.4 s). Young collections go on; the
     next full one comes after, once the workflow's objects are gone. Nestable and
-    thread-safe: the threshold is restored when the last holder leaves.
+    thread-safe: the threshold is restored when the last holder leaves. With `when`
+    false it does nothing (the caller's work is small).
     """
     global _deferrals, _saved_threshold
+    if not when:
+        yield
+        return
     with _deferrals_lock:
         if _deferrals == 0:
             _saved_threshold = gc.get_threshold()
@@ -65,6 +71,62 @@ def full_collections_deferred() -> Iterator[None]:
             if _deferrals == 0 and _saved_threshold is not None:
                 gc.set_threshold(*_saved_threshold)
                 _saved_threshold = None
+
+
+#: Elements `dismantle` lets go of at a time: about a millisecond of freeing.
+DISMANTLE_SLICE = 1000
+
+
+def dismantle(*containers: list[Any]) -> None:
+    """Empty big lists a slice at a time, freeing what only they held (blocking).
+
+    When the last reference to a 100,000-action workflow's records goes, CPython frees
+    them all in one C call, with the GIL held and no thread switch: 40 ms on a quiet
+    machine, 100 to 250 ms on a busy one, during which the event loop answers no one
+    (issue 13). Emptied a slice at a time, the GIL can pass to the loop between two.
+    Only for lists the caller owns: the list is emptied in place.
+    """
+    for items in containers:
+        while items:
+            del items[-DISMANTLE_SLICE:]
+
+
+async def dismantled(*containers: list[Any]) -> None:
+    """`dismantle` in a worker thread: the loop runs while the lists are emptied."""
+    if any(len(items) > DISMANTLE_SLICE for items in containers):
+        await asyncio.to_thread(dismantle, *containers)
+
+
+_graveyard: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "pingo_heap_graveyard", default=None
+)
+
+
+def bury(*containers: Iterable[Any]) -> None:
+    """Have the enclosing `burying()` free these containers' elements, a slice at a time.
+
+    Call it while the containers are alive and let them go as usual: their own
+    deallocation is then only reference decrements, and the elements (a big workflow's
+    records, with everything they hold) are freed once the `burying()` block is over,
+    off the loop and in slices. Nothing is mutated, so shared containers are safe.
+    Outside a `burying()` block it does nothing.
+    """
+    grave = _graveyard.get()
+    if grave is not None:
+        for container in containers:
+            grave.extend(container)
+
+
+@contextlib.asynccontextmanager
+async def burying() -> AsyncIterator[None]:
+    """Collect what `bury` is given inside the block; free it after, in a worker thread."""
+    grave: list[Any] = []
+    token = _graveyard.set(grave)
+    try:
+        yield
+    finally:
+        _graveyard.reset(token)
+        await dismantled(grave)
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

@@ -107,6 +107,12 @@ def stored_object(text: str) -> Mapping[str, Any]:
     return value
 
 
+def is_large(document: Mapping[str, Any]) -> bool:
+    """Whether `document` was read back too long to decode eagerly (see `stored_object`):
+    the workflow it belongs to has thousands of actions."""
+    return isinstance(document, LazyObject)
+
+
 def json_integer(value: object) -> int | None:
     """`value` as an int when JSON Schema calls it an `integer` (`3` and `3.0`), else None.
 

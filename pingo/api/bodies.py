@@ -147,6 +147,38 @@ def raw_json_response(
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
+#: Serialized JSON longer than this is streamed by `send_json`, in slices this long.
+STREAMED_BYTES = 1 << 18
+
+
+async def send_json(
+    request: web.Request,
+    body: bytes,
+    *,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Answer `request` with serialized JSON: a long body streamed in slices (issue 13).
+
+    A `web.Response` hands its whole body to one socket `send`: for a 100,000-action
+    document (30 MB) that call alone kept the event loop away for 100 to 200 ms. Written
+    a slice at a time, each write waits for the socket to drain. And aiohttp keeps a
+    connection's last `web.Response` until its next request, body included: nothing of
+    a streamed one outlives the handler.
+    """
+    if len(body) <= STREAMED_BYTES:
+        return raw_json_response(body, status=status, headers=headers)
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_type = "application/json"
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(view), STREAMED_BYTES):
+        await response.write(view[start : start + STREAMED_BYTES])
+    await response.write_eof()
+    return response
+
+
 def json_response(
     data: Any, *, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:

@@ -1407,8 +1407,14 @@ class SQLiteStore:
         conn.execute(
             f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})", params
         )
-        conn.executemany(_HOT_INSERT, [_hot_params(a) for a in plan.actions])
-        conn.executemany(_SPEC_INSERT, [_spec_params(a) for a in plan.actions])
+        # Each list is emptied a slice at a time once written: freed in one go, a big
+        # workflow's rows would hold the GIL (and the event loop) for tens of ms.
+        hot = [_hot_params(a) for a in plan.actions]
+        conn.executemany(_HOT_INSERT, hot)
+        heap.dismantle(hot)
+        specs = [_spec_params(a) for a in plan.actions]
+        conn.executemany(_SPEC_INSERT, specs)
+        heap.dismantle(specs)
         counts: dict[str, int] = {}
         for a in plan.actions:
             counts[a.state.value] = counts.get(a.state.value, 0) + 1
@@ -1421,6 +1427,12 @@ class SQLiteStore:
         # The node that plans a workflow usually runs it: no need to read this back.
         # (Ids are unique, so an entry left by a rolled-back plan is never read.)
         self._cache_document(workflow.id, workflow.document, len(params[4]))
+        if len(plan.actions) > _BULK_ROWS:
+            # A big workflow's actions run a few at a time, long after this: caching all
+            # their specs now would evict the hot ones, and the last 8,192 would keep
+            # the submission's objects (and the heap's arenas under them) alive after
+            # the workflow has gone (issue 13).
+            return
         for a in plan.actions:
             self._cache_spec(
                 a.key,
@@ -1458,7 +1470,9 @@ class SQLiteStore:
                 merges.append(plan)  # exists, or planned twice: the second one merges
             else:
                 new[plan.id] = plan
-        conn.executemany(_DATASET_INSERT, [_new_dataset_params(p, now) for p in new.values()])
+        rows = [_new_dataset_params(p, now) for p in new.values()]
+        conn.executemany(_DATASET_INSERT, rows)
+        heap.dismantle(rows)
         totals: dict[str, int] = {}
         for plan in new.values():
             totals[plan.state.value] = totals.get(plan.state.value, 0) + 1
@@ -1534,7 +1548,9 @@ class SQLiteStore:
         if len(rows) <= _BULK_ROWS:
             return [self._action(row) for row in rows]
         with heap.full_collections_deferred():
-            return [self._action(row, cache=False) for row in rows]
+            records = [self._action(row, cache=False) for row in rows]
+            heap.dismantle(rows)
+            return records
 
     def _all(
         self, convert: Callable[[Sequence[Any]], T], sql: str, params: Sequence[Any]
@@ -1818,7 +1834,11 @@ class SQLiteStore:
     def _kill_actions(
         self, conn: sqlite3.Connection, sql: str, args: list[Any], now: int
     ) -> list[ActionRecord]:
-        killed = sorted(self._all_hot(sql, args), key=lambda a: a.action_id)
+        # Never cached: a killed action's spec is not read again, and a kill sweeps a big
+        # workflow a batch at a time, so caching would fill the cache with specs that pin
+        # the heap's arenas long after the workflow has gone (issue 13).
+        rows = conn.execute(sql, args).fetchall()
+        killed = sorted(self._actions_hot_specs(rows, bulk=True), key=lambda a: a.action_id)
         gone: dict[str, set[str]] = {}
         for action in killed:
             claim = claim_key(action.workflow_id, action.action_id)
@@ -2245,10 +2265,11 @@ class SQLiteStore:
         return await self._run(self._find_ids, "datasets", "scope", prefix, scopes, limit)
 
     async def get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
-        ids = list(dict.fromkeys(dataset_ids))
-        return await self._run(self._get_datasets, ids)
+        return await self._run(self._get_datasets, dataset_ids)
 
-    def _get_datasets(self, ids: list[str]) -> dict[str, DatasetRecord]:
+    def _get_datasets(self, dataset_ids: Collection[str]) -> dict[str, DatasetRecord]:
+        # Deduplicated here, in the store's thread: a big workflow's ids are 100,000.
+        ids = list(dict.fromkeys(dataset_ids))
         found: dict[str, DatasetRecord] = {}
         # Stay well under SQLite's limit on bound parameters.
         for start in range(0, len(ids), 500):

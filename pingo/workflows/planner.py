@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, events, metrics, states, untrusted
+from pingo import errors, events, heap, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol, rules
@@ -334,7 +334,7 @@ class WorkflowManager:
         forced = _forced(identified.definition, force)
         now = self.store.clock()
         workflow_id = new_workflow_id(now)
-        records = await self.store.get_datasets(set(identified.dataset_ids.values()))
+        records = await self.store.get_datasets(identified.dataset_ids.values())
         planning = identified.planning(workflow_id, records)
         try:
             await self._plan(planning, forced, owner, live=True)
@@ -354,6 +354,13 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
+        # A big submission's objects are freed after the answer, in slices (see `heap`).
+        heap.bury(
+            plan.actions,
+            plan.datasets,
+            planning.decisions.values(),
+            identified.definition.actions.values(),
+        )
         if self.feed:
             await events.record(
                 self.store,
@@ -416,7 +423,7 @@ class WorkflowManager:
     ) -> Plan:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
         identified = await self._identify(document, scope_for(self.settings, owner))
-        records = await self.store.get_datasets(set(identified.dataset_ids.values()))
+        records = await self.store.get_datasets(identified.dataset_ids.values())
         planning = identified.planning(new_workflow_id(self.store.clock()), records)
         await self._plan(planning, _forced(identified.definition, force), owner, live=False)
         return _to_plan(planning)
@@ -865,6 +872,9 @@ def _forced(definition: WorkflowDefinition, force: ForceTargets) -> frozenset[in
     Names are not unique: a name forces every action that bears it. Problems
     point into the rerun body's `force` list (`/force/<index>`).
     """
+    if not force:
+        # Nothing to resolve: no index of a 100,000-action workflow's names on the loop.
+        return frozenset()
     by_name: dict[str, list[int]] = {}
     for aid, action in definition.actions.items():
         by_name.setdefault(action.name, []).append(aid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import platform
+import weakref
 
 import pytest
 
@@ -64,3 +65,61 @@ def test_full_collections_are_deferred_until_the_last_holder_leaves() -> None:
     with pytest.raises(RuntimeError), heap.full_collections_deferred():
         raise RuntimeError("the threshold comes back anyway")
     assert gc.get_threshold() == before
+
+
+def test_deferring_only_when_asked() -> None:
+    before = gc.get_threshold()
+    with heap.full_collections_deferred(when=False):
+        assert gc.get_threshold() == before
+    with heap.full_collections_deferred(when=True):
+        assert gc.get_threshold() != before
+    assert gc.get_threshold() == before
+
+
+class _Record:
+    """A stand-in for an action record: weakly referenceable, freed by refcount alone."""
+
+
+def _records(n: int) -> list[_Record]:
+    return [_Record() for _ in range(n)]
+
+
+def test_dismantle_frees_every_element_and_empties_the_list() -> None:
+    items = _records(2 * heap.DISMANTLE_SLICE + 7)
+    refs = [weakref.ref(r) for r in items]
+    heap.dismantle(items)
+    assert items == []
+    assert all(ref() is None for ref in refs)
+
+
+async def test_buried_elements_outlive_their_container_until_the_block_ends() -> None:
+    async with heap.burying():
+        container = tuple(_records(3 * heap.DISMANTLE_SLICE))
+        refs = [weakref.ref(r) for r in container]
+        # Buried from a worker thread too, as the planner's threads may: the block's
+        # graveyard travels with the context.
+        await asyncio.to_thread(heap.bury, container[:10])
+        heap.bury(container)
+        assert len(container) == 3 * heap.DISMANTLE_SLICE  # nothing was mutated
+        del container
+        assert all(ref() is not None for ref in refs)
+    assert all(ref() is None for ref in refs)
+
+
+def test_bury_outside_a_block_keeps_nothing() -> None:
+    items = _records(5)
+    refs = [weakref.ref(r) for r in items]
+    heap.bury(items)
+    del items
+    assert all(ref() is None for ref in refs)
+
+
+async def test_the_graveyard_is_emptied_even_when_the_block_fails() -> None:
+    items = _records(heap.DISMANTLE_SLICE + 1)
+    refs = [weakref.ref(r) for r in items]
+    with pytest.raises(RuntimeError):
+        async with heap.burying():
+            heap.bury(items)
+            del items
+            raise RuntimeError("the request failed")
+    assert all(ref() is None for ref in refs)
