@@ -261,8 +261,11 @@ def test_the_integer_program_is_below_the_exact_optimum_of_any_policy(
 
 @settings_hypothesis(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10**6), budget=st.integers(0, 12))
-def test_the_integer_program_equals_brute_force_on_tiny_instances(seed: int, budget: int) -> None:
-    models, catalog = random_sequence(seed, 5, 5)
+@pytest.mark.parametrize("shape", [random_sequence, leafy_sequence])
+def test_the_integer_program_equals_brute_force_on_tiny_instances(
+    shape: Callable[[int, int, int], tuple[list[SubmissionModel], Catalog]], seed: int, budget: int
+) -> None:
+    models, catalog = shape(seed, 5, 5)
     problem = bound.instance(models, catalog, budget)
     if len(problem.intervals) + sum(1 + len(c.windows) for c in problem.cascades) > 14:
         return
