@@ -9,10 +9,11 @@ Zero-byte datasets are never evicted: keeping them is free.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import statistics
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -371,7 +372,8 @@ class Lineage:
     The rest are ranked by GDSF's H = L + (uses + 1) * recompute cost / size,
     the recompute cost including the missing ancestors' cascade, with H
     recomputed on every pass (GDSF keeps the H of the last use), so a dataset
-    whose ancestors were evicted since is worth more at once. While running
+    whose ancestors were evicted since is worth more at once, and within a pass
+    as soon as the pass takes one of its parents (`_cascading`). While running
     actions' claims hold storage over the mark, it keeps what fitted at rest
     (`_choose`).
 
@@ -492,7 +494,7 @@ class Lineage:
         target kept (the most valuable first) and evicts the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
-        reasons = ((c, self._reason(tier, h, c)) for tier, h, c in ranked)
+        reasons = ((c, self._reason(tier, h, c)) for tier, h, c in self._cascading(ranked))
         if total >= bytes_to_free or self.room is None:
             evictions = take_until_freed(reasons, bytes_to_free)
             if total >= bytes_to_free:
@@ -503,6 +505,52 @@ class Lineage:
             return evictions
         superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
         return take_until_freed(reasons, max(total - self.room, superseded))
+
+    def _cascading(
+        self, ranked: Sequence[tuple[int, float, Candidate]]
+    ) -> Iterator[tuple[int, float, Candidate]]:
+        """`ranked` in order, a child's H raised as soon as the pass takes one of its parents.
+
+        The candidates' costs count the ancestors missing before the pass; once
+        this pass takes a parent, recomputing the child needs the parent too, so
+        the child's cost grows by the parent's and it moves back in line instead
+        of going in the same pass. The order is consumed lazily: it is a heap,
+        and a child's entry is refreshed only when a parent is taken.
+        """
+        children: dict[str, list[Candidate]] = {}
+        for _, _, c in ranked:
+            for parent in c.parents:
+                children.setdefault(parent, []).append(c)
+        # Already sorted by (tier, H, id): a valid heap as it is.
+        heap = [(tier, h, c.dataset_id, n) for n, (tier, h, c) in enumerate(ranked)]
+        position = {c.dataset_id: n for n, (_, _, c) in enumerate(ranked)}
+        current = {c.dataset_id: (tier, h) for tier, h, c in ranked}
+        taken: set[str] = set()
+        while heap:
+            tier, h, dataset_id, n = heapq.heappop(heap)
+            if dataset_id in taken or current[dataset_id] != (tier, h):
+                continue
+            candidate = ranked[n][2]
+            taken.add(dataset_id)
+            yield tier, h, candidate
+            if not candidate.evictable or candidate.size_bytes <= 0:
+                continue  # take_until_freed keeps it: nothing to charge
+            for child in children.get(dataset_id, ()):
+                if child.dataset_id in taken:
+                    continue
+                child_tier, child_h = current[child.dataset_id]
+                if child_tier == 0:
+                    continue
+                raised = child_h + self._parent_share(child, candidate)
+                current[child.dataset_id] = (child_tier, raised)
+                heapq.heappush(
+                    heap, (child_tier, raised, child.dataset_id, position[child.dataset_id])
+                )
+
+    @staticmethod
+    def _parent_share(child: Candidate, parent: Candidate) -> float:
+        """What losing `parent` adds to the child's H: its cost, weighted as the child's own."""
+        return (child.use_count + 1) * parent.recompute_cost_s / max(child.size_bytes, 1)
 
     def _reason(self, tier: int, h: float, c: Candidate) -> str:
         if tier == 0:

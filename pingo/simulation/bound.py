@@ -6,16 +6,18 @@ submission that first computes it and the submissions that read it. Every
 consecutive pair of these (a *gap*) is an interval; keeping the dataset
 through an interval needs its bytes at every submission boundary the interval
 spans, and not keeping it costs at least one recompute of its action. The
-budget holds at every boundary. A dropped interval also pays, once, for a
-parent the unlimited plan never reads again, unless that parent stays on disk
-until the interval starts (`Cascade`). docs/retention.md proves that any policy of
-the model pays at least the unlimited-storage compute plus the optimum of
-this problem; the LP relaxation (HiGHS, through scipy.optimize.milp) is below that optimum,
-and the integer program (`exact=True`) is the optimum itself, for small cases.
+budget holds at every boundary. A dropped interval also pays for a parent the
+unlimited plan never reads again, unless that parent stays on disk until the
+interval starts, and again in each disjoint window of such reads (`Cascade`).
+docs/retention.md proves that any policy of the model pays at least the
+unlimited-storage compute plus the optimum of this problem; the LP relaxation
+(HiGHS, through scipy.optimize.milp) is below that optimum, and the integer
+program (`exact=True`) is the optimum itself, for small cases.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from collections.abc import Sequence
@@ -56,6 +58,9 @@ class Cascade:
     cost_s: float
     #: Indices (into `Instance.intervals`) of the children's intervals starting at or after `since`.
     children: tuple[int, ...]
+    #: Pairwise disjoint ranges (a, c] of submissions after `since`, each holding the
+    #: (start, end] of one child interval or more: a compute of p in one is not one in another.
+    windows: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +133,14 @@ def _cascades(
             if since is not None and since <= iv.start:
                 children.setdefault(parent, []).append(i)
     return tuple(
-        Cascade(p, last[p], catalog.size[p], catalog.runtime[p], tuple(kids))
+        Cascade(
+            p,
+            last[p],
+            catalog.size[p],
+            catalog.runtime[p],
+            tuple(kids),
+            _disjoint_windows([(intervals[i].start, intervals[i].end) for i in kids]),
+        )
         for p, kids in children.items()
         if catalog.size[p] > 0 and catalog.runtime[p] > 0
     )
@@ -139,10 +151,8 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
 
     Variable x_i in [0, 1] is the part of interval i not kept; the constraint at
     boundary b is sum over the intervals spanning b of size_i * (1 - x_i) <= budget_b.
-    Each cascade parent p adds w_p (recomputed after its last read, cost runtime_p)
-    and u_pk (kept from then through the k-th start of its children's intervals,
-    non-increasing in k): u_pk >= x_i - w_p for a child interval starting there,
-    and u_pk takes size_p at the boundaries up to that start.
+    Each cascade parent p adds its computes after its last read (q_p, cost runtime_p
+    each) and its presence on disk up to its children's starts (`_add_cascade`).
     """
     started = time.perf_counter()
     # Zero-byte intervals cost nothing to keep, so keeping them is optimal.
@@ -168,7 +178,7 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
             np.asarray(cost),
             constraints=optimize.LinearConstraint(matrix, lower, upper),
             integrality=np.full(len(cost), int(exact), dtype=np.int64),
-            bounds=optimize.Bounds(0, 1),
+            bounds=optimize.Bounds(0, model.uppers(len(cost))),
         )
         value = _value(result)
     return Bound(
@@ -192,12 +202,27 @@ class _Model:
         self._cap: tuple[list[int], list[int], list[float]] = ([], [], [])
         self._links: tuple[list[int], list[int], list[float]] = ([], [], [])
         self._link_rows = 0
+        #: Upper bounds other than 1, by column.
+        self.upper: dict[int, float] = {}
+
+    def uppers(self, columns: int) -> np.ndarray:
+        upper = np.ones(columns)
+        for col, value in self.upper.items():
+            upper[col] = value
+        return upper
 
     def capacity(self, boundary: int, col: int, value: float) -> None:
         rows, cols, vals = self._cap
         rows.append(boundary)
         cols.append(col)
         vals.append(value)
+
+    def variable(self, cost: list[float], cost_s: float, *, upper: float = 1.0) -> int:
+        """A new column costing `cost_s` per unit, in [0, upper]."""
+        cost.append(cost_s)
+        if upper != 1.0:
+            self.upper[len(cost) - 1] = upper
+        return len(cost) - 1
 
     def link(self, terms: Sequence[tuple[int, float]]) -> None:
         """A row sum(value * var) <= 0."""
@@ -244,26 +269,72 @@ def _add_cascade(
     column: dict[int, int],
     intervals: Sequence[Interval],
 ) -> None:
-    """w_p, the u_pk, their links to the children's intervals and their bytes."""
+    """The variables and rows of one cascade parent p (docs/retention.md proves them).
+
+    q_p counts p's computes after `since` (cost runtime_p each); u_pk says p stayed
+    from `since` through the k-th start a_k, o_pk that p is on disk at boundary a_k.
+    A dropped child interval needs p: x_i <= q_p + u_pk (p kept since `since`),
+    and x_i <= z_pw + o_pk where z_pw is a compute of p inside the disjoint
+    window w that holds the interval: sum_w z_pw <= q_p, so each window whose
+    child is dropped pays for p again unless p is on disk at its start.
+    """
     children = [i for i in cascade.children if i in column]
     if not children:
         return
-    w = len(cost)
-    cost.append(cascade.cost_s)
+    windows = cascade.windows
+    q = model.variable(cost, cascade.cost_s, upper=float(max(1, len(windows))))
     starts = sorted({intervals[i].start for i in children})
-    u = {a: len(cost) + k for k, a in enumerate(starts)}
-    cost.extend(0.0 for _ in starts)
+    u = {a: model.variable(cost, 0.0) for a in starts}
+    o = {a: model.variable(cost, 0.0) for a in starts}
+    z = [model.variable(cost, 0.0) for _ in windows]
     for i in children:
-        # x_i - w_p - u_pk <= 0
-        model.link([(column[i], 1.0), (w, -1.0), (u[intervals[i].start], -1.0)])
+        a, c = intervals[i].start, intervals[i].end
+        # x_i - q_p - u_pk <= 0
+        model.link([(column[i], 1.0), (q, -1.0), (u[a], -1.0)])
+        w = _window_of(windows, a, c)
+        if w is not None:
+            # x_i - z_pw - o_pk <= 0
+            model.link([(column[i], 1.0), (z[w], -1.0), (o[a], -1.0)])
+    if z:
+        model.link([*((zw, 1.0) for zw in z), (q, -1.0)])
     for earlier, later in itertools.pairwise(starts):
         model.link([(u[later], 1.0), (u[earlier], -1.0)])
     previous = cascade.since
     for a in starts:
-        for b in range(previous, a + 1):
+        model.link([(u[a], 1.0), (o[a], -1.0)])
+        for b in range(previous, a):
             model.capacity(b, u[a], float(cascade.size))
             model.extra[b] += cascade.size
+        # At a_k itself the bytes are p's presence there, which u_pk implies.
+        model.capacity(a, o[a], float(cascade.size))
+        model.extra[a] += cascade.size
         previous = a + 1
+
+
+def _disjoint_windows(spans: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Pairwise disjoint windows (a, c], as many as `spans` allow, each holding one span or more.
+
+    A child recomputed in one window needs p there; p's computes in disjoint
+    windows are distinct computes, so each can be charged. The ends are chosen
+    earliest first (as many windows as possible); each window starts where the
+    previous one ended, so it holds every span between the two ends.
+    """
+    chosen: list[tuple[int, int]] = []
+    previous = min(a for a, _ in spans)
+    for a, c in sorted(set(spans), key=lambda ac: (ac[1], ac[0])):
+        if a >= previous:
+            # The window reaches back to the previous one's end: it holds more spans.
+            chosen.append((min(a, chosen[-1][1]) if chosen else a, c))
+            previous = c
+    return tuple(chosen)
+
+
+def _window_of(windows: Sequence[tuple[int, int]], start: int, end: int) -> int | None:
+    """The index of the window (sorted, disjoint) that holds (start, end], if one does."""
+    w = bisect.bisect_left(windows, end, key=lambda ac: ac[1])
+    if w < len(windows) and windows[w][0] <= start:
+        return w
+    return None
 
 
 def _value(result: optimize.OptimizeResult) -> float:

@@ -705,6 +705,27 @@ def test_lineage_refreshes_h_when_ancestors_go_missing() -> None:
     assert chosen(lineage.select_evictions([orphaned, other], 100, at(10))) == ["other"]
 
 
+def test_lineage_charges_a_child_the_parent_it_evicts_in_the_same_pass() -> None:
+    # parent (H 0.1) and child (H 0.2) are the cheapest per byte; other (H 0.25) is
+    # worth more than the child alone, less than the child once its parent is gone
+    # (0.2 + 10 s / 100 B = 0.3). Two victims are needed.
+    parent = cand("parent", recompute_cost_s=10.0)
+    child = cand("child", recompute_cost_s=20.0, parents=("parent",))
+    other = cand("other", recompute_cost_s=25.0)
+    gdsf, lineage = builtin.GDSF(), builtin.Lineage()
+    assert chosen(gdsf.select_evictions([parent, child, other], 200, at(0))) == [
+        "parent",
+        "child",
+    ]
+    evictions = lineage.select_evictions([parent, child, other], 200, at(0))
+    assert chosen(evictions) == ["parent", "other"]
+    # A child whose raised H still ranks first goes all the same.
+    cheap_child = cand("child", recompute_cost_s=5.0, parents=("parent",))
+    costly = cand("other", recompute_cost_s=100.0)
+    evictions = builtin.Lineage().select_evictions([parent, cheap_child, costly], 200, at(0))
+    assert chosen(evictions) == ["child", "parent"]
+
+
 def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None:
     policy = builtin.Lineage()
     costly, cheap = cand("costly", recompute_cost_s=500.0), cand("cheap", recompute_cost_s=1.0)
