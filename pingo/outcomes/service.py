@@ -376,8 +376,9 @@ class OutcomeService:
     async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
         """Promote the attempt's output onto the dataset path and mark the dataset stored.
 
-        A managed local output is measured and hashed (`integrity`) once promoted:
-        the record's size and digest describe exactly the files now at its path.
+        A managed local output is measured and hashed (`integrity`) once promoted,
+        when this success writes the record: the record's size and digest describe
+        exactly the files now at its path.
         """
         dataset = await self._settled_dataset(action.dataset_id)
         managed = bool(action.definition.get("isManaged", True))
@@ -386,30 +387,21 @@ class OutcomeService:
         # twin of the same provenance and is kept.
         replace = action.reason in REPLACING_REASONS
         digest: str | None = None
+        # Hashed only when this success stores the record: most successes of a
+        # workflow of twins find the same provenance stored already, and keep it.
+        unmeasured = managed
         if managed:
             staging = self.storage.staging_path(
                 action.dataset_id, action.workflow_id, action.action_id, action.attempts
             )
             path = dataset.path
             size = await self.storage.promote(staging, path, replace=replace)
-            measured = await self.storage.measure(path)
-            if measured is not None:
-                size, digest = measured.size_bytes, measured.digest
         else:
             # The user's own path: the work wrote there directly; measure it. No
             # digest: the user may change it, and it is never reused (always recomputed).
             path = str(action.definition.get("outputPath") or dataset.path)
             size = await self.storage.size(path)
         now = self.store.clock()
-        changes = protocol.DatasetChanges(
-            size_bytes=size,
-            digest=digest,
-            compute_s=runtime_s,
-            stored_at=now,
-            path=path,
-            producer_workflow_id=action.workflow_id,
-            producer_action_id=action.action_id,
-        )
         # A few rounds at most: each lost CAS means another writer moved it on.
         for _ in range(5):
             target = _STORED_TARGET.get(dataset.state)
@@ -429,6 +421,20 @@ class OutcomeService:
                 # provenance is on disk already (stored by someone else); keep it.
                 return
             states.ensure_transition(dataset.state, target, T.CALLBACK)
+            if unmeasured:
+                unmeasured = False
+                measured = await self.storage.measure(path)
+                if measured is not None:
+                    size, digest = measured.size_bytes, measured.digest
+            changes = protocol.DatasetChanges(
+                size_bytes=size,
+                digest=digest,
+                compute_s=runtime_s,
+                stored_at=now,
+                path=path,
+                producer_workflow_id=action.workflow_id,
+                producer_action_id=action.action_id,
+            )
             moved = await self.store.transition_dataset(
                 dataset.id, {dataset.state}, target, changes
             )
