@@ -146,33 +146,42 @@ class OutcomeService:
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
     ) -> protocol.ActionRecord:
         """The work succeeded: store the dataset, finish the action, release its children."""
-        action = await self._current(callback_id, attempt)
+        # The action and its dataset in one store call.
+        found = await self.store.get_action_and_dataset_by_callback(callback_id)
+        action, dataset = (None, None) if found is None else found
+        action = self._check_current(callback_id, attempt, action)
         if action.state not in _EXECUTING:
             return action
         now = self.store.clock()
         if runtime_s is None and action.started_at is not None:
             runtime_s = max(0.0, (now - action.started_at).total_seconds())
-        await self._store_dataset(action, runtime_s)
+        await self._store_dataset(action, runtime_s, dataset)
         changes = protocol.ActionChanges(
             finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
         )
         # One store call: FINISHED by compare-and-set, then (only for the winner) its
-        # input claims dropped and its children released.
+        # input claims dropped, its children released and the actions sharing its
+        # computation read, to be settled below.
         states.ensure_transition(action.state, A.FINISHED, T.CALLBACK)
         outcome = await self.store.finish_action(
-            action.workflow_id, action.action_id, _EXECUTING, changes, if_attempt=action.attempts
+            action.workflow_id,
+            action.action_id,
+            _EXECUTING,
+            changes,
+            if_attempt=action.attempts,
+            attached_limit=_SETTLE_BATCH,
         )
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
-        finished, released = outcome
+        finished, released, attached = outcome
         metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
         if released:
             metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
             self.on_ready()
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
-        await self.settle_sharers(finished.workflow_id, finished.action_id)
+        await self.settle_sharers(finished.workflow_id, finished.action_id, first=attached)
         logger.info(
             "action %s/%s finished",
             finished.workflow_id,
@@ -373,14 +382,19 @@ class OutcomeService:
 
     # ---------------------------------------------------------------- success
 
-    async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
+    async def _store_dataset(
+        self,
+        action: protocol.ActionRecord,
+        runtime_s: float | None,
+        read: protocol.DatasetRecord | None = None,
+    ) -> None:
         """Promote the attempt's output onto the dataset path and mark the dataset stored.
 
         A managed local output is measured and hashed (`integrity`) once promoted,
         when this success writes the record: the record's size and digest describe
-        exactly the files now at its path.
+        exactly the files now at its path. `read`: the dataset as the caller read it.
         """
-        dataset = await self._settled_dataset(action.dataset_id)
+        dataset = await self._settled_dataset(action.dataset_id, read)
         managed = bool(action.definition.get("isManaged", True))
         # A forced recompute, or one of a copy that failed verification, must
         # replace the stored copy; otherwise an existing copy was stored by a
@@ -453,11 +467,18 @@ class OutcomeService:
             dataset = await self._settled_dataset(action.dataset_id)
         raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")
 
-    async def _settled_dataset(self, dataset_id: str) -> protocol.DatasetRecord:
-        """The dataset once no deletor is removing its files (they would race a promotion)."""
+    async def _settled_dataset(
+        self, dataset_id: str, read: protocol.DatasetRecord | None = None
+    ) -> protocol.DatasetRecord:
+        """The dataset once no deletor is removing its files (they would race a promotion).
+
+        `read`: the dataset as just read, looked at before reading it again."""
         deadline = time.monotonic() + 2 * self.settings.lease_s
         while True:
-            dataset = await self.store.get_dataset(dataset_id)
+            if read is None:
+                dataset = await self.store.get_dataset(dataset_id)
+            else:
+                dataset, read = read, None
             if dataset is None:
                 raise errors.NotFound(f"no dataset {dataset_id}")
             if dataset.state not in _BEING_DELETED:
@@ -564,19 +585,27 @@ class OutcomeService:
         workflow_id: str,
         action_id: int | None = None,
         trigger: states.Trigger = T.CALLBACK,
+        *,
+        first: list[protocol.ActionRecord] | None = None,
     ) -> int:
         """`settle_shared` every action sharing with this workflow's action (or any of its
-        actions, without `action_id`); returns how many moved."""
+        actions, without `action_id`); returns how many moved. `first` is the first
+        batch when the caller read it already (`finish_action(attached_limit=…)`)."""
         moved = 0
+        batch = first
         while True:
-            batch = await self.store.list_attached_actions(
-                workflow_id, action_id, limit=_SETTLE_BATCH
-            )
+            if batch is None:
+                batch = await self.store.list_attached_actions(
+                    workflow_id, action_id, limit=_SETTLE_BATCH
+                )
+            if not batch:
+                return moved
             settled = [r for r in await self._settle_all(batch, trigger) if r is not None]
             moved += len(settled)
             # Those still attached are waiting for a producer still at work: stop there.
             if len(batch) < _SETTLE_BATCH or not settled:
                 return moved
+            batch = None
 
     async def settle_stranded(self, limit: int = _SETTLE_BATCH) -> int:
         """The reaper's backstop: settle sharing actions whose settlement a dead node left
@@ -638,7 +667,7 @@ class OutcomeService:
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return None
-        finished, released = outcome
+        finished, released, _ = outcome
         metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
         await self.store.record_dataset_use(dataset.id)
         logger.info(
@@ -856,6 +885,12 @@ class OutcomeService:
 
     async def _current(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
         action = await self.store.get_action_by_callback(callback_id)
+        return self._check_current(callback_id, attempt, action)
+
+    @staticmethod
+    def _check_current(
+        callback_id: str, attempt: int, action: protocol.ActionRecord | None
+    ) -> protocol.ActionRecord:
         if action is None:
             raise errors.NotFound(f"no action has callback id {callback_id}")
         if attempt != action.attempts:

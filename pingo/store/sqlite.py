@@ -73,6 +73,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     DeliveryChanges,
     EventRecord,
+    Finished,
     Page,
     PlannedAction,
     ScheduleChanges,
@@ -1695,6 +1696,25 @@ class SQLiteStore:
             (callback_id,),
         )
 
+    async def get_action_and_dataset_by_callback(
+        self, callback_id: str
+    ) -> tuple[ActionRecord, DatasetRecord | None] | None:
+        return await self._run(self._action_and_dataset, callback_id)
+
+    def _action_and_dataset(
+        self, callback_id: str
+    ) -> tuple[ActionRecord, DatasetRecord | None] | None:
+        """Both reads in one hop to the worker thread (every success starts with them)."""
+        action = self._one(self._action, f"{_ACTION_SELECT} WHERE callback_id = ?", (callback_id,))
+        if action is None:
+            return None
+        dataset = self._one(
+            self._dataset,
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?",
+            (action.dataset_id,),
+        )
+        return action, dataset
+
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         return await self._run(
             self._all_actions,
@@ -2135,7 +2155,8 @@ class SQLiteStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        attached_limit: int = 0,
+    ) -> Finished | None:
         if not expected:
             return None
         now = _us(self.clock())
@@ -2149,9 +2170,11 @@ class SQLiteStore:
             if_attempt=if_attempt,
             if_waiting_on=if_waiting_on,
         )
-        outcome: tuple[ActionRecord, list[ActionRecord]] | None = await self._run_write(
+        outcome: Finished | None = await self._run_write(
             self._with_db,
-            lambda conn: self._finish_action(conn, workflow_id, action_id, sql, args, now),
+            lambda conn: self._finish_action(
+                conn, workflow_id, action_id, sql, args, now, attached_limit
+            ),
         )
         if outcome is None:
             _common.log_cas_lost(
@@ -2170,9 +2193,11 @@ class SQLiteStore:
         sql: str,
         args: list[Any],
         now: int,
-    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        attached_limit: int = 0,
+    ) -> Finished | None:
         # One call, so one transaction: the compare-and-set, then (only if it won) the
-        # claims and the children. A failure undoes all three together.
+        # claims and the children. A failure undoes all three together. The attached
+        # actions are read in it too: one hop to this thread less per success.
         finished = self._one(self._action_hot, sql, args)
         if finished is None:
             return None
@@ -2180,7 +2205,13 @@ class SQLiteStore:
             self._drop_claim_from(
                 conn, sorted(set(finished.inputs.values())), claim_key(workflow_id, action_id), now
             )
-        return finished, self._release_parent(conn, workflow_id, action_id, finished.children, now)
+        released = self._release_parent(conn, workflow_id, action_id, finished.children, now)
+        attached = []
+        if attached_limit > 0:
+            sql = _ATTACHED_SELECT.format(where="a.shared_with = ?")
+            key = claim_key(workflow_id, action_id)
+            attached = self._all(self._action, sql, [key, attached_limit])
+        return Finished(finished, released, attached)
 
     @staticmethod
     def _drop_claim_from(

@@ -59,7 +59,8 @@ async def test_finish_action_finishes_drops_claims_and_releases_children(
     outcome = await store.finish_action(wid, 2, EXECUTING, changes, if_attempt=1)
 
     assert outcome is not None
-    finished, ready = outcome
+    finished, ready, attached = outcome
+    assert attached == []
     assert finished == replace(
         by_id[2],
         state=A.FINISHED,
@@ -162,7 +163,8 @@ async def test_finish_without_inputs_or_children(
     )
 
     assert outcome is not None
-    finished, ready = outcome
+    finished, ready, attached = outcome
+    assert attached == []
     assert (finished.state, finished.lease_expires_at, ready) == (A.FINISHED, None, [])
     dataset = await store.get_dataset(plan.actions[0].dataset_id)
     assert dataset is not None and dataset.state is DatasetState.TO_LEAF
