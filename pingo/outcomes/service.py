@@ -48,6 +48,8 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
     D.TO_LEAF: D.LEAF,
     D.TO_DELETE: D.STORED_TO_DELETE,
 }
+#: A dataset stored already, by a twin of the same provenance: a success keeps it.
+_KEPT: frozenset[states.DatasetState] = frozenset({D.STORED, D.LEAF})
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
 #: Planning reasons whose computation replaces a stored copy of the dataset.
@@ -400,6 +402,18 @@ class OutcomeService:
         # replace the stored copy; otherwise an existing copy was stored by a
         # twin of the same provenance and is kept.
         replace = action.reason in REPLACING_REASONS
+        if not replace and dataset.state in _KEPT:
+            # Kept as it is, record and files (the loop below would return at once).
+            # What this attempt wrote, if anything, goes: one lstat when it wrote
+            # nothing, where promoting, sizing and hashing cost a dozen system calls
+            # on the event loop, each a hand-over of the GIL.
+            if managed:
+                staging = self.storage.staging_path(
+                    action.dataset_id, action.workflow_id, action.action_id, action.attempts
+                )
+                if await self.storage.exists(staging):
+                    await self.storage.promote(staging, dataset.path)
+            return
         digest: str | None = None
         # Hashed only when this success stores the record: most successes of a
         # workflow of twins find the same provenance stored already, and keep it.
