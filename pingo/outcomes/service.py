@@ -75,17 +75,32 @@ def _timed(kind: str) -> Callable[[Handler[P, R]], Handler[P, R]]:
     """Record how long a callback takes (`pingo_callback_seconds{kind=…}`)."""
 
     def decorate(handler: Handler[P, R]) -> Handler[P, R]:
+        seconds = metrics.CALLBACK_SECONDS.labels(kind=kind)
+
         @functools.wraps(handler)
         async def timed(*args: P.args, **kwargs: P.kwargs) -> R:
             started = time.perf_counter()
             try:
                 return await handler(*args, **kwargs)
             finally:
-                metrics.CALLBACK_SECONDS.labels(kind=kind).observe(time.perf_counter() - started)
+                seconds.observe(time.perf_counter() - started)
 
         return timed
 
     return decorate
+
+
+#: `pingo_action_transitions`' series by state, looked up once each (`labels` takes a
+#: lock and builds a key on every call, several times per action).
+_TRANSITIONS: dict[states.ActionState, Any] = {}
+
+
+def _transitions(state: states.ActionState) -> Any:
+    """The `pingo_action_transitions{state=…}` counter."""
+    counter = _TRANSITIONS.get(state)
+    if counter is None:
+        counter = _TRANSITIONS[state] = metrics.ACTION_TRANSITIONS.labels(state=state.value)
+    return counter
 
 
 class StaleCallback(errors.Conflict):
@@ -177,9 +192,9 @@ class OutcomeService:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
         finished, released, attached = outcome
-        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
+        _transitions(A.FINISHED).inc()
         if released:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            _transitions(A.READY).inc(len(released))
             self.on_ready()
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
@@ -682,7 +697,7 @@ class OutcomeService:
             _log_cas_lost(action, A.FINISHED)
             return None
         finished, released, _ = outcome
-        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
+        _transitions(A.FINISHED).inc()
         await self.store.record_dataset_use(dataset.id)
         logger.info(
             "action %s/%s shared %s's computation of dataset %s",
@@ -698,7 +713,7 @@ class OutcomeService:
             },
         )
         if released:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            _transitions(A.READY).inc(len(released))
             self.on_ready()
         else:
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
@@ -731,7 +746,7 @@ class OutcomeService:
             },
         )
         if ready:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(ready))
+            _transitions(A.READY).inc(len(ready))
             self.on_ready()
         return moved
 
@@ -862,7 +877,7 @@ class OutcomeService:
                 workflow_id, _NOT_STARTED, changes, limit=_KILL_BATCH
             )
             if killed:
-                metrics.ACTION_TRANSITIONS.labels(state=A.KILLED.value).inc(len(killed))
+                _transitions(A.KILLED).inc(len(killed))
             if len(killed) < _KILL_BATCH:
                 break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
@@ -947,7 +962,7 @@ class OutcomeService:
         if moved is None:
             _log_cas_lost(action, new)
             return None
-        metrics.ACTION_TRANSITIONS.labels(state=new.value).inc()
+        _transitions(new).inc()
         return moved
 
     async def _release_inputs(self, action: protocol.ActionRecord) -> None:
