@@ -80,7 +80,7 @@ def is_lease_expired(expires_at: datetime | None, now: datetime) -> bool:
     return expires_at is not None and expires_at <= now
 
 
-def _merge_claims(existing: tuple[str, ...], added: Iterable[str]) -> tuple[str, ...]:
+def _merge_claims(existing: Iterable[str], added: Iterable[str]) -> tuple[str, ...]:
     merged = dict.fromkeys(existing)
     merged.update(dict.fromkeys(added))
     return tuple(merged)

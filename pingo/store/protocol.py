@@ -181,7 +181,8 @@ class DatasetRecord:
     created_at: datetime
     updated_at: datetime
     #: Claim keys (`claim_key`) of actions that will read it; a claimed dataset is never deleted.
-    claims: tuple[str, ...] = ()
+    #: A sequence: a backend may decode them only when read (SQLite does).
+    claims: Sequence[str] = ()
     size_bytes: int | None = None
     #: `sha256:<hex>` of its content, recorded at commit (`pingo.datasets.integrity`);
     #: None for unmanaged and remote datasets and those stored before digests existed.

@@ -552,3 +552,19 @@ def test_drop_claim_from_the_claims_text(
         assert (after, updated_at, version) == (text, 0, 1)
     else:
         assert (json.loads(after), updated_at, version) == (kept, 5, 2)
+
+
+def test_claims_read_back_behave_as_the_tuple_they_encode() -> None:
+    """A dataset's claims are decoded on first use (`_Claims`): equal, hashed, searched,
+    sized and iterated as the tuple."""
+    claims = sqlite._Claims('["w/1","w/2"]')
+    assert claims == ("w/1", "w/2") and ("w/1", "w/2") == claims
+    assert claims != ("w/2", "w/1") and claims != ("w/1",)
+    assert hash(claims) == hash(("w/1", "w/2"))
+    assert "w/2" in claims and "w/3" not in claims
+    assert (len(claims), list(claims), claims[1], claims[:1]) == (
+        2,
+        ["w/1", "w/2"],
+        "w/2",
+        ("w/1",),
+    )
