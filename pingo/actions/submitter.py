@@ -75,6 +75,10 @@ class Submitter(loops.Loop):
         self.secret = secret
         self.observe_dispatch = observe_dispatch
         self.finished = asyncio.Event()
+        #: The home as text, for the log paths (`base.log_path`).
+        self._home = str(settings.home)
+        #: `pingo_action_transitions{state="SUBMITTED"}`, looked up once.
+        self._submitted = metrics.ACTION_TRANSITIONS.labels(state=A.SUBMITTED.value)
 
     async def run(self) -> None:
         try:
@@ -206,7 +210,7 @@ class Submitter(loops.Loop):
                 extra={"event": "submit_lost", "workflow_id": action.workflow_id},
             )
         else:
-            metrics.ACTION_TRANSITIONS.labels(state=A.SUBMITTED.value).inc()
+            self._submitted.inc()
         return record
 
     async def _submission(
@@ -243,7 +247,7 @@ class Submitter(loops.Loop):
             callback_token=tokens.sign(self.secret, action.callback_id, action.attempts),
             timeout_s=float(timeout) if timeout is not None else None,
             log_path=base.log_path(
-                self.settings.home, action.workflow_id, action.action_id, action.attempts
+                self._home, action.workflow_id, action.action_id, action.attempts
             ),
         )
 

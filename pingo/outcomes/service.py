@@ -48,6 +48,8 @@ _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
     D.TO_LEAF: D.LEAF,
     D.TO_DELETE: D.STORED_TO_DELETE,
 }
+#: A dataset stored already, by a twin of the same provenance: a success keeps it.
+_KEPT: frozenset[states.DatasetState] = frozenset({D.STORED, D.LEAF})
 #: A deletor holds the dataset: its files are going away.
 _BEING_DELETED: frozenset[states.DatasetState] = frozenset({D.PROCESSING, D.DELETING})
 #: Planning reasons whose computation replaces a stored copy of the dataset.
@@ -73,17 +75,32 @@ def _timed(kind: str) -> Callable[[Handler[P, R]], Handler[P, R]]:
     """Record how long a callback takes (`pingo_callback_seconds{kind=…}`)."""
 
     def decorate(handler: Handler[P, R]) -> Handler[P, R]:
+        seconds = metrics.CALLBACK_SECONDS.labels(kind=kind)
+
         @functools.wraps(handler)
         async def timed(*args: P.args, **kwargs: P.kwargs) -> R:
             started = time.perf_counter()
             try:
                 return await handler(*args, **kwargs)
             finally:
-                metrics.CALLBACK_SECONDS.labels(kind=kind).observe(time.perf_counter() - started)
+                seconds.observe(time.perf_counter() - started)
 
         return timed
 
     return decorate
+
+
+#: `pingo_action_transitions`' series by state, looked up once each (`labels` takes a
+#: lock and builds a key on every call, several times per action).
+_TRANSITIONS: dict[states.ActionState, Any] = {}
+
+
+def _transitions(state: states.ActionState) -> Any:
+    """The `pingo_action_transitions{state=…}` counter."""
+    counter = _TRANSITIONS.get(state)
+    if counter is None:
+        counter = _TRANSITIONS[state] = metrics.ACTION_TRANSITIONS.labels(state=state.value)
+    return counter
 
 
 class StaleCallback(errors.Conflict):
@@ -146,33 +163,42 @@ class OutcomeService:
         self, callback_id: str, attempt: int, *, runtime_s: float | None = None
     ) -> protocol.ActionRecord:
         """The work succeeded: store the dataset, finish the action, release its children."""
-        action = await self._current(callback_id, attempt)
+        # The action and its dataset in one store call.
+        found = await self.store.get_action_and_dataset_by_callback(callback_id)
+        action, dataset = (None, None) if found is None else found
+        action = self._check_current(callback_id, attempt, action)
         if action.state not in _EXECUTING:
             return action
         now = self.store.clock()
         if runtime_s is None and action.started_at is not None:
             runtime_s = max(0.0, (now - action.started_at).total_seconds())
-        await self._store_dataset(action, runtime_s)
+        await self._store_dataset(action, runtime_s, dataset)
         changes = protocol.ActionChanges(
             finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
         )
         # One store call: FINISHED by compare-and-set, then (only for the winner) its
-        # input claims dropped and its children released.
+        # input claims dropped, its children released and the actions sharing its
+        # computation read, to be settled below.
         states.ensure_transition(action.state, A.FINISHED, T.CALLBACK)
         outcome = await self.store.finish_action(
-            action.workflow_id, action.action_id, _EXECUTING, changes, if_attempt=action.attempts
+            action.workflow_id,
+            action.action_id,
+            _EXECUTING,
+            changes,
+            if_attempt=action.attempts,
+            attached_limit=_SETTLE_BATCH,
         )
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
-        finished, released = outcome
-        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
+        finished, released, attached = outcome
+        _transitions(A.FINISHED).inc()
         if released:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            _transitions(A.READY).inc(len(released))
             self.on_ready()
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
-        await self.settle_sharers(finished.workflow_id, finished.action_id)
+        await self.settle_sharers(finished.workflow_id, finished.action_id, first=attached)
         logger.info(
             "action %s/%s finished",
             finished.workflow_id,
@@ -373,43 +399,52 @@ class OutcomeService:
 
     # ---------------------------------------------------------------- success
 
-    async def _store_dataset(self, action: protocol.ActionRecord, runtime_s: float | None) -> None:
+    async def _store_dataset(
+        self,
+        action: protocol.ActionRecord,
+        runtime_s: float | None,
+        read: protocol.DatasetRecord | None = None,
+    ) -> None:
         """Promote the attempt's output onto the dataset path and mark the dataset stored.
 
-        A managed local output is measured and hashed (`integrity`) once promoted:
-        the record's size and digest describe exactly the files now at its path.
+        A managed local output is measured and hashed (`integrity`) once promoted,
+        when this success writes the record: the record's size and digest describe
+        exactly the files now at its path. `read`: the dataset as the caller read it.
         """
-        dataset = await self._settled_dataset(action.dataset_id)
+        dataset = await self._settled_dataset(action.dataset_id, read)
         managed = bool(action.definition.get("isManaged", True))
         # A forced recompute, or one of a copy that failed verification, must
         # replace the stored copy; otherwise an existing copy was stored by a
         # twin of the same provenance and is kept.
         replace = action.reason in REPLACING_REASONS
+        if not replace and dataset.state in _KEPT:
+            # Kept as it is, record and files (the loop below would return at once).
+            # What this attempt wrote, if anything, goes: one lstat when it wrote
+            # nothing, where promoting, sizing and hashing cost a dozen system calls
+            # on the event loop, each a hand-over of the GIL.
+            if managed:
+                staging = self.storage.staging_path(
+                    action.dataset_id, action.workflow_id, action.action_id, action.attempts
+                )
+                if await self.storage.exists(staging):
+                    await self.storage.promote(staging, dataset.path)
+            return
         digest: str | None = None
+        # Hashed only when this success stores the record: most successes of a
+        # workflow of twins find the same provenance stored already, and keep it.
+        unmeasured = managed
         if managed:
             staging = self.storage.staging_path(
                 action.dataset_id, action.workflow_id, action.action_id, action.attempts
             )
             path = dataset.path
             size = await self.storage.promote(staging, path, replace=replace)
-            measured = await self.storage.measure(path)
-            if measured is not None:
-                size, digest = measured.size_bytes, measured.digest
         else:
             # The user's own path: the work wrote there directly; measure it. No
             # digest: the user may change it, and it is never reused (always recomputed).
             path = str(action.definition.get("outputPath") or dataset.path)
             size = await self.storage.size(path)
         now = self.store.clock()
-        changes = protocol.DatasetChanges(
-            size_bytes=size,
-            digest=digest,
-            compute_s=runtime_s,
-            stored_at=now,
-            path=path,
-            producer_workflow_id=action.workflow_id,
-            producer_action_id=action.action_id,
-        )
         # A few rounds at most: each lost CAS means another writer moved it on.
         for _ in range(5):
             target = _STORED_TARGET.get(dataset.state)
@@ -429,6 +464,20 @@ class OutcomeService:
                 # provenance is on disk already (stored by someone else); keep it.
                 return
             states.ensure_transition(dataset.state, target, T.CALLBACK)
+            if unmeasured:
+                unmeasured = False
+                measured = await self.storage.measure(path)
+                if measured is not None:
+                    size, digest = measured.size_bytes, measured.digest
+            changes = protocol.DatasetChanges(
+                size_bytes=size,
+                digest=digest,
+                compute_s=runtime_s,
+                stored_at=now,
+                path=path,
+                producer_workflow_id=action.workflow_id,
+                producer_action_id=action.action_id,
+            )
             moved = await self.store.transition_dataset(
                 dataset.id, {dataset.state}, target, changes
             )
@@ -447,11 +496,18 @@ class OutcomeService:
             dataset = await self._settled_dataset(action.dataset_id)
         raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")
 
-    async def _settled_dataset(self, dataset_id: str) -> protocol.DatasetRecord:
-        """The dataset once no deletor is removing its files (they would race a promotion)."""
+    async def _settled_dataset(
+        self, dataset_id: str, read: protocol.DatasetRecord | None = None
+    ) -> protocol.DatasetRecord:
+        """The dataset once no deletor is removing its files (they would race a promotion).
+
+        `read`: the dataset as just read, looked at before reading it again."""
         deadline = time.monotonic() + 2 * self.settings.lease_s
         while True:
-            dataset = await self.store.get_dataset(dataset_id)
+            if read is None:
+                dataset = await self.store.get_dataset(dataset_id)
+            else:
+                dataset, read = read, None
             if dataset is None:
                 raise errors.NotFound(f"no dataset {dataset_id}")
             if dataset.state not in _BEING_DELETED:
@@ -558,19 +614,27 @@ class OutcomeService:
         workflow_id: str,
         action_id: int | None = None,
         trigger: states.Trigger = T.CALLBACK,
+        *,
+        first: list[protocol.ActionRecord] | None = None,
     ) -> int:
         """`settle_shared` every action sharing with this workflow's action (or any of its
-        actions, without `action_id`); returns how many moved."""
+        actions, without `action_id`); returns how many moved. `first` is the first
+        batch when the caller read it already (`finish_action(attached_limit=…)`)."""
         moved = 0
+        batch = first
         while True:
-            batch = await self.store.list_attached_actions(
-                workflow_id, action_id, limit=_SETTLE_BATCH
-            )
+            if batch is None:
+                batch = await self.store.list_attached_actions(
+                    workflow_id, action_id, limit=_SETTLE_BATCH
+                )
+            if not batch:
+                return moved
             settled = [r for r in await self._settle_all(batch, trigger) if r is not None]
             moved += len(settled)
             # Those still attached are waiting for a producer still at work: stop there.
             if len(batch) < _SETTLE_BATCH or not settled:
                 return moved
+            batch = None
 
     async def settle_stranded(self, limit: int = _SETTLE_BATCH) -> int:
         """The reaper's backstop: settle sharing actions whose settlement a dead node left
@@ -632,8 +696,8 @@ class OutcomeService:
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return None
-        finished, released = outcome
-        metrics.ACTION_TRANSITIONS.labels(state=A.FINISHED.value).inc()
+        finished, released, _ = outcome
+        _transitions(A.FINISHED).inc()
         await self.store.record_dataset_use(dataset.id)
         logger.info(
             "action %s/%s shared %s's computation of dataset %s",
@@ -649,7 +713,7 @@ class OutcomeService:
             },
         )
         if released:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(released))
+            _transitions(A.READY).inc(len(released))
             self.on_ready()
         else:
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
@@ -682,7 +746,7 @@ class OutcomeService:
             },
         )
         if ready:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(len(ready))
+            _transitions(A.READY).inc(len(ready))
             self.on_ready()
         return moved
 
@@ -813,7 +877,7 @@ class OutcomeService:
                 workflow_id, _NOT_STARTED, changes, limit=_KILL_BATCH
             )
             if killed:
-                metrics.ACTION_TRANSITIONS.labels(state=A.KILLED.value).inc(len(killed))
+                _transitions(A.KILLED).inc(len(killed))
             if len(killed) < _KILL_BATCH:
                 break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
@@ -850,6 +914,12 @@ class OutcomeService:
 
     async def _current(self, callback_id: str, attempt: int) -> protocol.ActionRecord:
         action = await self.store.get_action_by_callback(callback_id)
+        return self._check_current(callback_id, attempt, action)
+
+    @staticmethod
+    def _check_current(
+        callback_id: str, attempt: int, action: protocol.ActionRecord | None
+    ) -> protocol.ActionRecord:
         if action is None:
             raise errors.NotFound(f"no action has callback id {callback_id}")
         if attempt != action.attempts:
@@ -892,7 +962,7 @@ class OutcomeService:
         if moved is None:
             _log_cas_lost(action, new)
             return None
-        metrics.ACTION_TRANSITIONS.labels(state=new.value).inc()
+        _transitions(new).inc()
         return moved
 
     async def _release_inputs(self, action: protocol.ActionRecord) -> None:

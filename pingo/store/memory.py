@@ -33,6 +33,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     DeliveryChanges,
     EventRecord,
+    Finished,
     Page,
     PlannedAction,
     ScheduleChanges,
@@ -79,7 +80,7 @@ def is_lease_expired(expires_at: datetime | None, now: datetime) -> bool:
     return expires_at is not None and expires_at <= now
 
 
-def _merge_claims(existing: tuple[str, ...], added: Iterable[str]) -> tuple[str, ...]:
+def _merge_claims(existing: Iterable[str], added: Iterable[str]) -> tuple[str, ...]:
     merged = dict.fromkeys(existing)
     merged.update(dict.fromkeys(added))
     return tuple(merged)
@@ -395,6 +396,15 @@ class MemoryStore:
         key = self._callbacks.get(callback_id)
         return None if key is None else self._actions[key]
 
+    async def get_action_and_dataset_by_callback(
+        self, callback_id: str
+    ) -> tuple[ActionRecord, DatasetRecord | None] | None:
+        key = self._callbacks.get(callback_id)
+        if key is None:
+            return None
+        action = self._actions[key]
+        return action, self._datasets.get(action.dataset_id)
+
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         ids = self._actions_by_workflow.get(workflow_id, ())
         return [self._actions[(workflow_id, i)] for i in ids]
@@ -701,7 +711,8 @@ class MemoryStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        attached_limit: int = 0,
+    ) -> Finished | None:
         # No await from here on: the three steps are one atomic step under asyncio.
         current = self._actions.get((workflow_id, action_id))
         if if_waiting_on is not None and (
@@ -716,7 +727,8 @@ class MemoryStore:
         claim = claim_key(workflow_id, action_id)
         for dataset_id in dict.fromkeys(finished.inputs.values()):
             self._remove_dataset_claim(dataset_id, claim)
-        return finished, self._release_parent(workflow_id, action_id, finished.children)
+        released = self._release_parent(workflow_id, action_id, finished.children)
+        return Finished(finished, released, self._attached(workflow_id, action_id, attached_limit))
 
     async def list_attached_actions(
         self,
@@ -724,6 +736,11 @@ class MemoryStore:
         producer_action_id: int | None = None,
         *,
         limit: int = 1000,
+    ) -> list[ActionRecord]:
+        return self._attached(producer_workflow_id, producer_action_id, limit)
+
+    def _attached(
+        self, producer_workflow_id: str | None, producer_action_id: int | None, limit: int
     ) -> list[ActionRecord]:
         if limit <= 0:
             return []

@@ -85,6 +85,7 @@ from pingo.store.protocol import (
     DatasetRecord,
     DeliveryChanges,
     EventRecord,
+    Finished,
     Page,
     PlannedAction,
     ScheduleChanges,
@@ -969,6 +970,16 @@ class MongoStore:
         return None if doc is None else _action(doc)
 
     @_translated
+    async def get_action_and_dataset_by_callback(
+        self, callback_id: str
+    ) -> tuple[ActionRecord, DatasetRecord | None] | None:
+        # Two round trips: the dataset's id is in the action.
+        action = await self.get_action_by_callback(callback_id)
+        if action is None:
+            return None
+        return action, await self.get_dataset(action.dataset_id)
+
+    @_translated
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         found = self._actions.find({"workflow_id": workflow_id}, sort=[("action_id", 1)])
         return [_action(d) for d in await found.to_list(None)]
@@ -1523,7 +1534,8 @@ class MongoStore:
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        attached_limit: int = 0,
+    ) -> Finished | None:
         """Not atomic on MongoDB: ordered single-document steps, the CAS first.
 
         Without multi-document transactions, the steps the other backends take in one
@@ -1547,13 +1559,15 @@ class MongoStore:
         )
         if finished is None:
             return None
-        # Claims and children are different documents: both at once (one round trip less
-        # on a remote server), and every input's claim in one bulk update.
-        _, ready = await asyncio.gather(
+        # Claims, children and the attached actions are different documents: all at once
+        # (round trips less on a remote server), and every input's claim in one bulk
+        # update. The attached are read after the CAS, like the other backends do.
+        _, ready, attached = await asyncio.gather(
             self._drop_claims(finished.inputs.values(), claim_key(workflow_id, action_id)),
             self._release_parent(workflow_id, action_id, finished.children),
+            self.list_attached_actions(workflow_id, action_id, limit=attached_limit),
         )
-        return finished, ready
+        return Finished(finished, ready, attached)
 
     async def _drop_claims(self, dataset_ids: Collection[str], claim: str) -> None:
         """Remove `claim` from every dataset of `dataset_ids` holding it: one update_many."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, fields
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, Self, TypeVar
 
 from pingo.states import ActionState, DatasetState, WorkflowState
 
@@ -181,7 +181,8 @@ class DatasetRecord:
     created_at: datetime
     updated_at: datetime
     #: Claim keys (`claim_key`) of actions that will read it; a claimed dataset is never deleted.
-    claims: tuple[str, ...] = ()
+    #: A sequence: a backend may decode them only when read (SQLite does).
+    claims: Sequence[str] = ()
     size_bytes: int | None = None
     #: `sha256:<hex>` of its content, recorded at commit (`pingo.datasets.integrity`);
     #: None for unmanaged and remote datasets and those stored before digests existed.
@@ -304,6 +305,15 @@ class Page(Generic[T]):
     items: tuple[T, ...]
     #: Opaque; pass it back to get the next page. None on the last page.
     next_cursor: str | None
+
+
+class Finished(NamedTuple):
+    """What `Store.finish_action` did: the FINISHED record, the children it made READY,
+    and the actions still attached to it (read after the finish, when asked)."""
+
+    action: ActionRecord
+    released: list[ActionRecord]
+    attached: list[ActionRecord]
 
 
 # ------------------------------------------------------------------ writes and changes
@@ -483,6 +493,14 @@ class Store(Protocol):
         """The action whose callback id is `callback_id`, or None."""
         ...
 
+    async def get_action_and_dataset_by_callback(
+        self, callback_id: str
+    ) -> tuple[ActionRecord, DatasetRecord | None] | None:
+        """`get_action_by_callback`, and the dataset the action computes (`get_dataset`
+        of its `dataset_id`, None if gone), in one call: what every success reads first.
+        The two reads need not be one snapshot."""
+        ...
+
     async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
         """Every action of the workflow, in ascending action id."""
         ...
@@ -619,7 +637,8 @@ class Store(Protocol):
         *,
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
-    ) -> tuple[ActionRecord, list[ActionRecord]] | None:
+        attached_limit: int = 0,
+    ) -> Finished | None:
         """Compare-and-set the action to FINISHED, then drop its claims and release its children.
 
         With `if_waiting_on`, the compare-and-set also requires that id in its
@@ -627,9 +646,12 @@ class Store(Protocol):
         None when another writer won the compare-and-set; nothing else changes then.
         Otherwise, in the same call, the action's claim (`claim_key`) is removed from
         every dataset in its `inputs` and it is released from each of its `children`
-        as `release_parent` does; returns the finished record and the children that
-        became READY. The memory and SQLite backends do all of it atomically; the
-        MongoDB backend does it as ordered single-document steps (see there).
+        as `release_parent` does; returns the finished record, the children that
+        became READY and, read after the compare-and-set, the first `attached_limit`
+        actions attached to it as `list_attached_actions(workflow_id, action_id)`
+        lists them (none when 0: a success settles them, and saves a call). The
+        memory and SQLite backends do all of it atomically; the MongoDB backend does
+        it as ordered single-document steps (see there).
         """
         ...
 

@@ -59,7 +59,8 @@ async def test_finish_action_finishes_drops_claims_and_releases_children(
     outcome = await store.finish_action(wid, 2, EXECUTING, changes, if_attempt=1)
 
     assert outcome is not None
-    finished, ready = outcome
+    finished, ready, attached = outcome
+    assert attached == []
     assert finished == replace(
         by_id[2],
         state=A.FINISHED,
@@ -162,7 +163,48 @@ async def test_finish_without_inputs_or_children(
     )
 
     assert outcome is not None
-    finished, ready = outcome
+    finished, ready, attached = outcome
+    assert attached == []
     assert (finished.state, finished.lease_expires_at, ready) == (A.FINISHED, None, [])
     dataset = await store.get_dataset(plan.actions[0].dataset_id)
     assert dataset is not None and dataset.state is DatasetState.TO_LEAF
+
+
+async def test_finish_drops_its_claim_wherever_it_stands_and_keeps_the_order(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    """First, middle, last or only claim of an input; keys that contain the finished
+    action's key (`…/20`, `x…/2`) stay, and so does the order of the others."""
+    inputs = (0, 1, 3, 4)
+    plan = make.plan(
+        {0: (), 1: (), 3: (), 4: (), 2: inputs},
+        actions={
+            **{i: {"state": A.FINISHED} for i in inputs},
+            2: {"state": A.RUNNING, "attempts": 1, "waiting_on": ()},
+        },
+    )
+    wid = plan.workflow.id
+    mine = claim_key(wid, 2)
+    near = [claim_key(wid, 20), claim_key(f"x{wid}", 2), FOREIGN]
+    by_id = {a.action_id: a for a in plan.actions}
+    claims = {
+        by_id[0].dataset_id: (mine, *near),
+        by_id[1].dataset_id: (near[0], mine, near[1], near[2]),
+        by_id[3].dataset_id: (*near, mine),
+        by_id[4].dataset_id: (mine,),
+    }
+    plan = replace(
+        plan, datasets=tuple(replace(d, claims=claims.get(d.id, ())) for d in plan.datasets)
+    )
+    await store.create_workflow(plan)
+    clock.advance(1)
+
+    assert await store.finish_action(wid, 2, EXECUTING, if_attempt=1) is not None
+
+    datasets = await store.get_datasets([by_id[i].dataset_id for i in inputs])
+    assert [datasets[by_id[i].dataset_id].claims for i in inputs] == [
+        tuple(near),
+        (near[0], near[1], near[2]),
+        tuple(near),
+        (),
+    ]

@@ -174,8 +174,8 @@ async def test_concurrent_finishes_have_one_winner_and_flip_a_child_once(
     )
 
     won = [r for r in results if r is not None]
-    assert sorted(finished.action_id for finished, _ in won) == list(parents)
-    flipped = [a for _, ready in won for a in ready]
+    assert sorted(finished.action.action_id for finished in won) == list(parents)
+    flipped = [a for finished in won for a in finished.released]
     assert [a.action_id for a in flipped] == [6]
     child = await store.get_action(wid, 6)
     assert child is not None and (child.state, child.waiting_on) == (A.READY, ())

@@ -119,6 +119,43 @@ async def test_an_attached_action_is_listed_by_producer_until_it_lets_go(
     assert not ready[0].is_attached and ready[0].shared_with == producer
 
 
+async def test_finish_action_lists_the_actions_attached_to_it_when_asked(
+    store: Store, make: Factory
+) -> None:
+    """`attached_limit`: the finish returns what `list_attached_actions` would list
+    right after it, in the same order, at most that many; nothing without it."""
+    producer = make.plan({0: ()}, actions={0: {"state": A.RUNNING, "attempts": 1}})
+    await store.create_workflow(producer)
+    pid = producer.workflow.id
+    key = claim_key(pid, 0)
+    sharers = make.plan(
+        {0: (), 1: (), 2: (), 3: ()},
+        actions={
+            0: {"shared_with": key, "state": A.WAITING, "waiting_on": (0,)},
+            1: {"shared_with": "wf-other/0", "state": A.WAITING, "waiting_on": (1,)},
+            2: {"shared_with": key, "state": A.WAITING, "waiting_on": (2,)},
+            # It let go already (its own id released): no longer attached.
+            3: {"shared_with": key, "state": A.READY, "waiting_on": ()},
+        },
+    )
+    await store.create_workflow(sharers)
+    listed = await store.list_attached_actions(pid, 0)
+    assert [(a.workflow_id, a.action_id) for a in listed] == [
+        (sharers.workflow.id, 0),
+        (sharers.workflow.id, 2),
+    ]
+    again = make.plan({0: ()}, actions={0: {"state": A.RUNNING, "attempts": 1}})
+    await store.create_workflow(again)
+
+    finished = await store.finish_action(pid, 0, {A.RUNNING}, attached_limit=1)
+    plain = await store.finish_action(again.workflow.id, 0, {A.RUNNING})
+
+    assert finished is not None and finished.action.state is A.FINISHED
+    assert finished.attached == listed[:1]
+    assert plain is not None and plain.attached == []
+    assert await store.list_attached_actions(pid, 0) == listed
+
+
 async def test_finishing_a_shared_action_requires_it_still_waits_for_its_producer(
     store: Store, make: Factory
 ) -> None:

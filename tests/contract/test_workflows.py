@@ -71,6 +71,20 @@ async def test_records_round_trip_exactly(store: Store, make: Factory, clock: Fa
     by_callback = await store.get_action_by_callback(plan.actions[2].callback_id)
     assert by_callback == plan.actions[2]
     assert by_callback is not None and by_callback.inputs == {1: plan.actions[1].dataset_id}
+    # With its dataset, in one call.
+    both = await store.get_action_and_dataset_by_callback(plan.actions[2].callback_id)
+    assert both == (plan.actions[2], await store.get_dataset(plan.actions[2].dataset_id))
+    assert both[1] is not None
+
+
+async def test_action_and_dataset_by_callback_without_the_dataset(
+    store: Store, make: Factory
+) -> None:
+    plan = make.plan(datasets=False)
+    await store.create_workflow(plan)
+    action = plan.actions[0]
+    assert await store.get_action_and_dataset_by_callback(action.callback_id) == (action, None)
+    assert await store.get_action_and_dataset_by_callback("nope") is None
 
 
 async def test_missing_things_are_none(store: Store) -> None:

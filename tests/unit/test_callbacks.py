@@ -200,11 +200,36 @@ async def test_success_keeps_a_dataset_someone_else_stored(
     write_output(storage, a1, b"first")
     staging2 = write_output(storage, a2, b"second!")
     await callbacks.success(a1.callback_id, 1)
+    stored = await dataset(store, a1.dataset_id)
     await callbacks.success(a2.callback_id, 1)
     d = await dataset(store, a1.dataset_id)
     assert d.state is D.LEAF and content(d.path) == b"first" and d.size_bytes == 5
+    assert d == stored  # the record untouched: not measured, not written again
     assert not staging2.exists()
     assert await wf_state(store, w2.id) is W.SUCCEEDED
+
+
+async def test_a_twin_that_wrote_nothing_keeps_the_stored_dataset(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: OutcomeService,
+    manager: planner.WorkflowManager,
+) -> None:
+    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
+    w = await manager.submit(twins, owner="ann")
+    a1 = await start_attempt(store, w.id, 1)
+    a2 = await start_attempt(store, w.id, 2)
+    write_output(storage, a1, b"first")
+    await callbacks.success(a1.callback_id, 1)
+    stored = await dataset(store, a1.dataset_id)
+
+    await callbacks.success(a2.callback_id, 1)  # no staging output at all
+
+    assert await dataset(store, a1.dataset_id) == stored
+    assert content(stored.path) == b"first"
+    finished = await store.get_action(w.id, 2)
+    assert finished is not None and finished.state is A.FINISHED
+    assert await wf_state(store, w.id) is W.SUCCEEDED
 
 
 async def test_success_after_the_dataset_was_deleted_meanwhile(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from dataclasses import replace
@@ -513,3 +514,57 @@ async def test_a_finished_workflows_document_is_not_kept_decoded(tmp_path: Path)
         assert "wf-done" not in store._documents
         assert "wf-run" in store._documents
         assert store._documents_size == sum(size for _, size in store._documents.values())
+
+
+@pytest.mark.parametrize("claim", ["w/2", 'w"/2'])
+@pytest.mark.parametrize("separator", [",", ", "])
+@pytest.mark.parametrize(
+    ("claims", "kept"),
+    [
+        (["K"], []),
+        (["K", "w/20", "xw/2"], ["w/20", "xw/2"]),
+        (["w/20", "K", "xw/2"], ["w/20", "xw/2"]),
+        (["w/20", "xw/2", "K"], ["w/20", "xw/2"]),
+        (["w/20", "xw/2"], None),
+        ([], None),
+        # The key's text inside another element (`"a\\",\\"w/2"` holds `"w/2"`).
+        (['a","w/2', "K"], ['a","w/2']),
+        (['a","w/2'], None),
+    ],
+)
+def test_drop_claim_from_the_claims_text(
+    claim: str, separator: str, claims: list[str], kept: list[str] | None
+) -> None:
+    """`_drop_claim_from` removes exactly that element (`K`), keeping the others' order,
+    whether the text is Pingo's compact JSON (a text replace) or not, or the key is one
+    JSON escapes (`json_each`); a dataset not holding it is not written."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE datasets (id TEXT, claims TEXT, updated_at INT, version INT)")
+    text = json.dumps([claim if c == "K" else c for c in claims], separators=(separator, ":"))
+    conn.execute("INSERT INTO datasets VALUES ('d', ?, 0, 1)", (text,))
+
+    SQLiteStore._drop_claim_from(conn, ["d", "absent"], claim, 5)
+
+    after, updated_at, version = conn.execute(
+        "SELECT claims, updated_at, version FROM datasets"
+    ).fetchone()
+    if kept is None:
+        assert (after, updated_at, version) == (text, 0, 1)
+    else:
+        assert (json.loads(after), updated_at, version) == (kept, 5, 2)
+
+
+def test_claims_read_back_behave_as_the_tuple_they_encode() -> None:
+    """A dataset's claims are decoded on first use (`_Claims`): equal, hashed, searched,
+    sized and iterated as the tuple."""
+    claims = sqlite._Claims('["w/1","w/2"]')
+    assert claims == ("w/1", "w/2") and ("w/1", "w/2") == claims
+    assert claims != ("w/2", "w/1") and claims != ("w/1",)
+    assert hash(claims) == hash(("w/1", "w/2"))
+    assert "w/2" in claims and "w/3" not in claims
+    assert (len(claims), list(claims), claims[1], claims[:1]) == (
+        2,
+        ["w/1", "w/2"],
+        "w/2",
+        ("w/1",),
+    )
