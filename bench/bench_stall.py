@@ -7,6 +7,9 @@ kill_100k_s            POST .../kill until the workflow reads KILLED
 rss_mb_before_100k     VmRSS (MiB) of the server, idle, before the submission
 rss_mb_after_100k      VmRSS once the workflow is KILLED and the server idled
 rss_after_100k_ratio   the two divided (goal <= 1.10)
+rss_mb_after_second_100k  VmRSS once the same workflow was submitted and killed a second
+                       time (not polled): near the first, what stays is a high-water mark
+                       the next big workflow reuses; above it, growth
 
 The server is the real one (`pingo server` subprocess, embedded SQLite, free loopback
 port; see bench_memory.Server). A poller, in a process of its own, asks `/healthz`
@@ -128,6 +131,28 @@ async def _state(session: aiohttp.ClientSession, server: Server, workflow_id: st
     return str(document["state"])
 
 
+async def _submit(session: aiohttp.ClientSession, server: Server, body: bytes) -> str:
+    """POST the workflow; its id once the 201 has come."""
+    async with session.post(f"{server.url}{API}/workflows", data=body) as response:
+        text = await response.text()
+        if response.status != 201:
+            raise RuntimeError(f"submission: {response.status} {text[:500]}")
+    return str(json.loads(text)["id"])
+
+
+async def _kill(session: aiohttp.ClientSession, server: Server, workflow_id: str) -> None:
+    """POST the kill, then poll until the workflow reads KILLED."""
+    asked = time.perf_counter()
+    async with session.post(f"{server.url}{API}/workflows/{workflow_id}/kill") as response:
+        if response.status >= 300:
+            raise RuntimeError(f"kill: {response.status} {(await response.text())[:500]}")
+    while await _state(session, server, workflow_id) != "KILLED":
+        server.check_alive()
+        if time.perf_counter() - asked > KILL_TIMEOUT_S:
+            raise TimeoutError(f"workflow not KILLED after {KILL_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.2)
+
+
 async def _drive(server: Server, body: bytes) -> dict[str, float]:
     headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=KILL_TIMEOUT_S)
@@ -140,28 +165,25 @@ async def _drive(server: Server, body: bytes) -> dict[str, float]:
         poller.start()
         await asyncio.sleep(2.0)  # the process starts, then a few answers: the baseline gap
         started = time.perf_counter()
-        async with session.post(f"{server.url}{API}/workflows", data=body) as response:
-            text = await response.text()
-            if response.status != 201:
-                raise RuntimeError(f"submission: {response.status} {text[:500]}")
+        workflow_id = await _submit(session, server, body)
         submitted = time.perf_counter()
-        workflow_id = json.loads(text)["id"]
-        async with session.post(f"{server.url}{API}/workflows/{workflow_id}/kill") as response:
-            if response.status >= 300:
-                raise RuntimeError(f"kill: {response.status} {(await response.text())[:500]}")
-        while await _state(session, server, workflow_id) != "KILLED":
-            server.check_alive()
-            if time.perf_counter() - submitted > KILL_TIMEOUT_S:
-                raise TimeoutError(f"workflow not KILLED after {KILL_TIMEOUT_S:.0f} s")
-            await asyncio.sleep(0.2)
+        await _kill(session, server, workflow_id)
         killed = time.perf_counter()
         await asyncio.to_thread(poller.stop)
 
         await asyncio.sleep(IDLE_S)
         server.check_alive()
         after = rss_mb(server.pid)
+
+        # The same again: is what stays a high-water mark, reused, or growth?
+        workflow_id = await _submit(session, server, body)
+        await _kill(session, server, workflow_id)
+        await asyncio.sleep(IDLE_S)
+        server.check_alive()
+        after_second = rss_mb(server.pid)
     print(
-        f"bench_stall: {poller.answers} /healthz answers; RSS {before:.1f} -> {after:.1f} MiB",
+        f"bench_stall: {poller.answers} /healthz answers; RSS {before:.1f} -> {after:.1f}"
+        f" -> {after_second:.1f} MiB",
         file=sys.stderr,
     )
     return {
@@ -171,6 +193,7 @@ async def _drive(server: Server, body: bytes) -> dict[str, float]:
         "rss_mb_before_100k": before,
         "rss_mb_after_100k": after,
         "rss_after_100k_ratio": after / before,
+        "rss_mb_after_second_100k": after_second,
     }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from pingo import errors, events, metrics, states
+from pingo import errors, events, heap, metrics, states
 from pingo.datasets import integrity
 from pingo.store import protocol
 
@@ -881,7 +881,10 @@ class OutcomeService:
             if len(killed) < _KILL_BATCH:
                 break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
-        running = [a for a in await self.store.list_actions(workflow_id) if a.state in _EXECUTING]
+        actions = await self.store.list_actions(workflow_id)
+        running = [a for a in actions if a.state in _EXECUTING]
+        # A big workflow's records, freed a slice at a time off the loop (issue 13).
+        await heap.dismantled(actions)
         await asyncio.gather(*(self._stop_running(a, error, trigger) for a in running))
         # Other workflows' actions sharing with the killed ones compute for themselves:
         # a kill never kills another workflow's work.

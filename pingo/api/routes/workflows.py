@@ -331,12 +331,12 @@ async def rerun_workflow(request: web.Request) -> web.StreamResponse:
     """
     record = await visible_workflow(request, request.match_info["workflow_id"])
     take_submission(request, auth.current_user(request))
-    rerun = await start_rerun(request, record, await bodies.read_json(request, optional=True))
+    # A big workflow's plan is freed after the answer, off the loop (as in a submission).
+    async with heap.burying():
+        rerun = await start_rerun(request, record, await bodies.read_json(request, optional=True))
+        body = await _document_body(request, rerun)
     return await bodies.send_json(
-        request,
-        await _document_body(request, rerun),
-        status=201,
-        headers={"Location": workflow_location(rerun.id)},
+        request, body, status=201, headers={"Location": workflow_location(rerun.id)}
     )
 
 
