@@ -1373,6 +1373,13 @@ class SQLiteStore:
             self._dataset_fixed[row[0]] = fixed
         return _dataset(row, fixed)
 
+    def _dataset_uncached(self, row: Sequence[Any]) -> DatasetRecord:
+        """`_dataset` for a bulk read: a cached entry is used, none is added."""
+        fixed = self._dataset_fixed.get(row[0])
+        if fixed is None:
+            fixed = (json.loads(row[5]), tuple(json.loads(row[6])))
+        return _dataset(row, fixed)
+
     def _action(self, row: Sequence[Any], *, cache: bool = True) -> ActionRecord:
         """The record of a row of `_ACTION_SELECT` (both tables).
 
@@ -2384,11 +2391,14 @@ class SQLiteStore:
         # Deduplicated here, in the store's thread: a big workflow's ids are 100,000.
         ids = list(dict.fromkeys(dataset_ids))
         found: dict[str, DatasetRecord] = {}
+        # A big workflow's planning reads all its datasets once: cached, the last 8,192
+        # would evict the hot ones and pin the heap's arenas afterwards (issue 13).
+        convert = self._dataset if len(ids) <= _BULK_ROWS else self._dataset_uncached
         # Stay well under SQLite's limit on bound parameters.
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             for record in self._all(
-                self._dataset,
+                convert,
                 f"SELECT {_DATASET_COLUMNS} FROM datasets "
                 f"WHERE id IN ({_placeholders(len(chunk))})",
                 chunk,

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from pingo import errors
-from pingo.states import ActionState, WorkflowState
+from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import open_store, sqlite
 from pingo.store.protocol import (
     NO_LIMITS,
     ActionRecord,
+    DatasetPlan,
     StateEntry,
     UserLimits,
     UserRecord,
@@ -568,3 +569,38 @@ def test_claims_read_back_behave_as_the_tuple_they_encode() -> None:
         "w/2",
         ("w/1",),
     )
+
+
+async def test_a_big_workflow_leaves_the_process_caches_as_they_were(tmp_path: Path) -> None:
+    # Issue 13: the last 8,192 specs or dataset definitions of a big workflow, cached by
+    # its creation, its kill or its planning's reads, kept the submission's objects (and
+    # the heap's arenas under them) after the workflow had gone. Small reads still cache.
+    count = sqlite._BULK_ROWS + 500
+    plan = _plan("wf-big", count)
+    datasets = tuple(
+        DatasetPlan(
+            id=a.dataset_id,
+            state=DatasetState.TO_DELETE,
+            path=f"/data/{a.dataset_id}",
+            scope="server",
+            action_type="command-line",
+            definition={"command": ["true", str(a.action_id)]},
+            parents=(),
+            producer_workflow_id="wf-big",
+            producer_action_id=a.action_id,
+            is_managed=True,
+        )
+        for a in plan.actions
+    )
+    async with SQLiteStore(tmp_path / "d.db") as store:
+        await store.create_workflow(replace(plan, datasets=datasets))
+        assert not store._specs and not store._dataset_fixed
+        found = await store.get_datasets([d.id for d in datasets])
+        assert len(found) == count and not store._dataset_fixed
+        killed = 0
+        while batch := await store.kill_actions("wf-big", {ActionState.READY}, limit=1000):
+            killed += len(batch)
+        assert killed == count and not store._specs
+        assert len(await store.list_actions("wf-big")) == count and not store._specs
+        await store.get_datasets([datasets[0].id])
+        assert set(store._dataset_fixed) == {datasets[0].id}
