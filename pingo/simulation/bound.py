@@ -85,8 +85,20 @@ class Bound:
     solve_s: float
 
 
-def instance(models: Sequence[SubmissionModel], catalog: Catalog, budget_bytes: int) -> Instance:
-    """The intervals of the sequence planned with unlimited storage, and the budgets."""
+def instance(
+    models: Sequence[SubmissionModel],
+    catalog: Catalog,
+    budget_bytes: int,
+    held: Sequence[int] | None = None,
+) -> Instance:
+    """The intervals of the sequence planned with unlimited storage, and the budgets.
+
+    `held[b]`, when given, is what a run kept on disk at the end of submission b
+    besides leaves: the budget there becomes the larger of it and `budget_bytes`
+    less the leaves (the bound of a run that exceeded the budget at boundaries).
+    """
+    if held is not None and len(held) != len(models):
+        raise ValueError(f"held has {len(held)} boundaries for {len(models)} submissions")
     on_disk: set[str] = set()
     last: dict[str, int] = {}
     intervals: list[Interval] = []
@@ -111,7 +123,10 @@ def instance(models: Sequence[SubmissionModel], catalog: Catalog, budget_bytes: 
                 leaf_bytes += catalog.size[ds]
             else:
                 last[ds] = t
-        budgets.append(max(0, budget_bytes - leaf_bytes))
+        allowed = max(0, budget_bytes - leaf_bytes)
+        if held is not None:
+            allowed = max(allowed, held[len(budgets)])
+        budgets.append(allowed)
     return Instance(
         tuple(intervals), tuple(budgets), unlimited, _cascades(intervals, catalog, last)
     )
@@ -350,6 +365,13 @@ def lower_bound(
     budget_bytes: int,
     *,
     exact: bool = False,
+    held: Sequence[int] | None = None,
 ) -> Bound:
-    """The lower bound on the compute of any policy keeping `budget_bytes` between submissions."""
-    return solve(instance(models, catalog, budget_bytes), exact=exact)
+    """The lower bound on the compute of any policy keeping `budget_bytes` between submissions.
+
+    With `held` (bytes on disk other than leaves at the end of each submission,
+    as `simulate.RunResult.boundary_bytes`), the bound of any policy keeping at
+    each boundary at most the larger of that and the budget: a run that held
+    more than the budget at a boundary is only bounded by this one.
+    """
+    return solve(instance(models, catalog, budget_bytes, held), exact=exact)

@@ -210,12 +210,19 @@ def brute_force(problem: bound.Instance) -> float:
     return problem.unlimited_compute_s + best
 
 
-def optimum(models: Sequence[SubmissionModel], catalog: Catalog, budget: int) -> float:
+def optimum(
+    models: Sequence[SubmissionModel],
+    catalog: Catalog,
+    budget: int,
+    held: Sequence[int] | None = None,
+) -> float:
     """The least compute of any policy of the model: every choice of what to keep, at every end.
 
     A policy keeps, at the end of each submission, any set of intermediates on
     disk that fits the budget beside the leaves (all intermediates go when the
-    leaves alone exceed it): dynamic programming over the sets on disk.
+    leaves alone exceed it): dynamic programming over the sets on disk. With
+    `held`, it may keep up to `held[b]` bytes of intermediates at the end of
+    submission b whatever the budget (as the engine may: `bound.instance`).
     """
     states: dict[frozenset[str], float] = {frozenset(): 0.0}
     for model in models:
@@ -226,6 +233,8 @@ def optimum(models: Sequence[SubmissionModel], catalog: Catalog, budget: int) ->
             cost = paid + sum(model.runtimes[n] for n in computed)
             leaves = frozenset(d for d in after if d in catalog.leaf)
             room = max(0, budget - sum(catalog.size[d] for d in leaves))
+            if held is not None:
+                room = max(room, held[model.index])
             free = sorted(after - leaves)
             for r in range(len(free) + 1):
                 for keep in itertools.combinations(free, r):
@@ -257,6 +266,46 @@ def test_the_integer_program_is_below_the_exact_optimum_of_any_policy(
     lp = bound.lower_bound(models, catalog, budget)
     assert lp.compute_s <= ip.compute_s + 1e-6
     assert ip.compute_s <= best + 1e-6
+
+
+@settings_hypothesis(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    datasets=st.integers(2, 6),
+    submissions=st.integers(1, 6),
+    budget=st.integers(0, 12),
+    data=st.data(),
+)
+@pytest.mark.parametrize("shape", [random_sequence, leafy_sequence])
+def test_with_what_a_run_held_at_boundaries_the_bound_is_below_any_such_policy(
+    shape: Callable[[int, int, int], tuple[list[SubmissionModel], Catalog]],
+    seed: int,
+    datasets: int,
+    submissions: int,
+    budget: int,
+    data: st.DataObject,
+) -> None:
+    # The engine may end a submission with more than the budget on disk: a policy
+    # allowed held[b] bytes of intermediates at boundary b is bounded with them.
+    models, catalog = shape(seed, datasets, submissions)
+    held = data.draw(st.lists(st.integers(0, 12), min_size=submissions, max_size=submissions))
+    ip = bound.lower_bound(models, catalog, budget, held=held, exact=True)
+    lp = bound.lower_bound(models, catalog, budget, held=held)
+    assert lp.compute_s <= ip.compute_s + 1e-6
+    assert ip.compute_s <= optimum(models, catalog, budget, held) + 1e-6
+    # More room never raises the bound.
+    assert lp.compute_s <= bound.lower_bound(models, catalog, budget).compute_s + 1e-6
+
+
+def test_held_bytes_replace_a_smaller_budget_only() -> None:
+    models, catalog = random_sequence(3, 6, 5)
+    plain = bound.instance(models, catalog, 4).budgets
+    held = [0, 9, 2, 9, 0]
+    assert bound.instance(models, catalog, 4, held).budgets == tuple(
+        max(b, h) for b, h in zip(plain, held, strict=True)
+    )
+    with pytest.raises(ValueError, match="held has 2 boundaries for 5 submissions"):
+        bound.instance(models, catalog, 4, [1, 2])
 
 
 @settings_hypothesis(max_examples=30, deadline=None)
@@ -305,6 +354,11 @@ def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
     assert brute_force(starved) == pytest.approx(36.0)
     assert optimum(models, catalog, 0) == pytest.approx(36.0)
     assert min(replay(models, catalog, 0, rank) for rank in policies(1)) == pytest.approx(36.0)
+    # A run that kept 4 bytes at every boundary anyway (as the engine may: leaves
+    # over the budget, a throttled pass) could keep b: its bound is 14 s again.
+    held = bound.lower_bound(models, catalog, 0, held=[4, 4, 4], exact=True)
+    assert held.compute_s == pytest.approx(14.0)
+    assert optimum(models, catalog, 0, [4, 4, 4]) == pytest.approx(14.0)
 
 
 def test_a_budget_that_fits_everything_is_the_unlimited_compute() -> None:
