@@ -8,6 +8,7 @@ to the hash of the user's token, so revoking the token ends the session too.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -25,14 +26,14 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from pingo import errors, states
+from pingo import errors, heap, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.api.routes import datasets as dataset_routes
 from pingo.api.routes import schedules as schedule_routes
 from pingo.api.routes import users as user_routes
 from pingo.api.routes import workflows as workflow_routes
-from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord
+from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord, WorkflowRecord
 from pingo.ui import dag
 from pingo.workflows import reuse
 
@@ -765,21 +766,64 @@ def summarize(actions: list[ActionRecord]) -> dict[str, int]:
     return result
 
 
+#: Workflows with more actions than this are not drawn, and their table lists only the
+#: first `LISTED_ACTIONS`: a page of 100,000 actions would be tens of MB, and building
+#: it would stop the server for seconds (issue 13). status.json has every action.
+DRAWN_ACTIONS = 2_000
+LISTED_ACTIONS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkflowView:
+    document: dict[str, Any]
+    summary: dict[str, int]
+    total: int
+    layout: dag.Layout | None
+    #: Actions per state over the whole workflow (the ETag's part a short list misses).
+    states: dict[str, int]
+
+
+def _workflow_view(record: WorkflowRecord, actions: list[ActionRecord]) -> _WorkflowView:
+    """What a workflow page shows; a big workflow's without the drawing and most rows."""
+    big = len(actions) > DRAWN_ACTIONS
+    listed = actions[:LISTED_ACTIONS] if big else actions
+    counts: dict[str, int] = {}
+    for action in actions:
+        counts[action.state.value] = counts.get(action.state.value, 0) + 1
+    return _WorkflowView(
+        document=documents.as_dict(documents.workflow_document(record, listed)),
+        summary=summarize(actions),
+        total=len(actions),
+        layout=None if big else dag.layout(actions),
+        states=counts,
+    )
+
+
 async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], str]:
     """The live part of a workflow page and its ETag (state, counts, actions' states)."""
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
-    actions = await runtime.node(request).store.list_actions(record.id)
-    document = documents.as_dict(documents.workflow_document(record, actions))
+    # A big workflow's records live from the read to the end of the view: no full
+    # collection walks them meanwhile (as for the API's document).
+    with heap.full_collections_deferred(when=untrusted.is_large(record.document)):
+        actions = await runtime.node(request).store.list_actions(record.id)
+        if len(actions) <= DRAWN_ACTIONS:
+            view = _workflow_view(record, actions)
+        else:
+            # Linear in the actions: off the loop, and the records freed in slices after.
+            view = await asyncio.to_thread(_workflow_view, record, actions)
+            await heap.dismantled(actions)
     context = _context(
         user,
         session,
-        workflow=document,
-        summary=summarize(actions),
+        workflow=view.document,
+        summary=view.summary,
+        total=view.total,
+        listed=LISTED_ACTIONS if view.layout is None else view.total,
         rerun_of=record.rerun_of,
-        dag=dag.layout(actions),
+        dag=view.layout,
     )
-    return context, _etag([document, session.csrf])
+    return context, _etag([view.document, view.states, session.csrf])
 
 
 @routes.get("/workflows/{workflow_id}/live")

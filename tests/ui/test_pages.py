@@ -416,3 +416,37 @@ async def test_signing_in_drops_expired_sessions(users_api: Api) -> None:
     await sign_in(users_api, "alice")
     assert stale_id not in sessions.by_id
     assert len(sessions.by_id) == 1
+
+
+async def test_a_big_workflows_page_is_not_drawn_and_lists_only_its_first_actions(
+    users_api: Api, monkeypatch: Any
+) -> None:
+    # Issue 13: a page of every action of a 100,000-action workflow would be tens of MB,
+    # and building it stopped the server for seconds. The limits are lowered here; the
+    # page is built the same way.
+    monkeypatch.setattr(ui, "DRAWN_ACTIONS", 10)
+    monkeypatch.setattr(ui, "LISTED_ACTIONS", 4)
+    document = chain("ui-big", 12, name="big")
+    document["actions"][0]["command"] = ["sh", "-c", 'sleep 60; echo > "$PINGO_OUTPUT"']
+    submitted = await users_api.submit(document, user="alice")
+    csrf = await sign_in(users_api, "alice")
+    page = await (await users_api.client.get(f"/workflows/{submitted['id']}")).text()
+    assert "<svg" not in page
+    assert 'id="too-big"' in page and "12 actions are too many to draw" in page
+    assert f"/workflows/{submitted['id']}/status.json" in page
+    assert page.count(f"/workflows/{submitted['id']}/actions/") == 4
+    assert "of 12</p>" in page
+    url = f"/workflows/{submitted['id']}/live"
+    first = await users_api.client.get(url)
+    assert first.status == 200
+    # Every action's state is in the ETag, listed or not: a kill changes it.
+    killed = await users_api.client.post(
+        f"/workflows/{submitted['id']}/kill", data={"csrf": csrf}, allow_redirects=False
+    )
+    assert killed.status == 303
+    again = await users_api.client.get(url, headers={"If-None-Match": first.headers["ETag"]})
+    assert again.status == 200
+    assert "12 killed" in await again.text()
+    small = await users_api.submit(chain("ui-small", 3, name="small"), user="alice")
+    page = await (await users_api.client.get(f"/workflows/{small['id']}")).text()
+    assert "<svg" in page and 'id="too-big"' not in page
