@@ -648,72 +648,33 @@ def _history_text(history: Iterable[StateEntry]) -> str:
     return _dumps([[entry.state.value, _us(entry.at)] for entry in history])
 
 
-class _History(Sequence[StateEntry]):
-    """An action's history kept as its JSON text until something reads it.
+class _LazyTuple(Sequence[T]):
+    """A tuple kept as its JSON text until something reads it, then decoded once.
 
-    Most reads of an action (claims, submissions, outcomes: every RETURNING of a
-    transition) never look at its history; decoding its entries on each of them
-    cost the no-op engine about 4% more CPU per action (bench A/B, issue 17).
+    Most reads of a row never look at these columns: an action's history (claims,
+    submissions and outcomes RETURN every transition; decoding it on each cost the
+    no-op engine about 4 % more CPU per action, issue 17) and a dataset's claims (one
+    per reader, 1,482 on one of Montage's; decoding them was ~12 % of the SQLite
+    thread's Python in the no-op engine, issue 15).
     """
 
-    __slots__ = ("_entries", "_text")
+    __slots__ = ("_decode", "_items", "_text")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, decode: Callable[[Any], T]) -> None:
         self._text = text
-        self._entries: tuple[StateEntry, ...] | None = None
+        self._decode = decode
+        self._items: tuple[T, ...] | None = None
 
-    def _decoded(self) -> tuple[StateEntry, ...]:
-        if self._entries is None:
-            self._entries = tuple(
-                StateEntry(ActionState(state), _dt_req(at)) for state, at in json.loads(self._text)
-            )
-        return self._entries
-
-    @overload
-    def __getitem__(self, index: int) -> StateEntry: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[StateEntry]: ...
-    def __getitem__(self, index: int | slice) -> StateEntry | Sequence[StateEntry]:
-        return self._decoded()[index]
-
-    def __len__(self) -> int:
-        return len(self._decoded())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and self._decoded() == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(self._decoded())
-
-    def __repr__(self) -> str:
-        return repr(self._decoded())
-
-
-class _Claims(Sequence[str]):
-    """A dataset's claims kept as their JSON text until something reads them.
-
-    A dataset many actions read holds one claim per reader (1,482 on one of Montage's),
-    and most reads of a dataset (a success's, an input's path) never look at them:
-    decoding them on each read was ~12 % of the SQLite thread's Python in the no-op
-    engine (issue 15).
-    """
-
-    __slots__ = ("_claims", "_text")
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._claims: tuple[str, ...] | None = None
-
-    def _decoded(self) -> tuple[str, ...]:
-        if self._claims is None:
-            self._claims = tuple(json.loads(self._text))
-        return self._claims
+    def _decoded(self) -> tuple[T, ...]:
+        if self._items is None:
+            self._items = tuple(self._decode(item) for item in json.loads(self._text))
+        return self._items
 
     @overload
-    def __getitem__(self, index: int) -> str: ...
+    def __getitem__(self, index: int) -> T: ...
     @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
+    def __getitem__(self, index: int | slice) -> T | Sequence[T]:
         return self._decoded()[index]
 
     def __len__(self) -> int:
@@ -722,7 +683,7 @@ class _Claims(Sequence[str]):
     def __contains__(self, value: object) -> bool:
         return value in self._decoded()
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[T]:
         return iter(self._decoded())
 
     def __eq__(self, other: object) -> bool:
@@ -733,6 +694,14 @@ class _Claims(Sequence[str]):
 
     def __repr__(self) -> str:
         return repr(self._decoded())
+
+
+def _state_entry(item: list[Any]) -> StateEntry:
+    return StateEntry(ActionState(item[0]), _dt_req(item[1]))
+
+
+def _claim(item: Any) -> str:
+    return str(item)
 
 
 def _history_args(new: ActionState, now: int) -> tuple[Any, ...]:
@@ -804,7 +773,7 @@ def _record(hot: Sequence[Any], spec: _Spec) -> ActionRecord:
         runtime_s=hot[13],
         version=hot[14],
         shared_with=hot[15],
-        history=_History(hot[16]),
+        history=_LazyTuple(hot[16], _state_entry),
     )
 
 
@@ -848,7 +817,7 @@ def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
         is_managed=bool(row[9]),
         created_at=_dt_req(row[10]),
         updated_at=_dt_req(row[11]),
-        claims=_EMPTY if row[12] == "[]" else _Claims(row[12]),
+        claims=_EMPTY if row[12] == "[]" else _LazyTuple(row[12], _claim),
         size_bytes=row[13],
         compute_s=row[14],
         use_count=row[15],

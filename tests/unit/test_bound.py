@@ -15,6 +15,18 @@ from pingo.simulation import bound, oracle
 from pingo.simulation.oracle import Catalog, SubmissionModel
 
 
+def _closure(starts: Sequence[int], parents: Sequence[Sequence[int]]) -> list[int]:
+    """`starts` and all their ancestors, in ascending order (a submission's datasets)."""
+    members: set[int] = set()
+    todo = list(starts)
+    while todo:
+        d = todo.pop()
+        if d not in members:
+            members.add(d)
+            todo.extend(parents[d])
+    return sorted(members)
+
+
 def random_sequence(
     seed: int, datasets: int, submissions: int
 ) -> tuple[list[SubmissionModel], Catalog]:
@@ -31,14 +43,7 @@ def random_sequence(
         catalog.family[f"d{d}"] = "f"
     models: list[SubmissionModel] = []
     for index in range(submissions):
-        todo = rng.sample(range(datasets), rng.randint(1, min(3, datasets)))
-        members: set[int] = set()
-        while todo:
-            d = todo.pop()
-            if d not in members:
-                members.add(d)
-                todo.extend(parents[d])
-        order = sorted(members)
+        order = _closure(rng.sample(range(datasets), rng.randint(1, min(3, datasets))), parents)
         position = {d: n for n, d in enumerate(order)}
         has_child = {p for d in order for p in parents[d]}
         leaves = tuple(position[d] for d in order if d not in has_child)
@@ -86,14 +91,7 @@ def leafy_sequence(
         catalog.size[leaf], catalog.runtime[leaf] = 0, 1.0
         catalog.parents[leaf], catalog.family[leaf] = tuple(f"d{t}" for t in tops), "f"
         catalog.leaf.add(leaf)
-        members: set[int] = set()
-        todo = list(tops)
-        while todo:
-            d = todo.pop()
-            if d not in members:
-                members.add(d)
-                todo.extend(parents[d])
-        order = sorted(members)
+        order = _closure(tops, parents)
         position = {d: n for n, d in enumerate(order)}
         models.append(
             SubmissionModel(

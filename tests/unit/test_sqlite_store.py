@@ -556,9 +556,9 @@ def test_drop_claim_from_the_claims_text(
 
 
 def test_claims_read_back_behave_as_the_tuple_they_encode() -> None:
-    """A dataset's claims are decoded on first use (`_Claims`): equal, hashed, searched,
-    sized and iterated as the tuple."""
-    claims = sqlite._Claims('["w/1","w/2"]')
+    """A dataset's claims are decoded on first use (`_LazyTuple`): equal, hashed,
+    searched, sized and iterated as the tuple."""
+    claims = sqlite._LazyTuple('["w/1","w/2"]', sqlite._claim)
     assert claims == ("w/1", "w/2") and ("w/1", "w/2") == claims
     assert claims != ("w/2", "w/1") and claims != ("w/1",)
     assert hash(claims) == hash(("w/1", "w/2"))
