@@ -470,3 +470,16 @@ async def test_an_action_document_shows_its_recorded_history(api: Api) -> None:
         f"/api/v1/workflows/{again['id']}/actions/1", headers=api.auth("admin")
     )
     assert [e["state"] for e in (await reused.json())["history"]] == ["FINISHED"]
+
+
+async def test_a_long_lineage_names_every_producer(api: Api) -> None:
+    # Twenty or more actions of one workflow are named from one read of the whole
+    # workflow (routes/datasets.py), whose records are then freed a slice at a time.
+    done = await api.wait((await api.submit(chain("long-lineage", 25)))["id"], timeout_s=120)
+    end = done["endDatasetId"]
+    lineage = await (
+        await api.client.get(f"/api/v1/datasets/{end}/lineage", headers=api.auth("admin"))
+    ).json()
+    names = {a["datasetId"]: a["name"] for a in done["actions"]}
+    assert len(lineage["nodes"]) == 25
+    assert {n["id"]: n["actionName"] for n in lineage["nodes"]} == names

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from pingo import errors, states
+from pingo import errors, heap, states
 from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.retention.policy import recent_decisions
 from pingo.store import lookup
@@ -68,11 +68,11 @@ async def _action_names(store: Store, workflow_id: str, action_ids: list[int]) -
         total = sum((await store.count_actions(workflow_id)).values())
         if total <= 10 * len(action_ids):
             wanted = set(action_ids)
-            return {
-                a.action_id: a.name
-                for a in await store.list_actions(workflow_id)
-                if a.action_id in wanted
-            }
+            actions = await store.list_actions(workflow_id)
+            names = {a.action_id: a.name for a in actions if a.action_id in wanted}
+            # A big workflow's records, freed a slice at a time off the loop (issue 13).
+            await heap.dismantled(actions)
+            return names
     found = await asyncio.gather(*(store.get_action(workflow_id, a) for a in action_ids))
     return {a.action_id: a.name for a in found if a is not None}
 
