@@ -5,6 +5,8 @@ Components record here; only `pingo.api` exposes them over HTTP.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -16,6 +18,19 @@ ACTION_TRANSITIONS = Counter(
     "pingo_action_transitions", "Action state changes made by this node.", ["state"],
     registry=REGISTRY,
 )  # fmt: skip
+#: `ACTION_TRANSITIONS`' series by state, looked up once each: `labels` takes a lock and
+#: builds a key on every call, and several transitions are counted per action.
+_TRANSITIONS: dict[str, Any] = {}
+
+
+def action_transitions(state: str) -> Any:
+    """The `pingo_action_transitions{state=…}` counter (`state`: an ActionState's value)."""
+    counter = _TRANSITIONS.get(state)
+    if counter is None:
+        counter = _TRANSITIONS[state] = ACTION_TRANSITIONS.labels(state=state)
+    return counter
+
+
 DISPATCH_SECONDS = Histogram(
     "pingo_dispatch_seconds",
     "Time from an action becoming READY to its executor starting it.",

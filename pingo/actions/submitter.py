@@ -77,8 +77,7 @@ class Submitter(loops.Loop):
         self.finished = asyncio.Event()
         #: The home as text, for the log paths (`base.log_path`).
         self._home = str(settings.home)
-        #: `pingo_action_transitions{state="SUBMITTED"}`, looked up once.
-        self._submitted = metrics.ACTION_TRANSITIONS.labels(state=A.SUBMITTED.value)
+        self._submitted = metrics.action_transitions(A.SUBMITTED.value)
 
     async def run(self) -> None:
         try:

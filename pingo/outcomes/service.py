@@ -90,19 +90,6 @@ def _timed(kind: str) -> Callable[[Handler[P, R]], Handler[P, R]]:
     return decorate
 
 
-#: `pingo_action_transitions`' series by state, looked up once each (`labels` takes a
-#: lock and builds a key on every call, several times per action).
-_TRANSITIONS: dict[states.ActionState, Any] = {}
-
-
-def _transitions(state: states.ActionState) -> Any:
-    """The `pingo_action_transitions{state=…}` counter."""
-    counter = _TRANSITIONS.get(state)
-    if counter is None:
-        counter = _TRANSITIONS[state] = metrics.ACTION_TRANSITIONS.labels(state=state.value)
-    return counter
-
-
 class StaleCallback(errors.Conflict):
     """The callback belongs to an attempt that is not the action's current one."""
 
@@ -192,9 +179,9 @@ class OutcomeService:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
         finished, released, attached = outcome
-        _transitions(A.FINISHED).inc()
+        metrics.action_transitions(A.FINISHED.value).inc()
         if released:
-            _transitions(A.READY).inc(len(released))
+            metrics.action_transitions(A.READY.value).inc(len(released))
             self.on_ready()
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
@@ -697,7 +684,7 @@ class OutcomeService:
             _log_cas_lost(action, A.FINISHED)
             return None
         finished, released, _ = outcome
-        _transitions(A.FINISHED).inc()
+        metrics.action_transitions(A.FINISHED.value).inc()
         await self.store.record_dataset_use(dataset.id)
         logger.info(
             "action %s/%s shared %s's computation of dataset %s",
@@ -713,7 +700,7 @@ class OutcomeService:
             },
         )
         if released:
-            _transitions(A.READY).inc(len(released))
+            metrics.action_transitions(A.READY.value).inc(len(released))
             self.on_ready()
         else:
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
@@ -746,7 +733,7 @@ class OutcomeService:
             },
         )
         if ready:
-            _transitions(A.READY).inc(len(ready))
+            metrics.action_transitions(A.READY.value).inc(len(ready))
             self.on_ready()
         return moved
 
@@ -877,7 +864,7 @@ class OutcomeService:
                 workflow_id, _NOT_STARTED, changes, limit=_KILL_BATCH
             )
             if killed:
-                _transitions(A.KILLED).inc(len(killed))
+                metrics.action_transitions(A.KILLED.value).inc(len(killed))
             if len(killed) < _KILL_BATCH:
                 break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
@@ -965,7 +952,7 @@ class OutcomeService:
         if moved is None:
             _log_cas_lost(action, new)
             return None
-        _transitions(new).inc()
+        metrics.action_transitions(new.value).inc()
         return moved
 
     async def _release_inputs(self, action: protocol.ActionRecord) -> None:

@@ -379,7 +379,7 @@ class WorkflowManager:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
         metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
         if ready:
-            metrics.ACTION_TRANSITIONS.labels(state=A.READY.value).inc(ready)
+            metrics.action_transitions(A.READY.value).inc(ready)
             self.on_ready()
         logger.info(
             "workflow %s (%s) planned: %d to compute, %d reused, %d ready, in %.1f ms",
