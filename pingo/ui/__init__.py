@@ -8,7 +8,7 @@ to the hash of the user's token, so revoking the token ends the session too.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hashlib
 import logging
 import secrets
@@ -26,7 +26,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from pingo import errors, heap, states, untrusted
+from pingo import errors, states
 from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.api.routes import datasets as dataset_routes
@@ -803,16 +803,10 @@ async def _workflow_fragment(request: web.Request) -> tuple[dict[str, object], s
     """The live part of a workflow page and its ETag (state, counts, actions' states)."""
     user, session = await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
-    # A big workflow's records live from the read to the end of the view: no full
-    # collection walks them meanwhile (as for the API's document).
-    with heap.full_collections_deferred(when=untrusted.is_large(record.document)):
-        actions = await runtime.node(request).store.list_actions(record.id)
-        if len(actions) <= DRAWN_ACTIONS:
-            view = _workflow_view(record, actions)
-        else:
-            # Linear in the actions: off the loop, and the records freed in slices after.
-            view = await asyncio.to_thread(_workflow_view, record, actions)
-            await heap.dismantled(actions)
+    async with workflow_routes.workflow_actions(request, record) as actions:
+        view = await workflow_routes.built_off_loop(
+            request, functools.partial(_workflow_view, record, actions), len(actions)
+        )
     context = _context(
         user,
         session,

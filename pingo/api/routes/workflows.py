@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -48,8 +50,11 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
     return await lookup.workflow(runtime.node(request).store, workflow_id, owner=owner)
 
 
-#: Workflows with more actions than this have their document encoded in a worker thread.
+#: Workflows with more actions than this have their document (or page) built in a
+#: worker thread.
 _INLINE_ACTIONS = 2_000
+
+T = TypeVar("T")
 
 
 async def shared_views(
@@ -63,27 +68,45 @@ async def shared_views(
     return await planner.shared_views(runtime.node(request).store, record.owner, keys)
 
 
-async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
-    """The workflow document, serialized; a big one off the event loop (issue 13).
+@contextlib.asynccontextmanager
+async def workflow_actions(
+    request: web.Request, record: WorkflowRecord
+) -> AsyncIterator[list[ActionRecord]]:
+    """The workflow's actions, for the block (issue 13).
 
-    A big workflow's records live from the read to the end of the encoding: no full
-    collection walks them meanwhile (one took 185 ms of the loop's time, with the GIL).
+    A big workflow's records live from the read to the end of the block with no full
+    collection walking them (one took 185 ms of the loop's time, with the GIL), and are
+    freed a slice at a time off the loop after it: in one go, they would hold the loop.
     """
     with heap.full_collections_deferred(when=untrusted.is_large(record.document)):
         actions = await runtime.node(request).store.list_actions(record.id)
-        views = await shared_views(request, record, actions)
-        if len(actions) <= _INLINE_ACTIONS:
-            return documents.encode_workflow_document(record, actions, views)
         try:
-            with heap.full_collections_deferred():
-                return await asyncio.to_thread(
-                    documents.encode_workflow_document, record, actions, views
-                )
+            yield actions
         finally:
-            # Freed in one go when this returns, the records would hold the loop.
             await heap.dismantled(actions)
-            # Hundreds of MiB came and go with a document this big: give them back after.
-            runtime.api_state(request).trimmer.soon()
+
+
+async def built_off_loop(request: web.Request, build: Callable[[], T], actions: int) -> T:
+    """`build()`, linear in `actions`: in a worker thread for a big workflow (issue 13)."""
+    if actions <= _INLINE_ACTIONS:
+        return build()
+    try:
+        with heap.full_collections_deferred():
+            return await asyncio.to_thread(build)
+    finally:
+        # Hundreds of MiB came and go with a workflow this big: give them back after.
+        runtime.api_state(request).trimmer.soon()
+
+
+async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
+    """The workflow document, serialized; a big one off the event loop (issue 13)."""
+    async with workflow_actions(request, record) as actions:
+        views = await shared_views(request, record, actions)
+        return await built_off_loop(
+            request,
+            functools.partial(documents.encode_workflow_document, record, actions, views),
+            len(actions),
+        )
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
