@@ -46,6 +46,7 @@ change is atomic.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import queue
@@ -1332,21 +1333,16 @@ class SQLiteStore:
             _, (_, evicted) = self._documents.popitem(last=False)
             self._documents_size -= evicted
 
-    def _dataset(self, row: Sequence[Any]) -> DatasetRecord:
-        """The record of a row of `_DATASET_COLUMNS`."""
-        fixed = self._dataset_fixed.get(row[0])
-        if fixed is None:
-            if len(self._dataset_fixed) >= _SPEC_CACHE_SIZE:
-                self._dataset_fixed.clear()
-            fixed = (json.loads(row[5]), tuple(json.loads(row[6])))
-            self._dataset_fixed[row[0]] = fixed
-        return _dataset(row, fixed)
-
-    def _dataset_uncached(self, row: Sequence[Any]) -> DatasetRecord:
-        """`_dataset` for a bulk read: a cached entry is used, none is added."""
+    def _dataset(self, row: Sequence[Any], *, cache: bool = True) -> DatasetRecord:
+        """The record of a row of `_DATASET_COLUMNS`. Without `cache` (a bulk read), a
+        cached definition is used but none is added."""
         fixed = self._dataset_fixed.get(row[0])
         if fixed is None:
             fixed = (json.loads(row[5]), tuple(json.loads(row[6])))
+            if cache:
+                if len(self._dataset_fixed) >= _SPEC_CACHE_SIZE:
+                    self._dataset_fixed.clear()
+                self._dataset_fixed[row[0]] = fixed
         return _dataset(row, fixed)
 
     def _action(self, row: Sequence[Any], *, cache: bool = True) -> ActionRecord:
@@ -2362,7 +2358,7 @@ class SQLiteStore:
         found: dict[str, DatasetRecord] = {}
         # A big workflow's planning reads all its datasets once: cached, the last 8,192
         # would evict the hot ones and pin the heap's arenas afterwards (issue 13).
-        convert = self._dataset if len(ids) <= _BULK_ROWS else self._dataset_uncached
+        convert = functools.partial(self._dataset, cache=len(ids) <= _BULK_ROWS)
         # Stay well under SQLite's limit on bound parameters.
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
