@@ -35,6 +35,7 @@ from pingo.api.routes import users as user_routes
 from pingo.api.routes import workflows as workflow_routes
 from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord, WorkflowRecord
 from pingo.ui import dag
+from pingo.webhooks import hooks
 from pingo.workflows import reuse
 
 logger = logging.getLogger(__name__)
@@ -378,11 +379,12 @@ async def rerun_workflow(request: web.Request) -> web.Response:
 
 @routes.get("/workflows/{workflow_id}/definition.json")
 async def download_definition(request: web.Request) -> web.Response:
-    """The workflow as it was submitted, as a JSON file (to edit and submit again)."""
+    """The workflow as it was submitted, as a JSON file (to edit and submit again), but
+    with its webhooks' secrets left out: the file needs them put back to be submitted."""
     await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     return bodies.raw_json_response(
-        bodies.encode_json(dict(record.document)),
+        bodies.encode_json(hooks.without_secrets(record.document)),
         headers={"Content-Disposition": f'attachment; filename="{record.id}.json"'},
     )
 

@@ -34,9 +34,7 @@ def schedule_document(record: ScheduleRecord) -> models.Schedule:
     spec = record.spec
     triggered = "trigger" in spec
     # Stored resolved: a schedule's workflow is always a document by now.
-    workflow: dict[str, Any] = dict(spec.get("workflow") or {})
-    if "webhooks" in workflow:
-        workflow["webhooks"] = hooks.redact(workflow["webhooks"])
+    workflow = hooks.without_secrets(spec.get("workflow") or {})
     return models.Schedule(
         id=record.id,
         name=record.name,
