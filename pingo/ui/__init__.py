@@ -738,6 +738,8 @@ async def add_user(request: web.Request) -> web.Response:
     )
     response = aiohttp_jinja2.render_template("users.html", request, context, status=201)
     response.headers["Cache-Control"] = "no-store"
+    # What was created, as the API's answer names it (the audit log records it).
+    response.headers["Location"] = user_routes.user_location(added.name)
     return response
 
 

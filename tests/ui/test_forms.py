@@ -156,6 +156,47 @@ async def test_an_admin_may_manage_anyones_dataset(users_api: Api) -> None:
     assert (await _dataset(users_api, "alice", end))["pinned"] is True
 
 
+async def test_the_uis_changes_are_in_the_audit_log(users_api: Api) -> None:
+    """Every change the web UI makes is audited as the API's is: who, what, from where."""
+    submitted = await users_api.submit(chain("ui-audited", 1), user="alice")
+    dataset = (await users_api.wait(submitted["id"]))["actions"][0]["datasetId"]
+    bob_csrf = await sign_in(users_api, "bob")
+    refused = await users_api.client.post(f"/datasets/{dataset}/pin", data={"csrf": bob_csrf})
+    assert refused.status == 403
+    csrf = await sign_in(users_api, "alice")
+    for change in ("pin", "unpin", "delete"):
+        response = await users_api.client.post(
+            f"/datasets/{dataset}/{change}",
+            data={"csrf": csrf, "force": "yes"},
+            allow_redirects=False,
+        )
+        assert response.status == 303, change
+    csrf = await sign_in(users_api, "admin")
+    added = await users_api.client.post("/users", data={"csrf": csrf, "name": "carol"})
+    assert added.status == 201
+    revoked = await users_api.client.post(
+        "/users/carol/revoke", data={"csrf": csrf}, allow_redirects=False
+    )
+    assert revoked.status == 303
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    fixture = {"/api/v1/users/alice", "/api/v1/users/bob"}  # users_api's own, by the API
+    # A form's redirect is recorded as its location, as the UI's kill and re-run are.
+    page = {"dataset_id": dataset, "location": f"/datasets/{dataset}"}
+    entries = [
+        e
+        for e in (await audit.json())["items"]
+        if e["action"] != "workflow.submit" and e["target"].get("location") not in fixture
+    ]
+    assert [(e["actor"], e["action"], e["target"], e["status"]) for e in reversed(entries)] == [
+        ("alice", "dataset.pin", page, 303),
+        ("alice", "dataset.unpin", page, 303),
+        ("alice", "dataset.delete", page, 303),
+        ("admin", "user.add", {"location": "/api/v1/users/carol"}, 201),
+        ("admin", "user.revoke", {"name": "carol", "location": "/users"}, 303),
+    ]
+    assert {e["remote"] for e in entries} == {"127.0.0.1"}
+
+
 async def test_the_action_page_shows_history_attempts_and_timings(users_api: Api) -> None:
     document = command_workflow(
         {1: ["sh", "-c", f"echo '{SCRIPT}'; echo done > \"$PINGO_OUTPUT\""]}, name="timed"
