@@ -47,6 +47,9 @@ _PATH_POLL_S = 1.0
 _TRIGGER_SCAN = 500
 #: The watermark moves just past the occurrence that fired.
 _AFTER = timedelta(microseconds=1)
+#: The shortest wait between passes while a tick is about to be due (no busy loop on a
+#: clock that reads a hair before the tick).
+_MIN_WAIT_S = 0.001
 
 
 def new_schedule_id() -> str:
@@ -73,6 +76,9 @@ class ScheduleService:
         self._parallel = asyncio.Semaphore(_PARALLEL)
         #: Parsed definitions by schedule id (a schedule's definition never changes).
         self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
+        #: The soonest instant the last pass saw something become due (a tick, or another
+        #: node's claim expiring): the scheduler wakes then rather than at its next poll.
+        self._soonest: datetime | None = None
 
     def spec(self, schedule: ScheduleRecord) -> rules.ScheduleSpec:
         """The schedule's parsed definition (cached: parsing checks the cron every time)."""
@@ -163,9 +169,19 @@ class ScheduleService:
     # ------------------------------------------------------------------- ticks
 
     async def fire_due(self) -> bool:
-        """One scheduler pass: act on every due schedule; True when more may be due now."""
+        """One scheduler pass: act on every due schedule; True when more may be due now.
+
+        The pass also reads what becomes due within one scheduler interval, so that the
+        loop sleeps until then (`wait_s`): a tick is submitted when due, not up to an
+        interval later at the next poll.
+        """
         now = self.store.clock()
-        due = await self.store.list_due_schedules(now, self.settings.node_id, limit=100)
+        horizon = now + timedelta(seconds=self.settings.schedule_interval_s)
+        found = await self.store.list_due_schedules(horizon, self.settings.node_id, limit=100)
+        due = [s for s in found if self._due_now(s, now)]
+        self._soonest = min(
+            (at for s in found if (at := self._due_next(s, now)) is not None), default=None
+        )
         if not due:
             return False
         # Nodes walk the due schedules in different orders, so that they mostly claim
@@ -176,11 +192,45 @@ class ScheduleService:
         # A share at a time: claiming every due tick at once would hand them all to the
         # first node to look, which then submits them alone while the others idle.
         claimed = await self._claim_ticks(ticking[:_CLAIM_BATCH], now)
+        for _, decision in claimed:
+            self._expect(decision.next_fire_at)
         progressed = await asyncio.gather(
             *(self._guarded(s, now) for s in others),
             *(self._guarded_settle(c, d, now) for c, d in claimed),
         )
         return any(progressed) or len(ticking) > _CLAIM_BATCH
+
+    def wait_s(self, interval_s: float) -> float:
+        """How long the scheduler may sleep: until the soonest due instant the last pass
+        saw, at most `interval_s` (schedules made or changed on other nodes are found by
+        polling)."""
+        if self._soonest is None:
+            return interval_s
+        until = (self._soonest - self.store.clock()).total_seconds()
+        return min(interval_s, max(until, _MIN_WAIT_S))
+
+    def _expect(self, at: datetime | None) -> None:
+        if at is not None and (self._soonest is None or at < self._soonest):
+            self._soonest = at
+
+    def _due_now(self, schedule: ScheduleRecord, now: datetime) -> bool:
+        """Whether `list_due_schedules(now)` would have listed it (the pass read ahead)."""
+        if schedule.pending_tick_at is not None:
+            expires = schedule.claim_expires_at
+            return schedule.claimed_by == self.settings.node_id or expires is None or expires <= now
+        return (
+            not schedule.paused
+            and schedule.next_fire_at is not None
+            and schedule.next_fire_at <= now
+        )
+
+    def _due_next(self, schedule: ScheduleRecord, now: datetime) -> datetime | None:
+        """When a schedule listed ahead of time becomes due (None if it is due now)."""
+        if self._due_now(schedule, now):
+            return None
+        if schedule.pending_tick_at is not None:
+            return schedule.claim_expires_at  # another node's claim, taken over then
+        return schedule.next_fire_at
 
     def _claimable_tick(self, schedule: ScheduleRecord) -> bool:
         """Whether the schedule's next cron tick is to be claimed (the batched path)."""

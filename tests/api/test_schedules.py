@@ -262,6 +262,27 @@ async def test_the_secret_is_never_echoed(tmp_path: Any, aiohttp_client: Any) ->
         assert secret not in await response.text(), path
 
 
+async def test_a_tick_fires_when_due_not_at_the_schedulers_next_poll(
+    tmp_path: Any, aiohttp_client: Any
+) -> None:
+    """The scheduler sleeps until the next tick it knows of, not a whole interval: with
+    a 60 s interval, a tick two seconds away runs then (and none is skipped), where a
+    node that only polled would find it a minute late, past the catch-up grace."""
+    from pingo.api.app import create_app
+
+    from .conftest import ADMIN_TOKEN
+
+    settings: Settings = make_settings(tmp_path, schedule_interval_s=60.0)
+    client = await aiohttp_client(create_app(settings))
+    api = Api(client=client, app=client.app, tokens={"admin": ADMIN_TOKEN})
+    body = {**every_second(dated("on-time")), "cron": "*/2 * * * * *", "catchUp": "none"}
+    created = await create(api, body)
+    found = await wait_runs(api, created["id"], 3, timeout_s=30)
+    assert {r["outcome"] for r in found} == {"submitted"}, found
+    ticks = sorted(r["tickAt"] for r in found)
+    assert ticks[0] == created["nextFireAt"]
+
+
 async def test_a_scheduler_idempotency_key_cannot_be_taken_by_hand(api: Api) -> None:
     response = await api.client.post(
         "/api/v1/workflows",
