@@ -229,6 +229,45 @@ async def test_a_node_dying_after_submitting_never_doubles_the_run(
     assert sorted(r.workflow_id or "" for r in runs.values()) == sorted(w.id for w in submitted)
 
 
+async def test_the_schedules_date_in_a_document_computes_once_a_day(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """`{schedule.date}` is part of the action's provenance: the ticks of one day share a
+    dataset, and the first tick of the next day makes a new one; a user parameter too."""
+    node = make_node(tmp_path, store, "a")
+    created = await node.schedules.create(
+        {
+            "name": "daily",
+            "cron": "0 */8 * * *",
+            "timezone": "Europe/Paris",
+            "parameters": {"region": "eu"},
+            "workflow": workflow("{schedule.date} {param.region}"),
+        },
+        owner="alice",
+    )
+    # Ticks at 00:00, 08:00 and 16:00 Paris time: 23:00, 07:00 and 15:00 UTC.
+    assert created.next_fire_at == datetime(2026, 1, 1, 7, tzinfo=UTC)
+    for _ in range(4):
+        clock.now = await _next_fire(store, created.id)
+        assert await node.schedules.fire_due()
+    runs = sorted(await store.list_schedule_runs(created.id), key=lambda r: r.tick_at)
+    assert [r.tick_at.hour for r in runs] == [7, 15, 23, 7]
+    datasets = []
+    for run in runs:
+        assert run.workflow_id is not None
+        [action] = await store.list_actions(run.workflow_id)
+        assert action.definition["command"][1].endswith(" eu")
+        datasets.append(action.dataset_id)
+    # 1 January (07:00, 15:00 UTC), then 2 January in Paris (23:00, 07:00 UTC).
+    assert datasets[0] == datasets[1] != datasets[2] == datasets[3]
+
+
+async def _next_fire(store: Store, schedule_id: str) -> datetime:
+    schedule = await store.get_schedule(schedule_id)
+    assert schedule is not None and schedule.next_fire_at is not None
+    return schedule.next_fire_at
+
+
 async def test_two_nodes_racing_on_every_tick_submit_each_once(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
