@@ -19,6 +19,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,8 +44,10 @@ _SPEC_CACHE = 10_000
 _CAS_RETRIES = 20
 #: A path trigger is looked at this often per node (a remote data root is slow to ask).
 _PATH_POLL_S = 1.0
-#: How many of the owner's latest dataset stores a dataset trigger looks through.
-_TRIGGER_SCAN = 500
+#: A page of the owner's dataset stores, as a dataset trigger reads them.
+_TRIGGER_PAGE = 500
+#: Pages one pass reads for one dataset trigger (more wait for the next pass).
+_TRIGGER_PAGES = 20
 #: The watermark moves just past the occurrence that fired.
 _AFTER = timedelta(microseconds=1)
 #: The shortest wait between passes while a tick is about to be due (no busy loop on a
@@ -54,6 +57,16 @@ _MIN_WAIT_S = 0.001
 
 def new_schedule_id() -> str:
     return f"sch-{secrets.token_hex(8)}"
+
+
+@dataclass(slots=True)
+class _StoreWatch:
+    """What one node knows of a dataset trigger's occurrences: the owner's feed of
+    dataset stores followed from before the watermark, and the watched action's stores
+    found in it (their times), however many other stores came between two passes."""
+
+    follower: events.Follower
+    occurrences: set[datetime] = field(default_factory=set)
 
 
 class ScheduleService:
@@ -73,6 +86,8 @@ class ScheduleService:
         self.storage = storage
         #: When this node last looked at each path trigger (monotonic seconds).
         self._polled: dict[str, float] = {}
+        #: The feed each dataset trigger follows on this node, by schedule id.
+        self._watches: OrderedDict[str, _StoreWatch] = OrderedDict()
         self._parallel = asyncio.Semaphore(_PARALLEL)
         #: Parsed definitions by schedule id (a schedule's definition never changes).
         self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
@@ -408,18 +423,48 @@ class ScheduleService:
         self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime
     ) -> datetime | None:
         """When the watched dataset was first stored at or after `since` (its owner's feed)."""
-        found = await self.store.list_events(
-            owner=schedule.owner, kind=events.DATASET_STORED, limit=_TRIGGER_SCAN
-        )
-        times = [
-            e.at
-            for e in found
-            if e.at >= since
-            and e.payload is not None
-            and e.payload.get("workflowName") == trigger.workflow
-            and e.payload.get("actionName") == trigger.action
-        ]
-        return min(times, default=None)
+        watch = self._watches.get(schedule.id)
+        if watch is None:
+            watch = self._watches[schedule.id] = await self._watch(schedule, since)
+            if len(self._watches) > _SPEC_CACHE:
+                self._watches.popitem(last=False)
+        now = self.store.clock()
+        for _ in range(_TRIGGER_PAGES):
+            fresh = await watch.follower.poll(now, limit=_TRIGGER_PAGE)
+            watch.occurrences.update(
+                e.at
+                for e in fresh
+                if e.payload is not None
+                and e.payload.get("workflowName") == trigger.workflow
+                and e.payload.get("actionName") == trigger.action
+            )
+            if len(fresh) < _TRIGGER_PAGE:
+                break
+        # Another node may have moved the watermark past some of them.
+        watch.occurrences = {at for at in watch.occurrences if at >= since}
+        return min(watch.occurrences, default=None)
+
+    async def _watch(self, schedule: ScheduleRecord, since: datetime) -> _StoreWatch:
+        """Follow the owner's dataset stores from the newest one settled before `since`:
+        the feed is read backwards page by page until one is older (once per node)."""
+        settled = since - timedelta(seconds=events.SETTLE_S)
+        floor, before = 0, None
+        while True:
+            page = await self.store.list_events(
+                owner=schedule.owner,
+                kind=events.DATASET_STORED,
+                before_seq=before,
+                limit=_TRIGGER_PAGE,
+            )
+            older = next((e for e in page if e.at < settled), None)
+            if older is not None:
+                floor = older.seq
+                break
+            if len(page) < _TRIGGER_PAGE:
+                break
+            before = page[-1].seq
+        follower = events.Follower(self.store, schedule.owner, floor, kind=events.DATASET_STORED)
+        return _StoreWatch(follower)
 
     async def _appeared_since(
         self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime

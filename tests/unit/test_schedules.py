@@ -384,6 +384,35 @@ async def test_nodes_racing_on_a_dataset_trigger_run_each_store_once(
     assert len({w.idempotency_key for w in submitted}) == 4
 
 
+async def test_a_dataset_trigger_misses_no_store_among_many_others(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """The owner's other dataset stores, however many between two passes, hide no store
+    of the watched action: from a node that has followed the feed, or one just started."""
+    a, b = make_node(tmp_path, store, "a"), make_node(tmp_path, store, "b")
+    body = {
+        "name": "on-count",
+        "trigger": {"dataset": {"workflow": "clicks", "action": "count"}},
+        "workflow": workflow(),
+    }
+    created = await a.schedules.create(body, owner="alice")
+    assert not await a.schedules.fire_due()  # a follows the feed from here
+    stored_at = []
+    for _ in range(2):
+        clock.advance(1)
+        await store_dataset_event(store, "clicks", "count")
+        stored_at.append(clock())
+        for _ in range(1200):
+            await store_dataset_event(store, "clicks", "extract")
+    await a.schedules.fire_due()
+    await b.schedules.fire_due()  # b reads the feed for the first time
+    for _ in range(4):
+        await asyncio.gather(a.schedules.fire_due(), b.schedules.fire_due())
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == stored_at
+    assert len(await workflows_of(store)) == 2
+
+
 async def test_a_node_dying_after_claiming_a_trigger_loses_nothing(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
