@@ -54,6 +54,8 @@ async def wait_runs(api: Api, schedule_id: str, count: int, timeout_s: float = 2
 
 
 async def test_a_schedule_fires_each_second_and_reuses_the_same_days_output(api: Api) -> None:
+    submitted_before = await api.metric('pingo_schedule_ticks_total{outcome="submitted"}')
+    lags_before = await api.metric("pingo_schedule_fire_lag_seconds_count")
     created = await create(api, every_second(dated("daily")))
     assert created["id"].startswith("sch-")
     assert created["nextFireAt"].endswith("Z")
@@ -70,6 +72,10 @@ async def test_a_schedule_fires_each_second_and_reuses_the_same_days_output(api:
     # Same date in the argv: one dataset, computed once and reused by the later ticks.
     assert len({d["actions"][0]["datasetId"] for d in documents}) == 1
     assert sum(not d["actions"][0]["reused"] for d in documents) == 1
+    # /metrics counts each tick submitted, and its lag from due time to submission.
+    ticks = await api.metric('pingo_schedule_ticks_total{outcome="submitted"}')
+    assert ticks - submitted_before >= len(submitted)
+    assert await api.metric("pingo_schedule_fire_lag_seconds_count") - lags_before >= len(submitted)
 
 
 async def test_the_tick_time_makes_each_run_a_new_computation(api: Api) -> None:
