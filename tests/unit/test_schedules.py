@@ -446,6 +446,43 @@ async def test_a_node_dying_after_claiming_a_trigger_loses_nothing(
     assert len(await workflows_of(store)) == 1
 
 
+async def test_a_path_trigger_polls_a_remote_data_root_through_fsspec(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """A data root that is not a local directory (fsspec's memory filesystem standing for
+    HDFS or S3) is polled through fsspec: the marker fires once when it appears, and
+    again when it is written anew."""
+    import fsspec
+
+    root = f"memory://pingo-trigger-{os.getpid()}-{id(store)}"
+    settings = Settings(
+        home=tmp_path / "remote",
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        data_root=root,
+        node_id="remote",
+    )
+    node = Node(settings, store, executors={}, secret=b"x" * 32)
+    clock.now = datetime.now(UTC)  # the filesystem's modification times are real ones
+    body = {"name": "on-drop", "trigger": {"path": "in/_SUCCESS"}, "workflow": workflow()}
+    created = await node.schedules.create(body, owner="alice")
+    memory = fsspec.filesystem("memory")
+    marker = memory._strip_protocol(f"{root}/in/_SUCCESS")
+    assert not await node.schedules.fire_due()  # nothing there yet
+    written = []
+    for content in (b"1", b"2"):
+        await asyncio.sleep(0.01)  # a later modification time
+        memory.pipe(marker, content)
+        written.append(memory.modified(marker))
+        clock.now = datetime.now(UTC)
+        for _ in range(2):
+            node.schedules._polled.clear()  # look again now, not a second later
+            await node.schedules.fire_due()
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == [at.astimezone(UTC) for at in written]
+    assert {r.outcome for r in runs} == {"submitted"}
+    memory.rm(marker)
+
+
 async def test_nodes_racing_on_a_path_trigger_run_each_change_once(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
