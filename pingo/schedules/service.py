@@ -190,6 +190,9 @@ class ScheduleService:
         loop sleeps until then (`wait_s`): a tick is submitted when due, not up to an
         interval later at the next poll.
         """
+        # Forgotten first: a pass that fails on the store must not leave a past instant
+        # behind, which would make the loop retry at once instead of at its interval.
+        self._soonest = None
         now = self.store.clock()
         horizon = now + timedelta(seconds=self.settings.schedule_interval_s)
         found = await self.store.list_due_schedules(horizon, self.settings.node_id, limit=100)

@@ -268,6 +268,37 @@ async def _next_fire(store: Store, schedule_id: str) -> datetime:
     return schedule.next_fire_at
 
 
+async def test_the_scheduler_sleeps_until_the_next_tick_and_no_less_on_a_store_error(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    settings = Settings(
+        home=tmp_path / "a",
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        node_id="a",
+        schedule_interval_s=5.0,
+    )
+    node = Node(settings, store, executors={}, secret=b"x" * 32)
+    await node.schedules.create(
+        {"name": "s", "cron": "*/2 * * * * *", "workflow": workflow()}, owner="alice"
+    )
+    clock.advance(0.5)  # the first tick is at START + 2 s
+    assert not await node.schedules.fire_due()
+    assert node.scheduler.wait_s() == pytest.approx(1.5)
+    clock.advance(1.5)
+    await node.schedules.fire_due()  # runs it, and knows the next one
+    assert node.scheduler.wait_s() == pytest.approx(2.0)
+    clock.advance(10)  # what the last pass knew is now past
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise errors.StoreUnavailable("down")
+
+    node.schedules.store.list_due_schedules = unavailable  # type: ignore[method-assign]
+    with pytest.raises(errors.StoreUnavailable):
+        await node.schedules.fire_due()
+    # Retried at the interval, not at once (a past instant would spin the loop).
+    assert node.scheduler.wait_s() == 5.0
+
+
 async def test_two_nodes_racing_on_every_tick_submit_each_once(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
