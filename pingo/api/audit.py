@@ -39,6 +39,9 @@ AUDITED: Mapping[tuple[str, str], str] = {
     ("POST", "/api/v1/schedules/{schedule_id}/pause"): "schedule.pause",
     ("POST", "/api/v1/schedules/{schedule_id}/resume"): "schedule.resume",
     ("DELETE", "/api/v1/schedules/{schedule_id}"): "schedule.rm",
+    ("POST", "/schedules/{schedule_id}/pause"): "schedule.pause",
+    ("POST", "/schedules/{schedule_id}/resume"): "schedule.resume",
+    ("POST", "/schedules/{schedule_id}/delete"): "schedule.rm",
 }
 
 

@@ -702,6 +702,37 @@ async def schedules_page(request: web.Request) -> dict[str, object]:
     return _context(user, session, schedules=schedules)
 
 
+async def _change_schedule(request: web.Request, change: str) -> web.Response:
+    """Pause, resume or delete a schedule from the schedules page: the API's rules (the
+    owner or an admin; another user's schedule is a 404), through its service."""
+    _, session = await _session_user(request)
+    await _check_csrf(request, session)
+    record = await schedule_routes.visible_schedule(request)
+    node = runtime.node(request)
+    if change == "delete":
+        await node.schedules.delete(record.id)
+    else:
+        await node.schedules.set_paused(record.id, change == "pause")
+        node.scheduler.wake()
+    raise web.HTTPSeeOther("/schedules")
+
+
+# One route each, so that the audit log names them as the API's routes are named.
+@routes.post("/schedules/{schedule_id}/pause")
+async def pause_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "pause")
+
+
+@routes.post("/schedules/{schedule_id}/resume")
+async def resume_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "resume")
+
+
+@routes.post("/schedules/{schedule_id}/delete")
+async def delete_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "delete")
+
+
 async def _users_context(
     request: web.Request, user: UserRecord, session: Session, **values: object
 ) -> dict[str, object]:

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from aiohttp import ClientResponse
+
 from pingo import ui
 from pingo.api.app import create_app
 from tests.api.conftest import (
@@ -195,6 +197,58 @@ async def test_the_uis_changes_are_in_the_audit_log(users_api: Api) -> None:
         ("admin", "user.revoke", {"name": "carol", "location": "/users"}, 303),
     ]
     assert {e["remote"] for e in entries} == {"127.0.0.1"}
+
+
+async def test_schedule_forms_follow_the_apis_rules(users_api: Api) -> None:
+    body = {"name": "ui-nightly", "cron": "0 3 * * *", "workflow": chain("ui-schedule", 1)}
+    created = await users_api.client.post(
+        "/api/v1/schedules", json=body, headers=users_api.auth("alice")
+    )
+    assert created.status == 201
+    sid = (await created.json())["id"]
+
+    async def schedule() -> ClientResponse:
+        return await users_api.client.get(
+            f"/api/v1/schedules/{sid}", headers=users_api.auth("alice")
+        )
+
+    pause = f"/schedules/{sid}/pause"
+    anonymous = await users_api.client.post(pause, data={}, allow_redirects=False)
+    assert anonymous.status == 303 and anonymous.headers["Location"] == "/login"
+    # Bob does not see it, and cannot change it: a 404, as from the API.
+    bob_csrf = await sign_in(users_api, "bob")
+    assert pause not in await (await users_api.client.get("/schedules")).text()
+    for change in ("pause", "resume", "delete"):
+        response = await users_api.client.post(
+            f"/schedules/{sid}/{change}", data={"csrf": bob_csrf}
+        )
+        assert response.status == 404, change
+    csrf = await sign_in(users_api, "alice")
+    page = await (await users_api.client.get("/schedules")).text()
+    assert f'action="{pause}"' in page and f'action="/schedules/{sid}/delete"' in page
+    assert (await users_api.client.post(pause, data={})).status == 403
+    assert (await (await schedule()).json())["paused"] is False
+    done = await users_api.client.post(pause, data={"csrf": csrf}, allow_redirects=False)
+    assert done.status == 303 and done.headers["Location"] == "/schedules"
+    assert (await (await schedule()).json())["paused"] is True
+    page = await (await users_api.client.get("/schedules")).text()
+    assert f'action="/schedules/{sid}/resume"' in page
+    await users_api.client.post(f"/schedules/{sid}/resume", data={"csrf": csrf})
+    resumed = await (await schedule()).json()
+    assert resumed["paused"] is False and resumed["nextFireAt"] is not None
+    await users_api.client.post(f"/schedules/{sid}/delete", data={"csrf": csrf})
+    assert (await schedule()).status == 404
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    changes = [
+        (e["actor"], e["action"], e["target"]["schedule_id"])
+        for e in reversed((await audit.json())["items"])
+        if e["action"] in ("schedule.pause", "schedule.resume", "schedule.rm")
+    ]
+    assert changes == [
+        ("alice", "schedule.pause", sid),
+        ("alice", "schedule.resume", sid),
+        ("alice", "schedule.rm", sid),
+    ]
 
 
 async def test_the_action_page_shows_history_attempts_and_timings(users_api: Api) -> None:
