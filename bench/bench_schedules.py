@@ -8,10 +8,11 @@ schedule_fire_lag_p99_ms  100 schedules firing every second (cron `* * * * * *`)
                           target < 250 ms (issue 18)
 schedule_ticks_missing    ticks of the window with no run (expected 0)
 
-Each workflow is one command-line action with `{schedule.time}` in its argv, so every
-tick plans and computes a new dataset; the executor is the no-op one (this measures the
-scheduler and the control plane, not subprocesses). The first two seconds are left
-out (both nodes starting).
+Both nodes run with the server's default settings (`PINGO_SCHEDULE_INTERVAL_S` = 0.2 s),
+as a user's would. Each workflow is one command-line action with `{schedule.time}` in
+its argv, so every tick plans and computes a new dataset; the executor is the no-op one
+(this measures the scheduler and the control plane, not subprocesses). The first two
+seconds are left out (both nodes starting).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pingo.node import Node
 from pingo.store import open_store
 
 async def main(home, url, seconds):
-    settings = Settings(home=home, store_url=url, node_id="bench-node-2", schedule_interval_s=0.05)
+    settings = Settings(home=home, store_url=url, node_id="bench-node-2")
     async with open_store(url) as store:
         node = Node(settings, store, executors={"command-line": noop.create}, secret=b"x" * 32)
         await node.start()
@@ -72,9 +73,7 @@ def _workflow(index: int) -> dict[str, object]:
 
 async def _window(root: Path) -> dict[str, float]:
     url = f"sqlite:///{root / 'pingo.db'}"
-    settings = Settings(
-        home=root / "node-1", store_url=url, node_id="bench-node-1", schedule_interval_s=0.05
-    )
+    settings = Settings(home=root / "node-1", store_url=url, node_id="bench-node-1")
     async with open_store(url) as store:
         await store.create_user(UserRecord("bench", "h", False, datetime.now(UTC)))
         node = Node(settings, store, executors={"command-line": noop.create}, secret=b"x" * 32)

@@ -33,6 +33,10 @@ class Loop:
         """Do one pass; return True when more work may be waiting right now."""
         raise NotImplementedError
 
+    def wait_s(self) -> float:
+        """How long to wait for a wake-up after a pass that found nothing more to do."""
+        return self.interval_s
+
     def wake(self) -> None:
         """Start the next pass now instead of at the next interval."""
         self._woken.set()
@@ -67,7 +71,7 @@ class Loop:
                 await asyncio.sleep(0)
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), timeout=self.interval_s)
+                await asyncio.wait_for(self._woken.wait(), timeout=self.wait_s())
         logger.debug("%s stopped", self.name, extra={"event": "loop_stopped", "loop": self.name})
 
 

@@ -17,13 +17,18 @@ from aiohttp import web
 from pingo import events
 from pingo.api import auth, problems, runtime
 
-#: (method, route) -> the action's name in the log.
+#: (method, route) -> the action's name in the log. A name may be filled from one of the
+#: route's parameters (the web UI's dataset form says pin, unpin or delete in its path);
+#: that parameter is then the action, not part of the target.
 AUDITED: Mapping[tuple[str, str], str] = {
     ("POST", "/api/v1/workflows"): "workflow.submit",
     ("POST", "/api/v1/workflows/{workflow_id}/kill"): "workflow.kill",
     ("POST", "/api/v1/workflows/{workflow_id}/rerun"): "workflow.rerun",
     ("POST", "/workflows/{workflow_id}/kill"): "workflow.kill",
     ("POST", "/workflows/{workflow_id}/rerun"): "workflow.rerun",
+    ("POST", "/datasets/{dataset_id}/{change}"): "dataset.{change}",
+    ("POST", "/users"): "user.add",
+    ("POST", "/users/{name}/revoke"): "user.revoke",
     ("DELETE", "/api/v1/datasets/{dataset_id}"): "dataset.delete",
     ("POST", "/api/v1/datasets/{dataset_id}/pin"): "dataset.pin",
     ("POST", "/api/v1/datasets/{dataset_id}/unpin"): "dataset.unpin",
@@ -34,24 +39,30 @@ AUDITED: Mapping[tuple[str, str], str] = {
     ("POST", "/api/v1/schedules/{schedule_id}/pause"): "schedule.pause",
     ("POST", "/api/v1/schedules/{schedule_id}/resume"): "schedule.resume",
     ("DELETE", "/api/v1/schedules/{schedule_id}"): "schedule.rm",
+    ("POST", "/schedules/{schedule_id}/pause"): "schedule.pause",
+    ("POST", "/schedules/{schedule_id}/resume"): "schedule.resume",
+    ("POST", "/schedules/{schedule_id}/delete"): "schedule.rm",
 }
 
 
 def _audited(request: web.Request) -> str | None:
-    """The action `request` performs, if it is one the log records."""
+    """The action `request` performs (its `AUDITED` name), if it is one the log records."""
     resource = request.match_info.route.resource
     if resource is None:
         return None
     return AUDITED.get((request.method, resource.canonical))
 
 
-async def _record(request: web.Request, action: str, response: web.StreamResponse) -> None:
+async def _record(request: web.Request, named: str, response: web.StreamResponse) -> None:
     user = request.get(auth.USER_KEY)
     if user is None or response.status >= 400:
         return
     if request.query.get("dryRun", "").strip().lower() in ("true", "1", "yes"):
         return  # a plan shown, nothing changed
-    target = dict(request.match_info)
+    # The router matched the parameters a name may use against the route's own pattern
+    # (`pin|unpin|delete`), so filling it in names only actions of the table.
+    action = named.format_map(request.match_info)
+    target = {k: v for k, v in request.match_info.items() if f"{{{k}}}" not in named}
     location = response.headers.get("Location")
     if location is not None:
         target["location"] = location

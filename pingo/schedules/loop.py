@@ -17,3 +17,7 @@ class Scheduler(loops.Loop):
 
     async def run_once(self) -> bool:
         return await self.service.fire_due()
+
+    def wait_s(self) -> float:
+        # Until the next tick the last pass saw coming, if that is before the interval.
+        return self.service.wait_s(self.interval_s)

@@ -19,6 +19,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,14 +44,29 @@ _SPEC_CACHE = 10_000
 _CAS_RETRIES = 20
 #: A path trigger is looked at this often per node (a remote data root is slow to ask).
 _PATH_POLL_S = 1.0
-#: How many of the owner's latest dataset stores a dataset trigger looks through.
-_TRIGGER_SCAN = 500
+#: A page of the owner's dataset stores, as a dataset trigger reads them.
+_TRIGGER_PAGE = 500
+#: Pages one pass reads for one dataset trigger (more wait for the next pass).
+_TRIGGER_PAGES = 20
 #: The watermark moves just past the occurrence that fired.
 _AFTER = timedelta(microseconds=1)
+#: The shortest wait between passes while a tick is about to be due (no busy loop on a
+#: clock that reads a hair before the tick).
+_MIN_WAIT_S = 0.001
 
 
 def new_schedule_id() -> str:
     return f"sch-{secrets.token_hex(8)}"
+
+
+@dataclass(slots=True)
+class _StoreWatch:
+    """What one node knows of a dataset trigger's occurrences: the owner's feed of
+    dataset stores followed from before the watermark, and the watched action's stores
+    found in it (their times), however many other stores came between two passes."""
+
+    follower: events.Follower
+    occurrences: set[datetime] = field(default_factory=set)
 
 
 class ScheduleService:
@@ -70,9 +86,14 @@ class ScheduleService:
         self.storage = storage
         #: When this node last looked at each path trigger (monotonic seconds).
         self._polled: dict[str, float] = {}
+        #: The feed each dataset trigger follows on this node, by schedule id.
+        self._watches: OrderedDict[str, _StoreWatch] = OrderedDict()
         self._parallel = asyncio.Semaphore(_PARALLEL)
         #: Parsed definitions by schedule id (a schedule's definition never changes).
         self._specs: OrderedDict[str, rules.ScheduleSpec] = OrderedDict()
+        #: The soonest instant the last pass saw something become due (a tick, or another
+        #: node's claim expiring): the scheduler wakes then rather than at its next poll.
+        self._soonest: datetime | None = None
 
     def spec(self, schedule: ScheduleRecord) -> rules.ScheduleSpec:
         """The schedule's parsed definition (cached: parsing checks the cron every time)."""
@@ -163,9 +184,22 @@ class ScheduleService:
     # ------------------------------------------------------------------- ticks
 
     async def fire_due(self) -> bool:
-        """One scheduler pass: act on every due schedule; True when more may be due now."""
+        """One scheduler pass: act on every due schedule; True when more may be due now.
+
+        The pass also reads what becomes due within one scheduler interval, so that the
+        loop sleeps until then (`wait_s`): a tick is submitted when due, not up to an
+        interval later at the next poll.
+        """
+        # Forgotten first: a pass that fails on the store must not leave a past instant
+        # behind, which would make the loop retry at once instead of at its interval.
+        self._soonest = None
         now = self.store.clock()
-        due = await self.store.list_due_schedules(now, self.settings.node_id, limit=100)
+        horizon = now + timedelta(seconds=self.settings.schedule_interval_s)
+        found = await self.store.list_due_schedules(horizon, self.settings.node_id, limit=100)
+        due = [s for s in found if self._due_now(s, now)]
+        self._soonest = min(
+            (at for s in found if (at := self._due_next(s, now)) is not None), default=None
+        )
         if not due:
             return False
         # Nodes walk the due schedules in different orders, so that they mostly claim
@@ -176,11 +210,45 @@ class ScheduleService:
         # A share at a time: claiming every due tick at once would hand them all to the
         # first node to look, which then submits them alone while the others idle.
         claimed = await self._claim_ticks(ticking[:_CLAIM_BATCH], now)
+        for _, decision in claimed:
+            self._expect(decision.next_fire_at)
         progressed = await asyncio.gather(
             *(self._guarded(s, now) for s in others),
             *(self._guarded_settle(c, d, now) for c, d in claimed),
         )
         return any(progressed) or len(ticking) > _CLAIM_BATCH
+
+    def wait_s(self, interval_s: float) -> float:
+        """How long the scheduler may sleep: until the soonest due instant the last pass
+        saw, at most `interval_s` (schedules made or changed on other nodes are found by
+        polling)."""
+        if self._soonest is None:
+            return interval_s
+        until = (self._soonest - self.store.clock()).total_seconds()
+        return min(interval_s, max(until, _MIN_WAIT_S))
+
+    def _expect(self, at: datetime | None) -> None:
+        if at is not None and (self._soonest is None or at < self._soonest):
+            self._soonest = at
+
+    def _due_now(self, schedule: ScheduleRecord, now: datetime) -> bool:
+        """Whether `list_due_schedules(now)` would have listed it (the pass read ahead)."""
+        if schedule.pending_tick_at is not None:
+            expires = schedule.claim_expires_at
+            return schedule.claimed_by == self.settings.node_id or expires is None or expires <= now
+        return (
+            not schedule.paused
+            and schedule.next_fire_at is not None
+            and schedule.next_fire_at <= now
+        )
+
+    def _due_next(self, schedule: ScheduleRecord, now: datetime) -> datetime | None:
+        """When a schedule listed ahead of time becomes due (None if it is due now)."""
+        if self._due_now(schedule, now):
+            return None
+        if schedule.pending_tick_at is not None:
+            return schedule.claim_expires_at  # another node's claim, taken over then
+        return schedule.next_fire_at
 
     def _claimable_tick(self, schedule: ScheduleRecord) -> bool:
         """Whether the schedule's next cron tick is to be claimed (the batched path)."""
@@ -358,18 +426,48 @@ class ScheduleService:
         self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime
     ) -> datetime | None:
         """When the watched dataset was first stored at or after `since` (its owner's feed)."""
-        found = await self.store.list_events(
-            owner=schedule.owner, kind=events.DATASET_STORED, limit=_TRIGGER_SCAN
-        )
-        times = [
-            e.at
-            for e in found
-            if e.at >= since
-            and e.payload is not None
-            and e.payload.get("workflowName") == trigger.workflow
-            and e.payload.get("actionName") == trigger.action
-        ]
-        return min(times, default=None)
+        watch = self._watches.get(schedule.id)
+        if watch is None:
+            watch = self._watches[schedule.id] = await self._watch(schedule, since)
+            if len(self._watches) > _SPEC_CACHE:
+                self._watches.popitem(last=False)
+        now = self.store.clock()
+        for _ in range(_TRIGGER_PAGES):
+            fresh = await watch.follower.poll(now, limit=_TRIGGER_PAGE)
+            watch.occurrences.update(
+                e.at
+                for e in fresh
+                if e.payload is not None
+                and e.payload.get("workflowName") == trigger.workflow
+                and e.payload.get("actionName") == trigger.action
+            )
+            if len(fresh) < _TRIGGER_PAGE:
+                break
+        # Another node may have moved the watermark past some of them.
+        watch.occurrences = {at for at in watch.occurrences if at >= since}
+        return min(watch.occurrences, default=None)
+
+    async def _watch(self, schedule: ScheduleRecord, since: datetime) -> _StoreWatch:
+        """Follow the owner's dataset stores from the newest one settled before `since`:
+        the feed is read backwards page by page until one is older (once per node)."""
+        settled = since - timedelta(seconds=events.SETTLE_S)
+        floor, before = 0, None
+        while True:
+            page = await self.store.list_events(
+                owner=schedule.owner,
+                kind=events.DATASET_STORED,
+                before_seq=before,
+                limit=_TRIGGER_PAGE,
+            )
+            older = next((e for e in page if e.at < settled), None)
+            if older is not None:
+                floor = older.seq
+                break
+            if len(page) < _TRIGGER_PAGE:
+                break
+            before = page[-1].seq
+        follower = events.Follower(self.store, schedule.owner, floor, kind=events.DATASET_STORED)
+        return _StoreWatch(follower)
 
     async def _appeared_since(
         self, schedule: ScheduleRecord, trigger: rules.Trigger, since: datetime

@@ -35,6 +35,7 @@ from pingo.api.routes import users as user_routes
 from pingo.api.routes import workflows as workflow_routes
 from pingo.store.protocol import ActionRecord, PlannedAction, UserRecord, WorkflowRecord
 from pingo.ui import dag
+from pingo.webhooks import hooks
 from pingo.workflows import reuse
 
 logger = logging.getLogger(__name__)
@@ -378,11 +379,12 @@ async def rerun_workflow(request: web.Request) -> web.Response:
 
 @routes.get("/workflows/{workflow_id}/definition.json")
 async def download_definition(request: web.Request) -> web.Response:
-    """The workflow as it was submitted, as a JSON file (to edit and submit again)."""
+    """The workflow as it was submitted, as a JSON file (to edit and submit again), but
+    with its webhooks' secrets left out: the file needs them put back to be submitted."""
     await _session_user(request)
     record = await workflow_routes.visible_workflow(request, request.match_info["workflow_id"])
     return bodies.raw_json_response(
-        bodies.encode_json(dict(record.document)),
+        bodies.encode_json(hooks.without_secrets(record.document)),
         headers={"Content-Disposition": f'attachment; filename="{record.id}.json"'},
     )
 
@@ -700,6 +702,37 @@ async def schedules_page(request: web.Request) -> dict[str, object]:
     return _context(user, session, schedules=schedules)
 
 
+async def _change_schedule(request: web.Request, change: str) -> web.Response:
+    """Pause, resume or delete a schedule from the schedules page: the API's rules (the
+    owner or an admin; another user's schedule is a 404), through its service."""
+    _, session = await _session_user(request)
+    await _check_csrf(request, session)
+    record = await schedule_routes.visible_schedule(request)
+    node = runtime.node(request)
+    if change == "delete":
+        await node.schedules.delete(record.id)
+    else:
+        await node.schedules.set_paused(record.id, change == "pause")
+        node.scheduler.wake()
+    raise web.HTTPSeeOther("/schedules")
+
+
+# One route each, so that the audit log names them as the API's routes are named.
+@routes.post("/schedules/{schedule_id}/pause")
+async def pause_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "pause")
+
+
+@routes.post("/schedules/{schedule_id}/resume")
+async def resume_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "resume")
+
+
+@routes.post("/schedules/{schedule_id}/delete")
+async def delete_schedule(request: web.Request) -> web.Response:
+    return await _change_schedule(request, "delete")
+
+
 async def _users_context(
     request: web.Request, user: UserRecord, session: Session, **values: object
 ) -> dict[str, object]:
@@ -736,6 +769,8 @@ async def add_user(request: web.Request) -> web.Response:
     )
     response = aiohttp_jinja2.render_template("users.html", request, context, status=201)
     response.headers["Cache-Control"] = "no-store"
+    # What was created, as the API's answer names it (the audit log records it).
+    response.headers["Location"] = user_routes.user_location(added.name)
     return response
 
 

@@ -152,6 +152,18 @@ def redact(webhooks: Any) -> list[dict[str, Any]]:
     ]
 
 
+def without_secrets(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A workflow document as a view may show it: its webhooks as `{url, events}`.
+
+    The stored document keeps the secrets (they sign each delivery), so every view
+    of it, the schedule's copy and the web UI's download included, goes through here.
+    """
+    shown = dict(document)
+    if "webhooks" in shown:
+        shown["webhooks"] = redact(shown["webhooks"])
+    return shown
+
+
 def sign(secret: str, body: bytes) -> str:
     """The `X-Pingo-Signature` value of `body`."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()

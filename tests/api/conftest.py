@@ -129,6 +129,19 @@ class Api:
         result: dict[str, Any] = await response.json()
         return result
 
+    async def metric(self, sample: str) -> float:
+        """A sample's value in `GET /metrics` (`name{labels}` as exposed), 0 if absent.
+
+        The registry is the process's, shared by the tests of a session: compare values
+        read before and after, never a value alone.
+        """
+        text = await (await self.client.get("/metrics")).text()
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name == sample:
+                return float(value)
+        return 0.0
+
     async def wait(self, workflow_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
         """Poll over HTTP until the workflow is no longer RUNNING."""
         loop = asyncio.get_running_loop()

@@ -54,6 +54,8 @@ async def wait_runs(api: Api, schedule_id: str, count: int, timeout_s: float = 2
 
 
 async def test_a_schedule_fires_each_second_and_reuses_the_same_days_output(api: Api) -> None:
+    submitted_before = await api.metric('pingo_schedule_ticks_total{outcome="submitted"}')
+    lags_before = await api.metric("pingo_schedule_fire_lag_seconds_count")
     created = await create(api, every_second(dated("daily")))
     assert created["id"].startswith("sch-")
     assert created["nextFireAt"].endswith("Z")
@@ -70,6 +72,10 @@ async def test_a_schedule_fires_each_second_and_reuses_the_same_days_output(api:
     # Same date in the argv: one dataset, computed once and reused by the later ticks.
     assert len({d["actions"][0]["datasetId"] for d in documents}) == 1
     assert sum(not d["actions"][0]["reused"] for d in documents) == 1
+    # /metrics counts each tick submitted, and its lag from due time to submission.
+    ticks = await api.metric('pingo_schedule_ticks_total{outcome="submitted"}')
+    assert ticks - submitted_before >= len(submitted)
+    assert await api.metric("pingo_schedule_fire_lag_seconds_count") - lags_before >= len(submitted)
 
 
 async def test_the_tick_time_makes_each_run_a_new_computation(api: Api) -> None:
@@ -260,6 +266,27 @@ async def test_the_secret_is_never_echoed(tmp_path: Any, aiohttp_client: Any) ->
         response = await api.client.get(path, headers=api.auth("admin"))
         assert response.status == 200, path
         assert secret not in await response.text(), path
+
+
+async def test_a_tick_fires_when_due_not_at_the_schedulers_next_poll(
+    tmp_path: Any, aiohttp_client: Any
+) -> None:
+    """The scheduler sleeps until the next tick it knows of, not a whole interval: with
+    a 60 s interval, a tick two seconds away runs then (and none is skipped), where a
+    node that only polled would find it a minute late, past the catch-up grace."""
+    from pingo.api.app import create_app
+
+    from .conftest import ADMIN_TOKEN
+
+    settings: Settings = make_settings(tmp_path, schedule_interval_s=60.0)
+    client = await aiohttp_client(create_app(settings))
+    api = Api(client=client, app=client.app, tokens={"admin": ADMIN_TOKEN})
+    body = {**every_second(dated("on-time")), "cron": "*/2 * * * * *", "catchUp": "none"}
+    created = await create(api, body)
+    found = await wait_runs(api, created["id"], 3, timeout_s=30)
+    assert {r["outcome"] for r in found} == {"submitted"}, found
+    ticks = sorted(r["tickAt"] for r in found)
+    assert ticks[0] == created["nextFireAt"]
 
 
 async def test_a_scheduler_idempotency_key_cannot_be_taken_by_hand(api: Api) -> None:

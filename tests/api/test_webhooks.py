@@ -99,11 +99,14 @@ async def test_a_finished_workflow_posts_a_signed_summary(
     open_api: Api, receiver: Receiver
 ) -> None:
     api = open_api
+    delivered = 'pingo_webhook_deliveries_total{outcome="delivered"}'
+    before = await api.metric(delivered)
     hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.finished"]}
     workflow = await api.submit({**chain("hooked"), "webhooks": [hook]}, user="alice")
     await api.wait(workflow["id"])
     [delivery] = await settled(api, workflow["id"])
     assert delivery["state"] == "delivered"
+    assert await api.metric(delivered) == before + 1
     assert delivery["attempts"] == 1
     assert delivery["lastStatus"] == 204
     [(headers, body)] = receiver.received
@@ -162,6 +165,8 @@ async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
     open_api: Api, receiver: Receiver
 ) -> None:
     api = open_api
+    retries = 'pingo_webhook_deliveries_total{outcome="retry"}'
+    before = await api.metric(retries)
     receiver.statuses = [500, 302]
     hook = {"url": receiver.url, "secret": SECRET, "events": ["workflow.failed"]}
     failing = command_workflow({1: ["sh", "-c", "exit 3"]}, extra={1: {"maxAttempts": 1}})
@@ -175,6 +180,7 @@ async def test_failures_are_retried_with_backoff_and_redirects_not_followed(
     assert json.loads(receiver.received[0][1])["state"] == "FAILED"
     bodies = {body for _, body in receiver.received}
     assert len(bodies) == 1  # every attempt sends the same signed bytes
+    assert await api.metric(retries) == before + 2
 
 
 async def test_each_action_failure_posts_when_asked_for(open_api: Api, receiver: Receiver) -> None:

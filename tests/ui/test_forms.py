@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from aiohttp import ClientResponse
+
 from pingo import ui
 from pingo.api.app import create_app
 from tests.api.conftest import (
@@ -154,6 +156,99 @@ async def test_an_admin_may_manage_anyones_dataset(users_api: Api) -> None:
     assert f"/datasets/{end}/pin" in await (await users_api.client.get(f"/datasets/{end}")).text()
     await users_api.client.post(f"/datasets/{end}/pin", data={"csrf": csrf})
     assert (await _dataset(users_api, "alice", end))["pinned"] is True
+
+
+async def test_the_uis_changes_are_in_the_audit_log(users_api: Api) -> None:
+    """Every change the web UI makes is audited as the API's is: who, what, from where."""
+    submitted = await users_api.submit(chain("ui-audited", 1), user="alice")
+    dataset = (await users_api.wait(submitted["id"]))["actions"][0]["datasetId"]
+    bob_csrf = await sign_in(users_api, "bob")
+    refused = await users_api.client.post(f"/datasets/{dataset}/pin", data={"csrf": bob_csrf})
+    assert refused.status == 403
+    csrf = await sign_in(users_api, "alice")
+    for change in ("pin", "unpin", "delete"):
+        response = await users_api.client.post(
+            f"/datasets/{dataset}/{change}",
+            data={"csrf": csrf, "force": "yes"},
+            allow_redirects=False,
+        )
+        assert response.status == 303, change
+    csrf = await sign_in(users_api, "admin")
+    added = await users_api.client.post("/users", data={"csrf": csrf, "name": "carol"})
+    assert added.status == 201
+    revoked = await users_api.client.post(
+        "/users/carol/revoke", data={"csrf": csrf}, allow_redirects=False
+    )
+    assert revoked.status == 303
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    fixture = {"/api/v1/users/alice", "/api/v1/users/bob"}  # users_api's own, by the API
+    # A form's redirect is recorded as its location, as the UI's kill and re-run are.
+    page = {"dataset_id": dataset, "location": f"/datasets/{dataset}"}
+    entries = [
+        e
+        for e in (await audit.json())["items"]
+        if e["action"] != "workflow.submit" and e["target"].get("location") not in fixture
+    ]
+    assert [(e["actor"], e["action"], e["target"], e["status"]) for e in reversed(entries)] == [
+        ("alice", "dataset.pin", page, 303),
+        ("alice", "dataset.unpin", page, 303),
+        ("alice", "dataset.delete", page, 303),
+        ("admin", "user.add", {"location": "/api/v1/users/carol"}, 201),
+        ("admin", "user.revoke", {"name": "carol", "location": "/users"}, 303),
+    ]
+    assert {e["remote"] for e in entries} == {"127.0.0.1"}
+
+
+async def test_schedule_forms_follow_the_apis_rules(users_api: Api) -> None:
+    body = {"name": "ui-nightly", "cron": "0 3 * * *", "workflow": chain("ui-schedule", 1)}
+    created = await users_api.client.post(
+        "/api/v1/schedules", json=body, headers=users_api.auth("alice")
+    )
+    assert created.status == 201
+    sid = (await created.json())["id"]
+
+    async def schedule() -> ClientResponse:
+        return await users_api.client.get(
+            f"/api/v1/schedules/{sid}", headers=users_api.auth("alice")
+        )
+
+    pause = f"/schedules/{sid}/pause"
+    anonymous = await users_api.client.post(pause, data={}, allow_redirects=False)
+    assert anonymous.status == 303 and anonymous.headers["Location"] == "/login"
+    # Bob does not see it, and cannot change it: a 404, as from the API.
+    bob_csrf = await sign_in(users_api, "bob")
+    assert pause not in await (await users_api.client.get("/schedules")).text()
+    for change in ("pause", "resume", "delete"):
+        response = await users_api.client.post(
+            f"/schedules/{sid}/{change}", data={"csrf": bob_csrf}
+        )
+        assert response.status == 404, change
+    csrf = await sign_in(users_api, "alice")
+    page = await (await users_api.client.get("/schedules")).text()
+    assert f'action="{pause}"' in page and f'action="/schedules/{sid}/delete"' in page
+    assert (await users_api.client.post(pause, data={})).status == 403
+    assert (await (await schedule()).json())["paused"] is False
+    done = await users_api.client.post(pause, data={"csrf": csrf}, allow_redirects=False)
+    assert done.status == 303 and done.headers["Location"] == "/schedules"
+    assert (await (await schedule()).json())["paused"] is True
+    page = await (await users_api.client.get("/schedules")).text()
+    assert f'action="/schedules/{sid}/resume"' in page
+    await users_api.client.post(f"/schedules/{sid}/resume", data={"csrf": csrf})
+    resumed = await (await schedule()).json()
+    assert resumed["paused"] is False and resumed["nextFireAt"] is not None
+    await users_api.client.post(f"/schedules/{sid}/delete", data={"csrf": csrf})
+    assert (await schedule()).status == 404
+    audit = await users_api.client.get("/api/v1/audit", headers=users_api.auth("admin"))
+    changes = [
+        (e["actor"], e["action"], e["target"]["schedule_id"])
+        for e in reversed((await audit.json())["items"])
+        if e["action"] in ("schedule.pause", "schedule.resume", "schedule.rm")
+    ]
+    assert changes == [
+        ("alice", "schedule.pause", sid),
+        ("alice", "schedule.resume", sid),
+        ("alice", "schedule.rm", sid),
+    ]
 
 
 async def test_the_action_page_shows_history_attempts_and_timings(users_api: Api) -> None:

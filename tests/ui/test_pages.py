@@ -377,6 +377,22 @@ async def test_the_workflow_json_downloads(users_api: Api) -> None:
     assert (await status.json())["id"] == submitted["id"]
 
 
+async def test_the_workflow_json_download_never_holds_a_webhook_secret(users_api: Api) -> None:
+    secret = "ui-download-webhook-secret"
+    hook = {"url": "https://hooks.example.org/pingo", "secret": secret}
+    document = {**chain("ui-hooked", 1, name="hooked"), "webhooks": [hook]}
+    submitted = await users_api.submit(document, user="alice")
+    await sign_in(users_api, "alice")
+    for path in ("/definition.json", "/status.json", ""):
+        page = await users_api.client.get(f"/workflows/{submitted['id']}{path}")
+        assert page.status == 200
+        assert secret not in await page.text(), path
+    definition = await users_api.client.get(f"/workflows/{submitted['id']}/definition.json")
+    # The webhook is still named (to add a secret before submitting it again).
+    expected = {**document, "webhooks": [{"url": hook["url"], "events": ["workflow.finished"]}]}
+    assert await definition.json() == expected
+
+
 async def test_dataset_search(users_api: Api) -> None:
     submitted = await users_api.submit(chain("ui-search", 2, name="searched"), user="alice")
     finished = await users_api.wait(submitted["id"])

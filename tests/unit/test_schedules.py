@@ -229,6 +229,76 @@ async def test_a_node_dying_after_submitting_never_doubles_the_run(
     assert sorted(r.workflow_id or "" for r in runs.values()) == sorted(w.id for w in submitted)
 
 
+async def test_the_schedules_date_in_a_document_computes_once_a_day(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """`{schedule.date}` is part of the action's provenance: the ticks of one day share a
+    dataset, and the first tick of the next day makes a new one; a user parameter too."""
+    node = make_node(tmp_path, store, "a")
+    created = await node.schedules.create(
+        {
+            "name": "daily",
+            "cron": "0 */8 * * *",
+            "timezone": "Europe/Paris",
+            "parameters": {"region": "eu"},
+            "workflow": workflow("{schedule.date} {param.region}"),
+        },
+        owner="alice",
+    )
+    # Ticks at 00:00, 08:00 and 16:00 Paris time: 23:00, 07:00 and 15:00 UTC.
+    assert created.next_fire_at == datetime(2026, 1, 1, 7, tzinfo=UTC)
+    for _ in range(4):
+        clock.now = await _next_fire(store, created.id)
+        assert await node.schedules.fire_due()
+    runs = sorted(await store.list_schedule_runs(created.id), key=lambda r: r.tick_at)
+    assert [r.tick_at.hour for r in runs] == [7, 15, 23, 7]
+    datasets = []
+    for run in runs:
+        assert run.workflow_id is not None
+        [action] = await store.list_actions(run.workflow_id)
+        assert action.definition["command"][1].endswith(" eu")
+        datasets.append(action.dataset_id)
+    # 1 January (07:00, 15:00 UTC), then 2 January in Paris (23:00, 07:00 UTC).
+    assert datasets[0] == datasets[1] != datasets[2] == datasets[3]
+
+
+async def _next_fire(store: Store, schedule_id: str) -> datetime:
+    schedule = await store.get_schedule(schedule_id)
+    assert schedule is not None and schedule.next_fire_at is not None
+    return schedule.next_fire_at
+
+
+async def test_the_scheduler_sleeps_until_the_next_tick_and_no_less_on_a_store_error(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    settings = Settings(
+        home=tmp_path / "a",
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        node_id="a",
+        schedule_interval_s=5.0,
+    )
+    node = Node(settings, store, executors={}, secret=b"x" * 32)
+    await node.schedules.create(
+        {"name": "s", "cron": "*/2 * * * * *", "workflow": workflow()}, owner="alice"
+    )
+    clock.advance(0.5)  # the first tick is at START + 2 s
+    assert not await node.schedules.fire_due()
+    assert node.scheduler.wait_s() == pytest.approx(1.5)
+    clock.advance(1.5)
+    await node.schedules.fire_due()  # runs it, and knows the next one
+    assert node.scheduler.wait_s() == pytest.approx(2.0)
+    clock.advance(10)  # what the last pass knew is now past
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise errors.StoreUnavailable("down")
+
+    node.schedules.store.list_due_schedules = unavailable  # type: ignore[method-assign]
+    with pytest.raises(errors.StoreUnavailable):
+        await node.schedules.fire_due()
+    # Retried at the interval, not at once (a past instant would spin the loop).
+    assert node.scheduler.wait_s() == 5.0
+
+
 async def test_two_nodes_racing_on_every_tick_submit_each_once(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
@@ -345,6 +415,35 @@ async def test_nodes_racing_on_a_dataset_trigger_run_each_store_once(
     assert len({w.idempotency_key for w in submitted}) == 4
 
 
+async def test_a_dataset_trigger_misses_no_store_among_many_others(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """The owner's other dataset stores, however many between two passes, hide no store
+    of the watched action: from a node that has followed the feed, or one just started."""
+    a, b = make_node(tmp_path, store, "a"), make_node(tmp_path, store, "b")
+    body = {
+        "name": "on-count",
+        "trigger": {"dataset": {"workflow": "clicks", "action": "count"}},
+        "workflow": workflow(),
+    }
+    created = await a.schedules.create(body, owner="alice")
+    assert not await a.schedules.fire_due()  # a follows the feed from here
+    stored_at = []
+    for _ in range(2):
+        clock.advance(1)
+        await store_dataset_event(store, "clicks", "count")
+        stored_at.append(clock())
+        for _ in range(1200):
+            await store_dataset_event(store, "clicks", "extract")
+    await a.schedules.fire_due()
+    await b.schedules.fire_due()  # b reads the feed for the first time
+    for _ in range(4):
+        await asyncio.gather(a.schedules.fire_due(), b.schedules.fire_due())
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == stored_at
+    assert len(await workflows_of(store)) == 2
+
+
 async def test_a_node_dying_after_claiming_a_trigger_loses_nothing(
     tmp_path: Path, store: Store, clock: FakeClock
 ) -> None:
@@ -376,6 +475,43 @@ async def test_a_node_dying_after_claiming_a_trigger_loses_nothing(
     for _ in range(3):
         await b.schedules.fire_due()
     assert len(await workflows_of(store)) == 1
+
+
+async def test_a_path_trigger_polls_a_remote_data_root_through_fsspec(
+    tmp_path: Path, store: Store, clock: FakeClock
+) -> None:
+    """A data root that is not a local directory (fsspec's memory filesystem standing for
+    HDFS or S3) is polled through fsspec: the marker fires once when it appears, and
+    again when it is written anew."""
+    import fsspec
+
+    root = f"memory://pingo-trigger-{os.getpid()}-{id(store)}"
+    settings = Settings(
+        home=tmp_path / "remote",
+        store_url=f"sqlite:///{tmp_path / 'pingo.db'}",
+        data_root=root,
+        node_id="remote",
+    )
+    node = Node(settings, store, executors={}, secret=b"x" * 32)
+    clock.now = datetime.now(UTC)  # the filesystem's modification times are real ones
+    body = {"name": "on-drop", "trigger": {"path": "in/_SUCCESS"}, "workflow": workflow()}
+    created = await node.schedules.create(body, owner="alice")
+    memory = fsspec.filesystem("memory")
+    marker = memory._strip_protocol(f"{root}/in/_SUCCESS")
+    assert not await node.schedules.fire_due()  # nothing there yet
+    written = []
+    for content in (b"1", b"2"):
+        await asyncio.sleep(0.01)  # a later modification time
+        memory.pipe(marker, content)
+        written.append(memory.modified(marker))
+        clock.now = datetime.now(UTC)
+        for _ in range(2):
+            node.schedules._polled.clear()  # look again now, not a second later
+            await node.schedules.fire_due()
+    runs = await store.list_schedule_runs(created.id)
+    assert sorted(r.tick_at for r in runs) == [at.astimezone(UTC) for at in written]
+    assert {r.outcome for r in runs} == {"submitted"}
+    memory.rm(marker)
 
 
 async def test_nodes_racing_on_a_path_trigger_run_each_change_once(

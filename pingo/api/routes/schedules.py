@@ -34,9 +34,7 @@ def schedule_document(record: ScheduleRecord) -> models.Schedule:
     spec = record.spec
     triggered = "trigger" in spec
     # Stored resolved: a schedule's workflow is always a document by now.
-    workflow: dict[str, Any] = dict(spec.get("workflow") or {})
-    if "webhooks" in workflow:
-        workflow["webhooks"] = hooks.redact(workflow["webhooks"])
+    workflow = hooks.without_secrets(spec.get("workflow") or {})
     return models.Schedule(
         id=record.id,
         name=record.name,
@@ -95,7 +93,7 @@ def delivery_document(delivery: WebhookDeliveryRecord) -> models.Delivery:
     )
 
 
-async def _visible_schedule(request: web.Request) -> ScheduleRecord:
+async def visible_schedule(request: web.Request) -> ScheduleRecord:
     """The schedule, if the requester may see it; 404 otherwise (never reveal that it exists)."""
     schedule_id = request.match_info["schedule_id"]
     record = await runtime.node(request).store.get_schedule(schedule_id)
@@ -146,13 +144,13 @@ async def list_schedules(request: web.Request) -> web.Response:
 @routes.get(PREFIX + "/schedules/{schedule_id}", name="get_schedule")
 async def get_schedule(request: web.Request) -> web.Response:
     """One schedule, with its next fire times."""
-    return bodies.json_response(schedule_document(await _visible_schedule(request)))
+    return bodies.json_response(schedule_document(await visible_schedule(request)))
 
 
 @routes.get(PREFIX + "/schedules/{schedule_id}/runs", name="list_schedule_runs")
 async def list_schedule_runs(request: web.Request) -> web.Response:
     """What became of the schedule's ticks, latest first: submitted, skipped or failed."""
-    record = await _visible_schedule(request)
+    record = await visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     runs = await runtime.node(request).store.list_schedule_runs(record.id, limit=limit)
     return bodies.json_response(models.ScheduleRunList(items=[run_document(r) for r in runs]))
@@ -161,7 +159,7 @@ async def list_schedule_runs(request: web.Request) -> web.Response:
 @routes.post(PREFIX + "/schedules/{schedule_id}/pause", name="pause_schedule")
 async def pause_schedule(request: web.Request) -> web.Response:
     """Pause: no tick is claimed until resumed (a tick already claimed still settles)."""
-    record = await _visible_schedule(request)
+    record = await visible_schedule(request)
     paused = await runtime.node(request).schedules.set_paused(record.id, True)
     return bodies.json_response(schedule_document(paused))
 
@@ -169,7 +167,7 @@ async def pause_schedule(request: web.Request) -> web.Response:
 @routes.post(PREFIX + "/schedules/{schedule_id}/resume", name="resume_schedule")
 async def resume_schedule(request: web.Request) -> web.Response:
     """Resume from the next tick after now; ticks due while paused are not caught up."""
-    record = await _visible_schedule(request)
+    record = await visible_schedule(request)
     node = runtime.node(request)
     resumed = await node.schedules.set_paused(record.id, False)
     node.scheduler.wake()
@@ -179,7 +177,7 @@ async def resume_schedule(request: web.Request) -> web.Response:
 @routes.delete(PREFIX + "/schedules/{schedule_id}", name="delete_schedule")
 async def delete_schedule(request: web.Request) -> web.Response:
     """Delete the schedule and its run log (its workflows stay)."""
-    record = await _visible_schedule(request)
+    record = await visible_schedule(request)
     await runtime.node(request).schedules.delete(record.id)
     return web.Response(status=204)
 
@@ -187,7 +185,7 @@ async def delete_schedule(request: web.Request) -> web.Response:
 @routes.get(PREFIX + "/schedules/{schedule_id}/deliveries", name="list_schedule_deliveries")
 async def list_schedule_deliveries(request: web.Request) -> web.Response:
     """The webhook delivery log of the schedule's workflows, newest first."""
-    record = await _visible_schedule(request)
+    record = await visible_schedule(request)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     found = await runtime.node(request).store.list_deliveries(schedule_id=record.id, limit=limit)
     return bodies.json_response(models.DeliveryList(items=[delivery_document(d) for d in found]))

@@ -52,6 +52,11 @@ async def revoke_user(request: web.Request, caller: UserRecord, name: str) -> No
     )
 
 
+def user_location(name: str) -> str:
+    """Where a user's document is (the `Location` of what adding them created)."""
+    return f"{PREFIX}/users/{name}"
+
+
 @routes.post(PREFIX + "/users", name="create_user")
 async def create_user(request: web.Request) -> web.Response:
     """Create a user (admin only); the answer holds its token, shown this once."""
@@ -62,7 +67,7 @@ async def create_user(request: web.Request) -> web.Response:
     return bodies.json_response(
         documents.new_user_document(user, runtime.settings(request), token),
         status=201,
-        headers={"Location": f"{PREFIX}/users/{name}"},
+        headers={"Location": user_location(name)},
     )
 
 
