@@ -240,3 +240,80 @@ async def test_a_workflow_on_another_node_shares_a_computation_in_flight(
     assert marker.read_text().splitlines() == ["run"]
     finished = await node_b.store.get_action(bobs.id, 1)
     assert finished is not None and finished.state is A.FINISHED and finished.attempts == 0
+
+
+# ------------------------------------------------------------------- kills across nodes
+
+
+async def _running(node: Node) -> int:
+    """Processes the node's local executor runs now (they exited when it says 0)."""
+    running: int = getattr(node.executors["command-line"], "running")  # noqa: B009
+    return running
+
+
+async def _until(check: Any, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_a_kill_through_one_node_stops_the_work_another_node_runs(nodes: Any) -> None:
+    # Each node runs two of the four long sleeps. The kill reaches node a's API
+    # only: node b learns it from the store when it renews its leases (every
+    # lease_s / 3) and stops its own processes; they would otherwise run on, for
+    # nothing, holding b's slots.
+    node_a = await nodes("a", lease_s=3.0)
+    node_b = await nodes("b", lease_s=3.0)
+    workflow = await node_a.workflows.submit(sleeps(4, 600, "cross-kill"), owner="alice")
+
+    async def both_run() -> bool:
+        return await _running(node_a) == 2 and await _running(node_b) == 2
+
+    await _until(both_run, 30, "the four sleeps never ran two on each node")
+    await node_a.workflows.kill(workflow.id)
+
+    async def all_stopped() -> bool:
+        return await _running(node_a) == 0 and await _running(node_b) == 0
+
+    # A renewal (1 s) plus the kill's grace, with room for a loaded machine.
+    await _until(all_stopped, 20, "node b's processes outlived the kill")
+    actions = await node_b.store.list_actions(workflow.id)
+    assert {a.state for a in actions} == {A.KILLED}
+    assert {node_of(a) for a in actions if a.external_id} == {"a", "b"}
+
+
+async def test_a_node_stops_an_attempt_taken_over_after_its_lease_lapsed(
+    nodes: Any,
+) -> None:
+    # Node a runs a long action; the store then says another attempt took it over
+    # (what the reaper and another node do once a's lease lapsed). Node a's next
+    # renewal must stop its stale process: two attempts would otherwise both run.
+    node_a = await nodes("a", lease_s=3.0)
+    workflow = await node_a.workflows.submit(sleeps(1, 600, "taken-over"), owner="alice")
+
+    async def runs() -> bool:
+        return await _running(node_a) == 1
+
+    await _until(runs, 30, "the sleep never ran")
+    action = await node_a.store.get_action(workflow.id, 1)
+    assert action is not None and action.owner == "a"
+    # The end state of a takeover, written directly: node z submitted the next attempt.
+    taken = await node_a.store.transition_action(
+        workflow.id,
+        1,
+        {A.SUBMITTED, A.RUNNING},
+        A.SUBMITTED,
+        protocol.ActionChanges(owner="z", attempts=action.attempts + 1),
+    )
+    assert taken is not None
+
+    async def stopped() -> bool:
+        return await _running(node_a) == 0
+
+    await _until(stopped, 20, "node a's stale attempt outlived the takeover")
+    current = await node_a.store.get_action(workflow.id, 1)
+    # The stale attempt's report changed nothing: the record is the takeover's.
+    assert current is not None and current.owner == "z" and current.state is A.SUBMITTED
+    assert current.attempts == action.attempts + 1
+    await node_a.workflows.kill(workflow.id)
