@@ -29,6 +29,45 @@ from pingo.datasets import integrity
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
+#: Beside a local staging output, written once its attempt's command exited 0 and the
+#: output is whole: the attempt completed (see `record_completion`).
+COMPLETED_SUFFIX = ".completed"
+
+
+def record_completion(staging: str, runtime_s: float) -> None:
+    """Note beside a local staging output that its attempt completed, in `runtime_s`.
+
+    Written by the node that ran the attempt before it reports the success. If that
+    node dies before the success is in the store, the node that reaps the attempt
+    finds the note and records the success instead of running the work again: the
+    window in which a finished attempt is lost shrinks from the whole report (the
+    output's promotion and several store writes) to the writing of this small file.
+    """
+    with open(staging + COMPLETED_SUFFIX, "w") as f:
+        f.write(f"{runtime_s:.6f}\n")
+
+
+def forget_completion(staging: str) -> None:
+    """Remove `record_completion`'s note once the success it stands for is recorded."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging + COMPLETED_SUFFIX)
+
+
+def read_completion(staging: str) -> float | None:
+    """The runtime `record_completion` noted beside `staging`; None without a note.
+
+    A note cut short (its node died while writing it) still says the attempt
+    completed; its runtime is then unknown, 0.
+    """
+    try:
+        with open(staging + COMPLETED_SUFFIX) as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        return 0.0
 
 
 class DatasetStorage:
@@ -277,6 +316,12 @@ class DatasetStorage:
         except (FileNotFoundError, NotImplementedError, OSError):
             return None
         return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+    async def completion(self, staging: str) -> float | None:
+        """`read_completion` of a staging output (None on a remote root: never noted)."""
+        if not self._local:
+            return None
+        return await asyncio.to_thread(read_completion, staging)
 
     async def exists(self, path: str) -> bool:
         """Whether anything is at `path`."""

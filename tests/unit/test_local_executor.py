@@ -17,6 +17,7 @@ import pytest
 from pingo.actions.executors import base
 from pingo.actions.executors.local import ExecutorClosed, LocalExecutor, create, server_environment
 from pingo.config import Settings
+from pingo.datasets.storage import read_completion
 
 
 @dataclass
@@ -217,6 +218,36 @@ async def test_nonzero_exit_reports_failure_with_log_tail(
     assert kind == "failed"
     assert "exited with status 3" in details["error"]
     assert "something broke" in details["error"]
+
+
+async def test_a_success_is_noted_beside_its_output_before_it_is_reported(
+    tmp_path: Path,
+) -> None:
+    # Should the node die during the success report, the reaper of another node
+    # finishes the attempt from this note rather than running it a second time.
+    noted_at_report: list[float | None] = []
+
+    class Checking(Recorder):
+        async def success(
+            self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+        ) -> object:
+            noted_at_report.append(read_completion(ok.output_path))
+            return await super().success(callback_id, attempt, runtime_s=runtime_s)
+
+    recorder = Checking()
+    ex = LocalExecutor(recorder, slots=2, node_id="n")
+    await ex.start()
+    ok = submission(tmp_path, ["sh", "-c", 'echo whole > "$PINGO_OUTPUT"'])
+    failing = submission(tmp_path, ["sh", "-c", 'echo partial > "$PINGO_OUTPUT"; exit 1'])
+    await ex.submit(ok)
+    await ex.submit(failing)
+    await recorder.wait_for(2)
+    await ex.close()
+    runtime = recorder.reports[[r[0] for r in recorder.reports].index("success")][3]["runtime_s"]
+    assert noted_at_report == [pytest.approx(runtime, abs=1e-5)]
+    # Once the success is recorded the note goes (a staging directory is not a log).
+    assert read_completion(ok.output_path) is None
+    assert read_completion(failing.output_path) is None
 
 
 async def test_timeout_kills_the_process_group(

@@ -58,6 +58,7 @@ from pingo import errors
 from pingo.actions.executors import placeholders, sandbox
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
+from pingo.datasets import storage
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,10 @@ class _Process:
 
 class LocalExecutor:
     """Runs `command-line` actions as local subprocesses with bounded concurrency."""
+
+    #: Whether a process's exit 0 is the attempt's success, noted beside its output
+    #: before the report (a cluster client's exit 0 is not: the cluster reports).
+    notes_completion = True
 
     def __init__(
         self,
@@ -411,13 +416,38 @@ class LocalExecutor:
                 sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
             )
 
+    def _completed(self, proc: _Process, returncode: int) -> bool:
+        """Whether the attempt completed here: its exit alone says it succeeded."""
+        return self.notes_completion and proc.stopped_for is None and returncode == 0
+
+    def _settle_output(self, proc: _Process, returncode: int, runtime_s: float) -> None:
+        """In a worker thread: the sandbox's output onto the staging path, then, for a
+        completed attempt, the note that it completed (`storage.record_completion`).
+
+        The note comes before the success report: should this node die during the
+        report, the reaper of another node finishes the attempt from it instead of
+        running the work a second time.
+        """
+        output = _local(proc.submission.output_path)
+        if self.sandbox is not None:
+            sandbox.collect(output)
+        if self._completed(proc, returncode):
+            storage.record_completion(output, runtime_s)
+
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
+        local = _is_local(sub.output_path)
+        noted = local and self._completed(proc, returncode)
         try:
-            if self.sandbox is not None and _is_local(sub.output_path):
-                await asyncio.to_thread(sandbox.collect, _local(sub.output_path))
+            if local and (self.sandbox is not None or noted):
+                await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
             await self._report_outcome(proc, returncode, runtime_s)
+            if noted:
+                # The success is in the store: nothing is left to recover.
+                storage.forget_completion(_local(sub.output_path))
         except errors.PingoError as exc:
+            if noted:
+                storage.forget_completion(_local(sub.output_path))
             # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
             # the callbacks decided; nothing is left for us to do.
             logger.warning(
