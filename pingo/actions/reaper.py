@@ -17,9 +17,10 @@ callbacks:
   a held action is asked again a lease later);
 - UNKNOWN (the local work of a dead node, an executor this node lacks, no
   external id yet) → `release_lost`: READY again while attempts remain; but
-  `success` when the attempt noted its completion beside its staging output
-  (`storage.record_completion`): the dead node's work completed and only its
-  report was lost, so it is not run a second time.
+  `success` when the attempt left evidence beside its staging output that it
+  completed (`storage.read_completion`: its node's note, or the sandbox's exit
+  status): the dead node's work completed and only its report was lost, so it
+  is not run a second time.
 
 Every node may run it: the callbacks' compare-and-set keeps each resolution
 single-effect.
@@ -50,7 +51,13 @@ from pingo import errors, loops, metrics, states
 from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.config import Settings
-from pingo.datasets.storage import COMPLETED_SUFFIX, STAGING_DIR, DatasetStorage
+from pingo.datasets.storage import (
+    COMPLETED_SUFFIX,
+    EXIT_STATUS_SUFFIX,
+    STAGING_DIR,
+    Completion,
+    DatasetStorage,
+)
 from pingo.store.protocol import ActionRecord, Store
 
 logger = logging.getLogger(__name__)
@@ -170,9 +177,10 @@ class Reaper(loops.Loop):
             return False
         runtime_s = None
         if status is base.ExecutorStatus.UNKNOWN:
-            runtime_s = await self.noted_completion(action)
-            if runtime_s is not None:
+            completion = await self.noted_completion(action)
+            if completion is not None:
                 status = base.ExecutorStatus.SUCCEEDED
+                runtime_s = completion.runtime_s
         try:
             await self._resolve(action, status, runtime_s)
         except errors.NotFound:
@@ -203,14 +211,21 @@ class Reaper(loops.Loop):
         )
         return True
 
-    async def noted_completion(self, action: ActionRecord) -> float | None:
-        """The runtime its attempt noted beside its staging output on completing it, if any."""
+    async def noted_completion(self, action: ActionRecord) -> Completion | None:
+        """What its attempt left beside its staging output to say it completed, if anything.
+
+        A sandboxed output its node had no time to take out of its box is taken out
+        here, as that node would have, ready for the success to promote it.
+        """
         if self.storage is None or action.attempts < 1:
             return None
         staging = self.storage.staging_path(
             action.dataset_id, action.workflow_id, action.action_id, action.attempts
         )
-        return await self.storage.completion(staging)
+        completion = await self.storage.completion(staging)
+        if completion is not None:
+            await asyncio.to_thread(sandbox.collect, staging)
+        return completion
 
     async def _resolve(
         self, action: ActionRecord, status: base.ExecutorStatus, runtime_s: float | None = None
@@ -255,7 +270,7 @@ class Reaper(loops.Loop):
         """Whether the attempt a staging entry's name names may still be promoted: it is
         its action's submitted attempt (lease or not: the reaper resolves it), or
         claimed under a live lease."""
-        for suffix in (sandbox.BOX_SUFFIX, COMPLETED_SUFFIX):
+        for suffix in (sandbox.BOX_SUFFIX, COMPLETED_SUFFIX, EXIT_STATUS_SUFFIX):
             name = name.removesuffix(suffix)
         parts = name.rsplit(".", 3)
         if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
