@@ -23,11 +23,16 @@ idle_node_cpu_percent       CPU time (all threads) of this process while one nod
                             idle on an empty SQLite store for 5 s, after 1 s to settle:
                             what the adaptive poll costs when there is nothing to do
 
+…_wire                      the same makespans, speedup and dispatch on the MongoDB wire
+                            server (nx-27017, a fresh database for each measurement; it
+                            has no change streams, so nodes find each other's work by
+                            the same adaptive poll)
+
 Both nodes run in this process, each on its own store handle (its own SQLite
 connection and writer thread): nothing in-process tells the second node about
 the first one's writes, so it learns of them as a node on another machine does,
-through the store (the scraper's adaptive poll on SQLite). Real local
-processes; the sandbox as configured (`auto`).
+through the store (the scraper's adaptive poll on SQLite and on the wire
+server). Real local processes; the sandbox as configured (`auto`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _workloads
-from pingo import states
+from pingo import states, testing
 from pingo.config import Settings
 from pingo.node import Node
 from pingo.store import open_store
@@ -59,10 +64,10 @@ DISPATCH_SAMPLES = 100
 DISPATCH_MAX_GAP_S = 0.25
 
 
-def _settings(tmp: Path, name: str, **overrides: Any) -> Settings:
+def _settings(tmp: Path, name: str, store_url: str | None = None, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "home": tmp / name,
-        "store_url": f"sqlite:///{tmp / 'pingo.db'}",
+        "store_url": store_url or f"sqlite:///{tmp / 'pingo.db'}",
         "data_root": str(tmp / "datasets"),
         "node_id": name,
         "local_slots": SLOTS,
@@ -74,11 +79,13 @@ def _settings(tmp: Path, name: str, **overrides: Any) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def _nodes(tmp: Path, count: int, **overrides: Any) -> AsyncIterator[list[Node]]:
+async def _nodes(
+    tmp: Path, count: int, store_url: str | None = None, **overrides: Any
+) -> AsyncIterator[list[Node]]:
     async with contextlib.AsyncExitStack() as stack:
         nodes = []
         for i in range(count):
-            settings = _settings(tmp, f"node-{i}", **overrides)
+            settings = _settings(tmp, f"node-{i}", store_url, **overrides)
             store = await stack.enter_async_context(open_store(settings.store_url))
             node = Node(settings, store)
             await node.start()
@@ -113,9 +120,9 @@ def sleeps(count: int, seconds: float, tag: str) -> dict[str, Any]:
     return {"name": "sleeps", "startActionId": 1, "endActionId": count + 1, "actions": actions}
 
 
-async def _sleep_makespan_s(node_count: int) -> float:
+async def _sleep_makespan_s(node_count: int, store_url: str | None = None) -> float:
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
-        async with _nodes(Path(tmp), node_count) as nodes:
+        async with _nodes(Path(tmp), node_count, store_url) as nodes:
             started = time.perf_counter()
             workflow = await nodes[0].workflows.submit(
                 sleeps(SLEEPS, SLEEP_S, f"{node_count}-{time.time_ns()}"), owner="bench"
@@ -127,7 +134,7 @@ async def _sleep_makespan_s(node_count: int) -> float:
     return elapsed
 
 
-async def _cross_node_dispatch_ms() -> list[float]:
+async def _cross_node_dispatch_ms(store_url: str | None = None) -> list[float]:
     samples: list[float] = []
     started = asyncio.Event()
 
@@ -136,10 +143,10 @@ async def _cross_node_dispatch_ms() -> list[float]:
 
     rng = random.Random(1)
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
-        async with _nodes(Path(tmp), 1) as (busy,):
+        async with _nodes(Path(tmp), 1, store_url) as (busy,):
             blockers = await busy.workflows.submit(sleeps(SLOTS, 600, "blocker"), owner="bench")
             await _until_running(busy, blockers.id)
-            settings = _settings(Path(tmp), "idle")
+            settings = _settings(Path(tmp), "idle", store_url)
             async with open_store(settings.store_url) as store:
                 idle = Node(settings, store, observe_dispatch=observed)
                 await idle.start()
@@ -185,20 +192,32 @@ async def _idle_cpu_percent() -> float:
             return 100 * (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
-async def _measure() -> dict[str, float]:
-    one_s = await _sleep_makespan_s(1)
-    two_s = await _sleep_makespan_s(2)
-    print(f"# one node {one_s:.2f} s, two nodes {two_s:.2f} s", file=sys.stderr)
-    dispatch = await _cross_node_dispatch_ms()
-    idle = await _idle_cpu_percent()
+async def _store_figures(suffix: str, url: Any) -> dict[str, float]:
+    """The makespans, speedup and dispatch on one kind of store; `url(name)` is a fresh one."""
+    one_s = await _sleep_makespan_s(1, url("one"))
+    two_s = await _sleep_makespan_s(2, url("two"))
+    print(f"# {suffix or 'sqlite'}: one node {one_s:.2f} s, two {two_s:.2f} s", file=sys.stderr)
+    dispatch = await _cross_node_dispatch_ms(url("dispatch"))
     return {
-        "one_node_sleep40_s": one_s,
-        "two_node_sleep40_s": two_s,
-        "two_node_speedup": one_s / two_s,
-        "cross_node_dispatch_p50_ms": _workloads.percentile(dispatch, 50),
-        "cross_node_dispatch_p99_ms": _workloads.percentile(dispatch, 99),
-        "idle_node_cpu_percent": idle,
+        f"one_node_sleep40{suffix}_s": one_s,
+        f"two_node_sleep40{suffix}_s": two_s,
+        f"two_node_speedup{suffix}": one_s / two_s,
+        f"cross_node_dispatch_p50_ms{suffix}": _workloads.percentile(dispatch, 50),
+        f"cross_node_dispatch_p99_ms{suffix}": _workloads.percentile(dispatch, 99),
     }
+
+
+async def _measure() -> dict[str, float]:
+    figures = await _store_figures("", lambda _: None)
+    figures["idle_node_cpu_percent"] = await _idle_cpu_percent()
+    with tempfile.TemporaryDirectory(prefix="pingo-bench-wire-") as tmp:
+        with testing.wire_server(Path(tmp)) as server:
+            base = server.url.rstrip("/")
+            stamp = time.time_ns()
+            figures.update(
+                await _store_figures("_wire", lambda name: f"{base}/bench_{name}_{stamp}")
+            )
+    return figures
 
 
 def measure() -> dict[str, float]:

@@ -169,7 +169,9 @@ class Node:
             )
             for i in range(max(1, settings.submitters))
         ]
-        self.renewer = LeaseRenewer(store, settings.node_id, self.held, settings.lease_s)
+        self.renewer = LeaseRenewer(
+            store, settings.node_id, self.held, settings.lease_s, stop_work=self._stop_work
+        )
         self.reaper = Reaper(
             store, settings, self.executors, self.outcomes, self.held, storage=self.storage
         )
@@ -364,10 +366,14 @@ class Node:
 
     async def _kill_action(self, action: ActionRecord) -> None:
         """Stop an action's running work through its executor (OutcomeService's hook)."""
-        executor = self.executors.get(action.type)
-        if executor is None or action.external_id is None:
-            return
-        await executor.kill(action.external_id)
+        if action.external_id is not None:
+            await self._stop_work(action.type, action.external_id)
+
+    async def _stop_work(self, action_type: str, external_id: str) -> None:
+        """Stop the work `external_id` names, if this node's executor of its type runs it."""
+        executor = self.executors.get(action_type)
+        if executor is not None:
+            await executor.kill(external_id)
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,12 @@ What a node holds per type is also what it may claim next: `capacity` is how
 many actions of a type its executor can run at once, and the scraper claims
 only `capacity - held` of each (claim by capacity), so work it could not start
 now stays READY for other nodes.
+
+A renewal that finds an action gone from this node also stops the work this
+node still runs for it, when the store says that work is no longer wanted: the
+workflow was killed through another node's API, or the action was taken over
+after this node's lease lapsed. Only the node that runs a process (or a cluster
+client, whose log names the YARN applications to kill) can stop it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,6 +78,10 @@ class HeldActions:
     def keys(self) -> list[Key]:
         """Every held action's key."""
         return list(self._held)
+
+    def get(self, key: Key) -> Held | None:
+        """What this node knows of `key`, if it holds it."""
+        return self._held.get(key)
 
     def count(self, action_type: str) -> int:
         """How many actions of `action_type` this node holds (queued, submitted or running)."""
@@ -195,17 +205,51 @@ def capacity(action_type: str, executor: Executor, settings: Settings) -> int:
     return max(1, bound if limit is None else min(bound, limit))
 
 
+#: Stops the work this node runs as (action type, external id), through its executor.
+StopWork = Callable[[str, str], Awaitable[None]]
+
+
+def work_unwanted(held: Held, action: ActionRecord | None, node_id: str) -> bool:
+    """Whether this node's submitted attempt of `action` runs for nothing now.
+
+    True when the record says the action was killed, or its current attempt is
+    not this node's (the lease lapsed: the reaper gave it back or another node took
+    it over). False while nothing was submitted here, and when the action ended by
+    this attempt's own report (FINISHED or FAILED): its client may still be exiting.
+    """
+    if held.external_id is None:
+        return False
+    if action is None or action.state is states.ActionState.KILLED:
+        return True
+    if action.attempts != held.attempt:
+        return True
+    if action.state in states.ACTION_ACTIVE:
+        return action.owner != node_id
+    return action.state not in (states.ActionState.FINISHED, states.ActionState.FAILED)
+
+
 class LeaseRenewer(loops.Loop):
     """Renews this node's leases on everything it holds, every `lease_s / 3`."""
 
     name = "lease-renewer"
 
-    def __init__(self, store: Store, node_id: str, held: HeldActions, lease_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        node_id: str,
+        held: HeldActions,
+        lease_s: float,
+        stop_work: StopWork | None = None,
+    ) -> None:
+        """`stop_work` stops work the store no longer wants from this node (None: left to run)."""
         super().__init__(interval_s=lease_s / 3)
         self.store = store
         self.node_id = node_id
         self.held = held
         self.lease_s = lease_s
+        self.stop_work = stop_work
+        #: Stops under way: a process's kill grace must not hold up the next renewal.
+        self._stops: set[asyncio.Task[None]] = set()
 
     async def run_once(self) -> bool:
         keys = self.held.keys()
@@ -227,9 +271,42 @@ class LeaseRenewer(loops.Loop):
                 or action.owner != self.node_id
                 or action.state not in states.ACTION_ACTIVE
             ):
+                held = self.held.get(key)
                 self.held.remove(key)
                 logger.debug(
                     "no longer holding %s/%s",
                     *key,
                     extra={"event": "lease_forgotten"},
                 )
+                if held is not None and work_unwanted(held, action, self.node_id):
+                    self._stop(key, held, action)
+
+    def _stop(self, key: Key, held: Held, action: ActionRecord | None) -> None:
+        """Stop `held`'s work in the background (the executor kills it, cluster jobs first)."""
+        if self.stop_work is None or held.external_id is None:
+            return
+        killed = action is None or action.state is states.ActionState.KILLED
+        why = "killed" if killed else "taken over"
+        logger.info(
+            "stopping %s/%s attempt %d here: %s elsewhere",
+            *key,
+            held.attempt,
+            why,
+            extra={"event": "lost_work_stopped", "workflow_id": key[0], "why": why},
+        )
+        task = asyncio.create_task(self._stop_one(key, held.action_type, held.external_id))
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+
+    async def _stop_one(self, key: Key, action_type: str, external_id: str) -> None:
+        assert self.stop_work is not None
+        try:
+            await self.stop_work(action_type, external_id)
+        except Exception:
+            # A loop that raises stops the node; an executor failing one kill must not.
+            logger.warning(
+                "could not stop %s/%s through its executor",
+                *key,
+                exc_info=True,
+                extra={"event": "action_kill_failed", "workflow_id": key[0]},
+            )

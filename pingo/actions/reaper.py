@@ -16,7 +16,11 @@ callbacks:
 - RUNNING → left alone (this node's own work is held again, so its lease renews;
   a held action is asked again a lease later);
 - UNKNOWN (the local work of a dead node, an executor this node lacks, no
-  external id yet) → `release_lost`: READY again while attempts remain.
+  external id yet) → `release_lost`: READY again while attempts remain; but
+  `success` when the attempt left evidence beside its staging output that it
+  completed (`storage.read_completion`: its node's note, or the sandbox's exit
+  status): the dead node's work completed and only its report was lost, so it
+  is not run a second time.
 
 Every node may run it: the callbacks' compare-and-set keeps each resolution
 single-effect.
@@ -26,8 +30,10 @@ whose producer ended without their settlement (a node died in between:
 `OutcomeService.settle_stranded`). It also sweeps the local data root's staging
 directory, on its first run and every lease after (`sweep_staging`): an entry
 (a staging output, or a sandbox box) belongs to an attempt, named in its file
-name; once that attempt no longer holds a lease (its action moved on, another
-attempt started, the lease expired) nothing will promote it and it is removed.
+name; once that attempt is no longer its action's current one (its action moved
+on, another attempt started), or its lease expired while it was only claimed,
+nothing will promote it and it is removed. A submitted attempt's entries stay
+until it is resolved, lease or not: its completion note may be what reconciles it.
 Entries younger than a lease are left alone, so a sweep never races an attempt being started.
 """
 
@@ -45,7 +51,13 @@ from pingo import errors, loops, metrics, states
 from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.config import Settings
-from pingo.datasets.storage import STAGING_DIR, DatasetStorage
+from pingo.datasets.storage import (
+    COMPLETED_SUFFIX,
+    EXIT_STATUS_SUFFIX,
+    STAGING_DIR,
+    Completion,
+    DatasetStorage,
+)
 from pingo.store.protocol import ActionRecord, Store
 
 logger = logging.getLogger(__name__)
@@ -163,8 +175,14 @@ class Reaper(loops.Loop):
             if action.owner == self.node_id:
                 self.held.add(action)
             return False
+        runtime_s = None
+        if status is base.ExecutorStatus.UNKNOWN:
+            completion = await self.noted_completion(action)
+            if completion is not None:
+                status = base.ExecutorStatus.SUCCEEDED
+                runtime_s = completion.runtime_s
         try:
-            await self._resolve(action, status)
+            await self._resolve(action, status, runtime_s)
         except errors.NotFound:
             return False
         except errors.Conflict as exc:
@@ -193,10 +211,28 @@ class Reaper(loops.Loop):
         )
         return True
 
-    async def _resolve(self, action: ActionRecord, status: base.ExecutorStatus) -> None:
+    async def noted_completion(self, action: ActionRecord) -> Completion | None:
+        """What its attempt left beside its staging output to say it completed, if anything.
+
+        A sandboxed output its node had no time to take out of its box is taken out
+        here, as that node would have, ready for the success to promote it.
+        """
+        if self.storage is None or action.attempts < 1:
+            return None
+        staging = self.storage.staging_path(
+            action.dataset_id, action.workflow_id, action.action_id, action.attempts
+        )
+        completion = await self.storage.completion(staging)
+        if completion is not None:
+            await asyncio.to_thread(sandbox.collect, staging)
+        return completion
+
+    async def _resolve(
+        self, action: ActionRecord, status: base.ExecutorStatus, runtime_s: float | None = None
+    ) -> None:
         callback_id, attempt = action.callback_id, action.attempts
         if status is base.ExecutorStatus.SUCCEEDED:
-            await self.outcomes.success(callback_id, attempt)
+            await self.outcomes.success(callback_id, attempt, runtime_s=runtime_s)
         elif status is base.ExecutorStatus.FAILED:
             await self.outcomes.failed(
                 callback_id, attempt, "the executor reports that the work failed"
@@ -231,16 +267,22 @@ class Reaper(loops.Loop):
         return removed
 
     async def _leased(self, name: str) -> bool:
-        """Whether the attempt a staging entry's name names still holds its lease."""
-        parts = name.removesuffix(sandbox.BOX_SUFFIX).rsplit(".", 3)
+        """Whether the attempt a staging entry's name names may still be promoted: it is
+        its action's submitted attempt (lease or not: the reaper resolves it), or
+        claimed under a live lease."""
+        for suffix in (sandbox.BOX_SUFFIX, COMPLETED_SUFFIX, EXIT_STATUS_SUFFIX):
+            name = name.removesuffix(suffix)
+        parts = name.rsplit(".", 3)
         if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
             return False
         _, workflow_id, action_id, attempt = parts
         action = await self.store.get_action(workflow_id, int(action_id))
+        if action is None or action.attempts != int(attempt):
+            return False
+        if action.state in (A.SUBMITTED, A.RUNNING):
+            return True
         return (
-            action is not None
-            and action.state in (A.PROCESSING, A.SUBMITTED, A.RUNNING)
-            and action.attempts == int(attempt)
+            action.state is A.PROCESSING
             and action.lease_expires_at is not None
             and action.lease_expires_at > self.store.clock()
         )

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
 import stat
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +31,70 @@ from pingo.datasets import integrity
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
+#: Beside a local staging output, written by the node once its attempt's command exited 0
+#: and the output is whole, before the success is reported (see `record_completion`).
+COMPLETED_SUFFIX = ".completed"
+#: Beside a sandboxed attempt's staging output: bubblewrap's status as JSON documents,
+#: `{"exit-code": N}` written by bwrap itself the moment the command exits.
+EXIT_STATUS_SUFFIX = ".exit"
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """An attempt's own evidence that its command completed (exit 0)."""
+
+    #: None when only the sandbox's exit status says so (it does not time the command).
+    runtime_s: float | None
+
+
+def record_completion(staging: str, runtime_s: float) -> None:
+    """Note beside a local staging output that its attempt completed, in `runtime_s`.
+
+    Written by the node that ran the attempt before it reports the success. If that
+    node dies before the success is in the store, the node that reaps the attempt
+    finds the note (or, for a sandboxed attempt, bwrap's exit status, written as the
+    command exits) and records the success instead of running the work again.
+    """
+    with open(staging + COMPLETED_SUFFIX, "w") as f:
+        f.write(f"{runtime_s:.6f}\n")
+
+
+def forget_completion(staging: str) -> None:
+    """Remove an attempt's completion evidence once its outcome is recorded."""
+    for suffix in (COMPLETED_SUFFIX, EXIT_STATUS_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging + suffix)
+
+
+def read_completion(staging: str) -> Completion | None:
+    """What says the attempt writing `staging` completed: the node's note, else an exit
+    status of 0 from the sandbox; None when neither does (it failed, or nobody knows)."""
+    try:
+        with open(staging + COMPLETED_SUFFIX) as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        return _sandbox_completion(staging)
+    try:
+        return Completion(max(0.0, float(text)))
+    except ValueError:  # its node died while writing it
+        return Completion(None)
+
+
+def _sandbox_completion(staging: str) -> Completion | None:
+    try:
+        with open(staging + EXIT_STATUS_SUFFIX) as f:
+            text = f.read(4096)
+    except FileNotFoundError:
+        return None
+    # One JSON document a line; the exit code comes last, once the command exited.
+    for line in reversed(text.splitlines()):
+        try:
+            status = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(status, dict) and "exit-code" in status:
+            return Completion(None) if status["exit-code"] == 0 else None
+    return None
 
 
 class DatasetStorage:
@@ -277,6 +343,12 @@ class DatasetStorage:
         except (FileNotFoundError, NotImplementedError, OSError):
             return None
         return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+    async def completion(self, staging: str) -> Completion | None:
+        """`read_completion` of a staging output (None on a remote root: never noted)."""
+        if not self._local:
+            return None
+        return await asyncio.to_thread(read_completion, staging)
 
     async def exists(self, path: str) -> bool:
         """Whether anything is at `path`."""

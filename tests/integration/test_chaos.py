@@ -287,6 +287,12 @@ async def run_chaos(tmp_path: Path, store_url: str, scale: Scale, seed: int) -> 
         others = {n for n in completed[aid] if (aid, n) not in lost}
         assert others == {actions[aid].attempts}, (aid, completed[aid], actions[aid].attempts)
     assert not twice_run_attempts(home), twice_run_attempts(home)
+    # What the run did, for docs/states.md's figures (`-s` shows it).
+    twice = sum(len(completed[aid]) > 1 for aid in finished)
+    print(
+        f"\nchaos: {len(kills)} kills, {len(actions)} actions, {len(lost)} attempts lost "
+        f"with their node's lease, {twice} FINISHED actions completed their command twice"
+    )
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from bench.bench_nodes import sleeps
 from pingo import errors, states
+from pingo.actions.executors import base, cluster, local
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.node import Node
@@ -30,6 +32,8 @@ from tests.integration.test_crash import Server, free_port
 
 A = states.ActionState
 W = states.WorkflowState
+#: The stand-in `hadoop` and `yarn` (tests/integration/test_cluster.py says what they do).
+STANDIN_BIN = Path(__file__).resolve().parents[1] / "fixtures" / "bin"
 
 
 def node_of(action: protocol.ActionRecord) -> str:
@@ -240,3 +244,128 @@ async def test_a_workflow_on_another_node_shares_a_computation_in_flight(
     assert marker.read_text().splitlines() == ["run"]
     finished = await node_b.store.get_action(bobs.id, 1)
     assert finished is not None and finished.state is A.FINISHED and finished.attempts == 0
+
+
+# ------------------------------------------------------------------- kills across nodes
+
+
+async def _running(node: Node) -> int:
+    """Processes the node's local executor runs now (they exited when it says 0)."""
+    running: int = getattr(node.executors["command-line"], "running")  # noqa: B009
+    return running
+
+
+async def _until(check: Any, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_a_kill_through_one_node_stops_the_work_another_node_runs(nodes: Any) -> None:
+    # Each node runs two of the four long sleeps. The kill reaches node a's API
+    # only: node b learns it from the store when it renews its leases (every
+    # lease_s / 3) and stops its own processes; they would otherwise run on, for
+    # nothing, holding b's slots.
+    node_a = await nodes("a", lease_s=3.0)
+    node_b = await nodes("b", lease_s=3.0)
+    workflow = await node_a.workflows.submit(sleeps(4, 600, "cross-kill"), owner="alice")
+
+    async def both_run() -> bool:
+        return await _running(node_a) == 2 and await _running(node_b) == 2
+
+    await _until(both_run, 30, "the four sleeps never ran two on each node")
+    await node_a.workflows.kill(workflow.id)
+
+    async def all_stopped() -> bool:
+        return await _running(node_a) == 0 and await _running(node_b) == 0
+
+    # A renewal (1 s) plus the kill's grace, with room for a loaded machine.
+    await _until(all_stopped, 20, "node b's processes outlived the kill")
+    actions = await node_b.store.list_actions(workflow.id)
+    assert {a.state for a in actions} == {A.KILLED}
+    assert {node_of(a) for a in actions if a.external_id} == {"a", "b"}
+
+
+async def test_a_node_stops_an_attempt_taken_over_after_its_lease_lapsed(
+    nodes: Any,
+) -> None:
+    # Node a runs a long action; the store then says another attempt took it over
+    # (what the reaper and another node do once a's lease lapsed). Node a's next
+    # renewal must stop its stale process: two attempts would otherwise both run.
+    node_a = await nodes("a", lease_s=3.0)
+    workflow = await node_a.workflows.submit(sleeps(1, 600, "taken-over"), owner="alice")
+
+    async def runs() -> bool:
+        return await _running(node_a) == 1
+
+    await _until(runs, 30, "the sleep never ran")
+    action = await node_a.store.get_action(workflow.id, 1)
+    assert action is not None and action.owner == "a"
+    # The end state of a takeover, written directly: node z submitted the next attempt.
+    taken = await node_a.store.transition_action(
+        workflow.id,
+        1,
+        {A.SUBMITTED, A.RUNNING},
+        A.SUBMITTED,
+        protocol.ActionChanges(owner="z", attempts=action.attempts + 1),
+    )
+    assert taken is not None
+
+    async def stopped() -> bool:
+        return await _running(node_a) == 0
+
+    await _until(stopped, 20, "node a's stale attempt outlived the takeover")
+    current = await node_a.store.get_action(workflow.id, 1)
+    # The stale attempt's report changed nothing: the record is the takeover's.
+    assert current is not None and current.owner == "z" and current.state is A.SUBMITTED
+    assert current.attempts == action.attempts + 1
+    await node_a.workflows.kill(workflow.id)
+
+
+async def test_a_kill_through_another_node_kills_the_yarn_application(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Node b runs the `hadoop` client (the stand-in, which hangs after printing its
+    # YARN application id); node a has no MapReduce executor and takes the kill.
+    # Only b has the client's log, so only b can name the application to kill.
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HADOOP_STANDIN_MODE", "hang")
+    monkeypatch.setenv("HADOOP_STANDIN_RECORD", str(tmp_path / "hadoop.jsonl"))
+    yarn_record = tmp_path / "yarn.jsonl"
+    monkeypatch.setenv("YARN_STANDIN_RECORD", str(yarn_record))
+    node_a = await nodes("a", executors={"command-line": local.create}, lease_s=3.0)
+    node_b = await nodes("b", lease_s=3.0)
+    job = {"id": 1, "name": "job", "type": "mapreduce-v2", "jar": "/opt/j.jar"}
+    job["arguments"] = ["{output}"]
+    document = {"name": "mr", "startActionId": 1, "endActionId": 1, "actions": [job]}
+    workflow = await node_a.workflows.submit(document, owner="alice")
+
+    async def application() -> str | None:
+        action = await node_b.store.get_action(workflow.id, 1)
+        if action is None or action.attempts < 1:
+            return None
+        log = base.log_path(node_b.settings.home, workflow.id, 1, action.attempts)
+        jobs = await asyncio.to_thread(cluster.scan_log, log)
+        return jobs.application_ids[0] if jobs.application_ids else None
+
+    async def submitted() -> bool:
+        return await application() is not None
+
+    await _until(submitted, 30, "the hadoop client never submitted its job")
+    app = await application()
+    await node_a.workflows.kill(workflow.id)
+
+    def killed() -> list[Any]:
+        if not yarn_record.exists():
+            return []
+        return [json.loads(line)["argv"] for line in yarn_record.read_text().splitlines()]
+
+    async def yarn_killed() -> bool:
+        return bool(await asyncio.to_thread(killed))
+
+    await _until(yarn_killed, 20, "nobody killed the YARN application")
+    await asyncio.sleep(1.5)  # a later renewal must not kill it again
+    assert await asyncio.to_thread(killed) == [["application", "-kill", app]]
+    action = await node_a.store.get_action(workflow.id, 1)
+    assert action is not None and action.state is A.KILLED and node_of(action) == "b"

@@ -103,6 +103,35 @@ def test_mapreduce_main_class_is_optional(tmp_path: Path) -> None:
     assert "k=/data/.staging/out" in without
 
 
+def test_mapreduce_options_go_where_the_arguments_say(tmp_path: Path) -> None:
+    # A ProgramDriver jar (Hadoop's examples) reads the program's name first: the
+    # options must follow it, or the driver takes `-files` for a program's name.
+    job = submission(
+        tmp_path,
+        "mapreduce-v2",
+        jar="/examples.jar",
+        arguments=["wordcount", "{options}", "{input:1}", "{output}"],
+        **SHIPPED,
+    )
+    argv = hadoop.hadoop_command("hadoop", hadoop.MR2, job)
+    assert argv == [
+        "hadoop", "jar", "/examples.jar", "wordcount",
+        "-files", "/jobs/stop.txt,/data/in",
+        "-libjars", "/jobs/a.jar",
+        "-archives", "/jobs/d.zip#d",
+        "-D", "k=/data/.staging/out",
+        "-D", f"mapreduce.job.end-notification.url={hadoop.notification_url(job)}",
+        "/data/in", "/data/.staging/out",
+    ]  # fmt: skip
+    # Without the placeholder, the options come first, as ToolRunner reads them.
+    first = hadoop.hadoop_command(
+        "hadoop",
+        hadoop.MR2,
+        submission(tmp_path, "mapreduce-v2", jar="/j.jar", arguments=["{input:1}", "{output}"]),
+    )
+    assert first[3] == "-D" and first[-2:] == ["/data/in", "/data/.staging/out"]
+
+
 def test_spark_cluster_mode_kills_drivers_with_spark_submit(tmp_path: Path) -> None:
     settings = Settings(
         home=tmp_path,

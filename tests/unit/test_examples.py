@@ -27,6 +27,8 @@ def test_the_mapreduce_example_lets_the_manifest_pick_the_main_class() -> None:
     document = json.loads((EXAMPLES / "mapreduce.json").read_text())
     (job,) = [a for a in document["actions"] if a["type"] == "mapreduce-v2"]
     assert "mainClass" not in job and job["files"] and job["properties"]
+    # Its manifest's ExampleDriver reads the program's name first: the options follow it.
+    assert job["arguments"][:2] == ["wordcount", "{options}"]
     spark = json.loads((EXAMPLES / "spark" / "wordcount.json").read_text())
     (app,) = [a for a in spark["actions"] if a["type"] == "spark"]
     assert (EXAMPLES.parent / app["application"]).is_file()

@@ -14,9 +14,16 @@ from typing import Any
 
 import pytest
 
-from pingo.actions.executors import base
+from pingo import errors
+from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import ExecutorClosed, LocalExecutor, create, server_environment
 from pingo.config import Settings
+from pingo.datasets.storage import (
+    COMPLETED_SUFFIX,
+    EXIT_STATUS_SUFFIX,
+    Completion,
+    read_completion,
+)
 
 
 @dataclass
@@ -217,6 +224,76 @@ async def test_nonzero_exit_reports_failure_with_log_tail(
     assert kind == "failed"
     assert "exited with status 3" in details["error"]
     assert "something broke" in details["error"]
+
+
+class Checking(Recorder):
+    """Reads what says each attempt completed at the moment it is reported."""
+
+    def __init__(self, outputs: Mapping[str, str], *, drop_note: bool = False) -> None:
+        super().__init__()
+        self.outputs = outputs
+        self.drop_note = drop_note
+        self.evidence: dict[str, Completion | None] = {}
+
+    def _look(self, callback_id: str) -> None:
+        output = self.outputs[callback_id]
+        if self.drop_note:  # as if the node died before writing it
+            Path(output + COMPLETED_SUFFIX).unlink(missing_ok=True)
+        self.evidence[callback_id] = read_completion(output)
+
+    async def success(
+        self, callback_id: str, attempt: int, *, runtime_s: float | None = None
+    ) -> object:
+        self._look(callback_id)
+        return await super().success(callback_id, attempt, runtime_s=runtime_s)
+
+    async def failed(self, callback_id: str, attempt: int, error: str) -> object:
+        self._look(callback_id)
+        return await super().failed(callback_id, attempt, error)
+
+
+async def _completed_or_not(
+    tmp_path: Path, box: sandbox.Sandbox | None, *, drop_note: bool = False
+) -> tuple[Checking, base.Submission, base.Submission]:
+    ok = submission(tmp_path, ["sh", "-c", 'echo whole > "$PINGO_OUTPUT"'])
+    failing = submission(tmp_path, ["sh", "-c", 'echo partial > "$PINGO_OUTPUT"; exit 1'])
+    outputs = {sub.callback_id: sub.output_path for sub in (ok, failing)}
+    recorder = Checking(outputs, drop_note=drop_note)
+    ex = LocalExecutor(recorder, slots=2, node_id="n", box=box)
+    await ex.start()
+    await ex.submit(ok)
+    await ex.submit(failing)
+    await recorder.wait_for(2)
+    await ex.close()
+    return recorder, ok, failing
+
+
+async def test_a_success_is_noted_beside_its_output_before_it_is_reported(
+    tmp_path: Path,
+) -> None:
+    # Should the node die during the success report, the reaper of another node
+    # finishes the attempt from this note rather than running it a second time.
+    recorder, ok, failing = await _completed_or_not(tmp_path, None)
+    (runtime,) = (r[3]["runtime_s"] for r in recorder.reports if r[0] == "success")
+    noted = recorder.evidence[ok.callback_id]
+    assert noted is not None and noted.runtime_s == pytest.approx(runtime, abs=1e-5)
+    assert recorder.evidence[failing.callback_id] is None
+    # Once the outcome is recorded the note goes (a staging directory is not a log).
+    assert read_completion(ok.output_path) is None
+
+
+async def test_a_sandboxed_attempt_leaves_its_exit_status_as_it_exits(tmp_path: Path) -> None:
+    # bwrap writes the exit code itself as the command exits: even a node that died
+    # before its own note leaves evidence of a completed attempt, and only of that.
+    try:
+        box = sandbox.from_settings(Settings(home=tmp_path / "home", sandbox="on"))
+    except errors.SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    recorder, ok, failing = await _completed_or_not(tmp_path, box, drop_note=True)
+    assert recorder.evidence == {ok.callback_id: Completion(None), failing.callback_id: None}
+    assert read_completion(ok.output_path) is None
+    left = [sub.output_path + EXIT_STATUS_SUFFIX for sub in (ok, failing)]
+    assert not any(map(os.path.lexists, left)), "the exit status outlived the report"
 
 
 async def test_timeout_kills_the_process_group(

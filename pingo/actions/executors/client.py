@@ -61,6 +61,8 @@ def find_program(name: str, setting: str) -> str:
 class ClientProcessExecutor(LocalExecutor):
     """Base class: one client process per submission; the cluster reports the outcome."""
 
+    notes_completion = False
+
     def __init__(self, settings: Settings, reporter: Reporter, action_type: str) -> None:
         """`action_type`'s entry in `executor_limits`, else `cluster_in_flight`, bounds
         the clients running at once (and so the node's claims of that type)."""

@@ -8,6 +8,12 @@ ARGUMENTS`: without `mainClass` the jar's manifest names the main class, as
 generation, and the job-end notification URL points at Pingo's signed GET
 callback with `$jobStatus` left for Hadoop to fill in. The job writes to the
 staging path (`{output}`); the success callback promotes it.
+
+The options go where the job's `ToolRunner` parses them: first, unless an
+argument is exactly `{options}`, which they replace. A jar whose manifest's main
+class dispatches to programs by name (Hadoop's own examples jar, any
+`ProgramDriver`) reads that name first and hands the program the rest:
+`"arguments": ["wordcount", "{options}", "{input:1}", "{output}"]`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ class Generation:
     queue_property: str
     notification_property: str
 
+
+#: The argument the generic options and `-D` properties replace (else they go first).
+OPTIONS = "{options}"
 
 MR1 = Generation("mapreduce-v1", "mapred.job.queue.name", "job.end.notification.url")
 MR2 = Generation("mapreduce-v2", "mapreduce.job.queuename", "mapreduce.job.end-notification.url")
@@ -56,14 +65,25 @@ def hadoop_command(hadoop: str, generation: Generation, submission: Submission) 
     if action.get("queue"):
         properties[generation.queue_property] = str(action["queue"])
     properties[generation.notification_property] = notification_url(submission)
+    options = cluster.file_options(files, spark=False)
+    for key, value in properties.items():
+        options += ["-D", f"{key}={value}"]
+    before, after = _around_options([str(a) for a in action.get("arguments", [])])
     argv = [hadoop, "jar", str(action["jar"])]
     if action.get("mainClass"):
         argv.append(str(action["mainClass"]))
-    argv += cluster.file_options(files, spark=False)
-    for key, value in properties.items():
-        argv += ["-D", f"{key}={value}"]
-    argv += placeholders.resolve_argv([str(a) for a in action.get("arguments", [])], output, inputs)
+    argv += placeholders.resolve_argv(before, output, inputs)
+    argv += options
+    argv += placeholders.resolve_argv(after, output, inputs)
     return argv
+
+
+def _around_options(arguments: list[str]) -> tuple[list[str], list[str]]:
+    """The arguments before and after the options: around the first `{options}`, else all after."""
+    if OPTIONS not in arguments:
+        return [], arguments
+    at = arguments.index(OPTIONS)
+    return arguments[:at], arguments[at + 1 :]
 
 
 class HadoopExecutor(ClientProcessExecutor):

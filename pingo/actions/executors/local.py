@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -58,6 +59,7 @@ from pingo import errors
 from pingo.actions.executors import placeholders, sandbox
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
+from pingo.datasets import storage
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,10 @@ class _Process:
 
 class LocalExecutor:
     """Runs `command-line` actions as local subprocesses with bounded concurrency."""
+
+    #: Whether a process's exit 0 is the attempt's success, noted beside its output
+    #: before the report (a cluster client's exit 0 is not: the cluster reports).
+    notes_completion = True
 
     def __init__(
         self,
@@ -185,18 +191,20 @@ class LocalExecutor:
         argv, env = self._prepare(submission)
         # Creating files can take milliseconds on a busy disk: do it in a thread,
         # before the slot wait, so a freed slot is refilled by a bare spawn.
-        log = await asyncio.to_thread(self._open_files, submission)
+        log, status = await asyncio.to_thread(self._open_files, submission)
         try:
             await self._slots.acquire()
             try:
                 if self._closing:
                     raise ExecutorClosed()
-                proc = self._spawn(submission, argv, env, log)
+                proc = self._spawn(submission, argv, env, log, status)
             except BaseException:
                 self._slots.release()
                 raise
         finally:
             log.close()
+            if status is not None:
+                os.close(status)
         logger.debug(
             "started pid %d for %s/%s attempt %d",
             proc.pid,
@@ -264,11 +272,13 @@ class LocalExecutor:
         )
         if self.sandbox is None:
             return argv, env
+        local = _is_local(submission.output_path)
         wrapped = self.sandbox.argv(
             argv,
             output=output,
-            box=sandbox.box_for(output) if _is_local(submission.output_path) else None,
+            box=sandbox.box_for(output) if local else None,
             inputs=(_local(p) for p in inputs.values()),
+            status_fd=_STATUS_FD if local else None,
         )
         return wrapped, sandbox.environment(env)
 
@@ -304,21 +314,30 @@ class LocalExecutor:
                 self._dirs.clear()
             self._dirs.add(path)
 
-    def _open_files(self, submission: Submission) -> BinaryIO:
-        """Create the output's parent directory and open the attempt's log (in a thread)."""
+    def _open_files(self, submission: Submission) -> tuple[BinaryIO, int | None]:
+        """Create the output's parent directory, open the attempt's log and, for a
+        sandboxed local output, the file bwrap writes its exit status to (in a thread)."""
         output = submission.output_path
+        status = None
         # A remote output (hdfs://, s3://) is created by the job itself.
         if _is_local(output):
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
             if self.sandbox is not None:
                 os.makedirs(sandbox.box_for(_local(output)), mode=0o700, exist_ok=True)
+                status = _status_file(_local(output) + storage.EXIT_STATUS_SUFFIX)
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))
-        # submit closes it once the child has its own copy of the descriptor.
-        return os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        # submit closes both once the child has its own copy of the descriptors.
+        log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        return log, status
 
     def _spawn(
-        self, submission: Submission, argv: list[str], env: dict[str, str], log: BinaryIO
+        self,
+        submission: Submission,
+        argv: list[str],
+        env: dict[str, str],
+        log: BinaryIO,
+        status: int | None = None,
     ) -> _Process:
         log_fd = log.fileno()
         file_actions = [
@@ -326,6 +345,8 @@ class LocalExecutor:
             (os.POSIX_SPAWN_DUP2, log_fd, 1),
             (os.POSIX_SPAWN_DUP2, log_fd, 2),
         ]
+        if status is not None:
+            file_actions.append((os.POSIX_SPAWN_DUP2, status, _STATUS_FD))
         executable = self._executable(argv[0], env)
         try:
             pid = os.posix_spawn(
@@ -411,13 +432,40 @@ class LocalExecutor:
                 sub.callback_id, sub.attempt, _failure(returncode, sub.log_path)
             )
 
+    def _completed(self, proc: _Process, returncode: int) -> bool:
+        """Whether the attempt completed here: its exit alone says it succeeded."""
+        return self.notes_completion and proc.stopped_for is None and returncode == 0
+
+    def _settle_output(self, proc: _Process, returncode: int, runtime_s: float) -> None:
+        """In a worker thread: the sandbox's output onto the staging path, then, for a
+        completed attempt, the note that it completed (`storage.record_completion`).
+
+        The note comes before the success report: should this node die during the
+        report, the reaper of another node finishes the attempt from it instead of
+        running the work a second time.
+        """
+        output = _local(proc.submission.output_path)
+        if self.sandbox is not None:
+            sandbox.collect(output)
+        if self._completed(proc, returncode):
+            storage.record_completion(output, runtime_s)
+
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
+        local = _is_local(sub.output_path)
+        noted = local and self._completed(proc, returncode)
+        # What says the attempt completed (the note, the sandbox's exit status) stays
+        # until the outcome is in the store, and goes once it is: nothing to recover.
+        evidence = local and (noted or self.sandbox is not None)
         try:
-            if self.sandbox is not None and _is_local(sub.output_path):
-                await asyncio.to_thread(sandbox.collect, _local(sub.output_path))
+            if evidence:
+                await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
             await self._report_outcome(proc, returncode, runtime_s)
+            if evidence:
+                storage.forget_completion(_local(sub.output_path))
         except errors.PingoError as exc:
+            if evidence:
+                storage.forget_completion(_local(sub.output_path))
             # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
             # the callbacks decided; nothing is left for us to do.
             logger.warning(
@@ -478,6 +526,21 @@ def _outcome(proc: _Process, returncode: int) -> ExecutorStatus:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+#: The descriptor bwrap writes its JSON status to, in the child (`--json-status-fd`).
+_STATUS_FD = 3
+
+
+def _status_file(path: str) -> int:
+    """Open (truncate) the exit status file, on a descriptor that cannot be `_STATUS_FD`:
+    a dup2 onto itself would leave it close-on-exec, and bwrap would find it closed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    if fd != _STATUS_FD:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _STATUS_FD + 1)
+    os.close(fd)
+    return moved
 
 
 def _is_local(path: str) -> bool:

@@ -117,7 +117,13 @@ class Sandbox:
     hidden_files: tuple[str, ...]
 
     def argv(
-        self, command: list[str], *, output: str, box: str | None, inputs: Iterable[str]
+        self,
+        command: list[str],
+        *,
+        output: str,
+        box: str | None,
+        inputs: Iterable[str],
+        status_fd: int | None = None,
     ) -> list[str]:
         """The bwrap command line running `command` for one attempt.
 
@@ -125,8 +131,12 @@ class Sandbox:
         first, the inputs and the output box are bound on top of them, and the
         tmpfs are made read-only last. `box` is None for a remote output
         (hdfs://, s3://), which the command writes through its own client.
+        With `status_fd`, bwrap writes its status there as JSON, the command's
+        exit code the moment it exits (the command itself does not get the fd).
         """
         args = [self.bwrap, *_base_args(network=self.network)]
+        if status_fd is not None:
+            args += ["--json-status-fd", str(status_fd)]
         for path in self.hidden_dirs:
             args += ["--tmpfs", path]
         for path in self.hidden_files:
