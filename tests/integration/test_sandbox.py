@@ -304,6 +304,49 @@ def test_the_network_is_on_by_default_and_off_on_request(
         offline_server.stop()
 
 
+def test_a_data_root_linked_to_another_disk_stays_hidden(tmp_path: Path) -> None:
+    """Datasets moved out of $PINGO_HOME behind a symlink are hidden where they really are."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    # Outside /tmp (private in the sandbox), as a bigger disk would be.
+    disk = Path(tempfile.mkdtemp(prefix="pingo-disk-", dir="/var/tmp"))
+    try:
+        (disk / "datasets").mkdir()
+        (home / "datasets").symlink_to(disk / "datasets")
+        linked = start_server(home, PINGO_DATA_ROOT=str(home / "datasets"))
+        try:
+            admin = linked.client(ADMIN_TOKEN)
+            bob = linked.client(admin.create_user("bob")["token"])
+            alice = linked.client(admin.create_user("alice")["token"])
+            marker = uuid.uuid4().hex
+            bobs = _run(bob, _workflow(_sh(f"echo bob-{marker} > $PINGO_OUTPUT")))
+            assert bobs["state"] == "SUCCEEDED"
+            stored = disk / "datasets" / bobs["actions"][0]["datasetId"][:2]
+            assert (stored / bobs["actions"][0]["datasetId"]).read_text() == f"bob-{marker}\n"
+            steal = (
+                f"cat {stored}/*; ls -R {disk}; cat {home}/datasets/*/*; echo tried > $PINGO_OUTPUT"
+            )
+            alices = _run(alice, _workflow(_sh(steal)))
+            assert alices["state"] == "SUCCEEDED"
+            assert marker not in alice.logs(alices["id"], 1)
+            # Inputs reached through the link still work.
+            chained = _run(
+                alice,
+                _workflow(
+                    _sh("echo parent > $PINGO_OUTPUT"),
+                    _sh("cat $PINGO_INPUT_1 > $PINGO_OUTPUT"),
+                    chain=True,
+                ),
+            )
+            assert chained["state"] == "SUCCEEDED"
+            child = chained["actions"][1]["datasetId"]
+            assert (disk / "datasets" / child[:2] / child).read_text() == "parent\n"
+        finally:
+            linked.stop()
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
+
+
 def _processes_with(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

@@ -90,17 +90,46 @@ def _base_args(*, network: bool) -> list[str]:
 
 
 def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Directories covered by a tmpfs, files covered by /dev/null."""
+    """Directories covered by a tmpfs, files covered by /dev/null.
+
+    Each is resolved to where it really is: a data root that is a symlink inside
+    `$PINGO_HOME` (datasets moved to a bigger disk) would otherwise be covered
+    at its link, hidden with the home, while its real directory stayed readable
+    through the read-only root. What lies inside another hidden directory is
+    left out: that directory's tmpfs hides it already, and every mount is work
+    bwrap does again on each spawn (bench/README.md, "Where a sandboxed spawn's
+    time goes").
+    """
     dirs = [str(settings.home)]
     if "://" not in settings.data_root or settings.data_root.startswith("file://"):
         dirs.append(settings.data_root.removeprefix("file://"))
+    hidden_dirs = _outermost(os.path.realpath(d) for d in dirs)
     files: list[str] = []
     if settings.store_url.startswith("sqlite://"):
         store = os.path.abspath(sqlite_path(settings.store_url))
         # The database with its journal files; covering the directory instead
         # could hide the whole machine when the store lives in, say, /var.
-        files.extend(store + suffix for suffix in ("", "-wal", "-shm", "-journal"))
-    return tuple(_unique(os.path.abspath(d) for d in dirs)), tuple(files)
+        # SQLite puts the journals beside the file a symlinked database resolves to.
+        for base in _unique((store, os.path.realpath(store))):
+            files.extend(base + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+    hidden_files = [
+        f for f in _unique(os.path.realpath(f) for f in files) if not _within(f, hidden_dirs)
+    ]
+    return tuple(hidden_dirs), tuple(hidden_files)
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """`paths` without those inside (or equal to) another of them, shortest first."""
+    kept: list[str] = []
+    for path in sorted(_unique(paths), key=len):
+        if not _within(path, kept):
+            kept.append(path)
+    return kept
+
+
+def _within(path: str, parents: Iterable[str]) -> bool:
+    """Whether `path` is one of `parents` or below one (by whole path components)."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
 
 
 def _unique(paths: Iterable[str]) -> list[str]:
