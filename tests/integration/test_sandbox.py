@@ -227,10 +227,63 @@ def test_an_action_cannot_overwrite_another_users_datasets(
         f"echo POISONED > {file_dataset}; echo POISONED > {dir_dataset}/part-0;"
         f" rm -rf {dir_dataset}; ln -sf /dev/null {file_dataset}; echo tried > $PINGO_OUTPUT"
     )
+    digests = {a["actionId"]: bob.dataset(a["datasetId"])["digest"] for a in bobs["actions"]}
     workflow = _run(alice, _workflow(_sh(poison)))
     assert workflow["state"] == "SUCCEEDED"
     assert file_dataset.read_text() == f"bob-{marker}\n"
     assert (dir_dataset / "part-0").read_text() == f"part-{marker}\n"
+    for action in bobs["actions"]:
+        kept = bob.verify(action["datasetId"])
+        assert kept["digest"] == digests[action["actionId"]] is not None
+        assert kept["verification"]["status"] == "match"
+
+
+def test_a_callback_cannot_be_forged_from_an_action(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """Alice's action, told Bob's running action's callback id, cannot finish it for him.
+
+    The forgery needs the callback secret; the action tries to read it where the
+    server keeps it and signs a success with it. Unsandboxed, that read works and
+    Bob's action would succeed at once with an empty dataset.
+    """
+    flag_dir = Path(tempfile.mkdtemp(prefix="pingo-forge-", dir="/var/tmp"))
+    try:
+        flag = flag_dir / "wait"
+        flag.touch()
+        marker = uuid.uuid4().hex
+        bobs = bob.submit(
+            _workflow(
+                _sh(f"while [ -e {flag} ]; do sleep 0.05; done; echo bob-{marker} > $PINGO_OUTPUT")
+            )
+        )
+        deadline = time.monotonic() + 30
+        while not _processes_with(marker):
+            assert time.monotonic() < deadline, "Bob's action never started"
+            time.sleep(0.05)
+        running = bob.action(bobs["id"], 1)
+        secret_path = str(server.home / "callback.secret")
+        forge = (
+            "import hashlib, hmac, urllib.request\n"
+            f"secret = bytes.fromhex(open({secret_path!r}).read().strip())\n"
+            f"message = '{running['callbackId']}:1'.encode()\n"
+            "token = hmac.new(secret, message, hashlib.sha256).hexdigest()\n"
+            f"url = 'http://127.0.0.1:{server.port}/api/v1/callbacks/{running['callbackId']}/success'\n"
+            "urllib.request.urlopen(urllib.request.Request(url + '?attempt=1&token=' + token,"
+            " data=b'{}', method='POST', headers={'Content-Type': 'application/json'}),"
+            " timeout=10)\n"
+        )
+        forged = _run(alice, _workflow(["python3", "-c", forge]))
+        assert forged["state"] == "FAILED"
+        assert "No such file or directory" in alice.logs(forged["id"], 1)
+        assert bob.action(bobs["id"], 1)["state"] == running["state"] == "SUBMITTED"
+        flag.unlink()
+        done = bob.wait(bobs["id"], timeout_s=60, poll_s=0.05)
+        assert done["state"] == "SUCCEEDED"
+        assert done["actions"][0]["attempts"] == 1
+        assert _dataset_path(server, done, 1).read_text() == f"bob-{marker}\n"
+    finally:
+        shutil.rmtree(flag_dir, ignore_errors=True)
 
 
 def test_an_action_cannot_write_through_its_inputs(server: Server, alice: Client) -> None:
