@@ -165,6 +165,7 @@ class Node:
                 staging_path=self.storage.staging_path,
                 submit_failed=self.outcomes.submit_failed,
                 secret=self.secret,
+                refuse_unsandboxed=self.sandbox == "unavailable",
                 **extra,
             )
             for i in range(max(1, settings.submitters))

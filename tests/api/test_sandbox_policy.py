@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pingo import errors
-from pingo.actions.executors import base
+from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import LocalExecutor
 from pingo.api.app import create_app
 from pingo.config import Settings
@@ -86,3 +86,36 @@ def test_a_bad_sandbox_setting_is_refused(tmp_path: Path) -> None:
         Settings.from_env({"PINGO_SANDBOX": "maybe", "PINGO_HOME": str(tmp_path)})
     with pytest.raises(errors.ConfigurationError):
         Settings.from_env({"PINGO_SANDBOX_NETWORK": "sometimes", "PINGO_HOME": str(tmp_path)})
+
+
+async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_there(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    """Work the API did not see on this node (another node's, a schedule's tick) is gated too.
+
+    The workflow is stored as a tick stores it (`WorkflowManager.submit` with the
+    schedule's owner); the node must not run Alice's command unsandboxed.
+    """
+    settings = make_settings(tmp_path, sandbox="auto")
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
+        node = Node(settings, store, executors={"command-line": _unsandboxed})
+        await node.start()
+        try:
+            app = create_app(settings, node=node)
+            api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+            await api.add_user("alice")
+            marker = tmp_path / "ran"
+            document = chain("tick", n=1)
+            document["actions"][0]["command"] = ["sh", "-c", f"touch {marker}"]
+            document["actions"][0]["maxAttempts"] = 1
+            stored = await node.workflows.submit(document, owner="alice")
+            done = await api.wait(stored.id)
+            assert done["state"] == "FAILED"
+            action = await api.wait_action(stored.id, 1, {"FAILED"})
+            assert sandbox.UNAVAILABLE_DETAIL in action["error"]
+            assert not marker.exists()
+            # An admin's workflow reaching the node the same way still runs.
+            admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
+            assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
+        finally:
+            await node.stop()

@@ -43,6 +43,11 @@ BOX_SUFFIX = ".box"
 #: PATH inside the sandbox when the action's own `env` sets none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
+#: Why a non-admin's command-line action is refused where the sandbox cannot run.
+UNAVAILABLE_DETAIL = (
+    "this server cannot sandbox command-line actions (user namespaces do not work"
+    " here), so only admins may run them; see docs/security.md"
+)
 
 
 def bwrap_binary() -> str | None:
