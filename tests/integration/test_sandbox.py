@@ -449,6 +449,12 @@ def test_no_orphan_survives_a_killed_server(tmp_path: Path) -> None:
             action = done["actions"][0]
             assert action["attempts"] == 2
             assert _dataset_path(second, done, 1).read_text() == f"{marker}\n"
+            # Attempt 1's leftovers (its sandbox box) are swept once it holds no lease.
+            staging = home / "datasets" / ".staging"
+            deadline = time.monotonic() + 20
+            while leftovers := [p.name for p in staging.iterdir() if workflow["id"] in p.name]:
+                assert time.monotonic() < deadline, leftovers
+                time.sleep(0.1)
         finally:
             second.stop()
     finally:
