@@ -286,6 +286,31 @@ def test_a_callback_cannot_be_forged_from_an_action(
         shutil.rmtree(flag_dir, ignore_errors=True)
 
 
+def test_the_root_and_working_directory_are_read_only_and_tmp_private(
+    server: Server, alice: Client
+) -> None:
+    """Only the output (and a /tmp of its own) is writable; /tmp is neither shared nor kept."""
+    marker = uuid.uuid4().hex
+    host_dir = Path(tempfile.mkdtemp(prefix="pingo-ro-", dir="/var/tmp"))
+    try:
+        write = (
+            f"echo x > {host_dir}/{marker}; echo x > relative-{marker};"
+            f" echo x > /tmp/{marker} && cat /tmp/{marker} > $PINGO_OUTPUT"
+        )
+        look = f"ls /tmp/{marker}; echo looked > $PINGO_OUTPUT"
+        workflow = _run(alice, _workflow(_sh(write), _sh(look), chain=True))
+        assert workflow["state"] == "SUCCEEDED"
+        log = alice.logs(workflow["id"], 1)
+        assert log.count("Read-only file system") == 2, log
+        assert _dataset_path(server, workflow, 1).read_text() == "x\n"  # /tmp is writable
+        assert "No such file or directory" in alice.logs(workflow["id"], 2)
+        assert list(host_dir.iterdir()) == []
+        assert not (REPO / f"relative-{marker}").exists()
+        assert not (Path("/tmp") / marker).exists()
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
 def test_an_action_cannot_write_through_its_inputs(server: Server, alice: Client) -> None:
     """Inputs are bound read-only: a child cannot change the dataset it reads."""
     workflow = _run(
