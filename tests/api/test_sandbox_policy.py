@@ -8,6 +8,7 @@ fail here).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -71,10 +72,18 @@ async def test_auto_without_namespaces_refuses_users_but_not_admins(
             await node.stop()
 
 
-async def test_off_is_explicit_and_shown(aiohttp_client: AiohttpClient, tmp_path: Path) -> None:
+async def test_off_is_explicit_and_shown(
+    aiohttp_client: AiohttpClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = make_settings(tmp_path, sandbox="off")
-    app = create_app(settings)
-    api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    with caplog.at_level(logging.INFO, logger="pingo"):
+        app = create_app(settings)
+        api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    # At start-up: a warning that says what it gives away, and the node's start line.
+    events = {getattr(r, "event", None): r for r in caplog.records}
+    assert events["sandbox_off"].levelno == logging.WARNING
+    assert "unsandboxed" in events["sandbox_off"].getMessage()
+    assert getattr(events["node_started"], "sandbox", None) == "off"
     assert await _readyz(api) == {"status": "ready", "sandbox": "off"}
     await api.add_user("alice")
     done = await api.wait((await api.submit(chain("off"), user="alice"))["id"])
@@ -119,3 +128,22 @@ async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_
             assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
         finally:
             await node.stop()
+
+
+@pytest.mark.parametrize(
+    ("store_url", "network", "warned"),
+    [
+        ("mongodb://127.0.0.1:27017/pingo", "on", True),
+        ("mongodb://pingo:secret@127.0.0.1:27017/pingo", "on", False),
+        ("mongodb://127.0.0.1:27017/pingo", "off", False),
+        ("", "on", False),  # the default SQLite file, hidden by the sandbox
+    ],
+)
+def test_a_mongo_store_open_to_the_actions_network_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, store_url: str, network: str, warned: bool
+) -> None:
+    settings = make_settings(tmp_path, sandbox="on", sandbox_network=network, store_url=store_url)
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        assert sandbox.from_settings(settings) is not None
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert ("sandbox_store_reachable" in events) is warned

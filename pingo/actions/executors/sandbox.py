@@ -239,4 +239,21 @@ def from_settings(settings: Settings) -> Sandbox | None:
         return None
     assert bwrap is not None
     dirs, files = _hidden(settings)
-    return Sandbox(bwrap, settings.sandbox_network == "on", dirs, files)
+    network = settings.sandbox_network == "on"
+    if network and _open_mongo_store(settings.store_url):
+        logger.warning(
+            "sandboxed actions have the network and the MongoDB store's URL holds no"
+            " credentials: if that server accepts anyone, any action can rewrite the store;"
+            " give it authentication or set PINGO_SANDBOX_NETWORK=off (docs/security.md)",
+            extra={"event": "sandbox_store_reachable"},
+        )
+    return Sandbox(bwrap, network, dirs, files)
+
+
+def _open_mongo_store(store_url: str) -> bool:
+    """Whether the store is a MongoDB server reached without credentials (an address
+    actions can reach with the network on, unlike a SQLite file the sandbox hides)."""
+    if not store_url.startswith(("mongodb://", "mongodb+srv://")):
+        return False
+    authority = store_url.split("://", 1)[1].split("/", 1)[0]
+    return "@" not in authority
