@@ -147,3 +147,17 @@ def test_a_mongo_store_open_to_the_actions_network_is_warned_about(
         assert sandbox.from_settings(settings) is not None
     events = [getattr(r, "event", None) for r in caplog.records]
     assert ("sandbox_store_reachable" in events) is warned
+
+
+def test_auto_without_namespaces_warns_once_and_on_refuses_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bwrap that cannot run (here /bin/false: it exits 1 like one refused namespaces)."""
+    monkeypatch.setattr(sandbox, "bwrap_binary", lambda: "/bin/false")
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        assert sandbox.from_settings(make_settings(tmp_path, sandbox="auto")) is None
+    warnings = [r for r in caplog.records if getattr(r, "event", None) == "sandbox_unavailable"]
+    assert len(warnings) == 1
+    assert "admins' run unsandboxed" in warnings[0].getMessage()
+    with pytest.raises(errors.SandboxUnavailable):
+        sandbox.from_settings(make_settings(tmp_path, sandbox="on"))

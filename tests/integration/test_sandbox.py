@@ -425,6 +425,33 @@ def test_a_data_root_linked_to_another_disk_stays_hidden(tmp_path: Path) -> None
         shutil.rmtree(disk, ignore_errors=True)
 
 
+def test_a_store_outside_home_is_out_of_reach(tmp_path: Path) -> None:
+    """The SQLite store configured elsewhere (and its journal files) is covered too."""
+    elsewhere = Path(tempfile.mkdtemp(prefix="pingo-store-", dir="/var/tmp"))
+    try:
+        db = elsewhere / "pingo.db"
+        server = start_server(tmp_path / "home", PINGO_STORE_URL=f"sqlite:///{db}")
+        try:
+            admin = server.client(ADMIN_TOKEN)
+            alice = server.client(admin.create_user("alice")["token"])
+            assert Path(f"{db}-wal").exists()  # the journal a writer would go through
+            promote = (
+                f"import sqlite3; c = sqlite3.connect({str(db)!r});"
+                " c.execute(\"update users set is_admin=1 where name='alice'\"); c.commit()"
+            )
+            tried = _run(alice, _workflow(["python3", "-c", promote]))
+            assert tried["state"] == "FAILED"
+            assert alice.me()["admin"] is False
+            peek = f"cat {db} {db}-wal | wc -c > $PINGO_OUTPUT; ls -la {elsewhere}"
+            peeked = _run(alice, _workflow(_sh(peek)))
+            assert peeked["state"] == "SUCCEEDED"
+            assert _dataset_path(server, peeked, 1).read_text().strip() == "0"
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
 def _processes_with(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
