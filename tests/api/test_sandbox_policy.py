@@ -61,6 +61,7 @@ async def test_auto_without_namespaces_refuses_users_but_not_admins(
                     f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
                 )
                 assert refused.status == 403, await refused.text()
+                assert refused.content_type == "application/problem+json"
                 problem = await refused.json()
                 assert problem["code"] == "SANDBOX_UNAVAILABLE"
                 assert "sandbox" in problem["detail"]
@@ -123,6 +124,12 @@ async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_
             action = await api.wait_action(stored.id, 1, {"FAILED"})
             assert sandbox.UNAVAILABLE_DETAIL in action["error"]
             assert not marker.exists()
+            # Re-running it over the API is refused like a submission.
+            rerun = await api.client.post(
+                f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
+            )
+            assert rerun.status == 403, await rerun.text()
+            assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
             # An admin's workflow reaching the node the same way still runs.
             admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
             assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
