@@ -382,6 +382,40 @@ def test_the_network_is_on_by_default_and_off_on_request(
         offline_server.stop()
 
 
+def test_an_unmanaged_output_cannot_land_on_pingos_files(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """The server moves an unmanaged output onto the user's path: never onto Pingo's own."""
+    home = server.home
+    bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
+    assert bobs["state"] == "SUCCEEDED"
+    dataset = _dataset_path(server, bobs, 1)
+    kept = {p: p.read_bytes() for p in (home / "callback.secret", home / "pingo.db", dataset)}
+    # The same through a link the user planted (an earlier unmanaged output of theirs).
+    planted = Path(tempfile.mkdtemp(prefix="pingo-link-", dir="/var/tmp")) / "to-home"
+    try:
+        plant = {
+            "id": 1, "name": "plant", "type": "command-line", "isManaged": False,
+            "outputPath": str(planted), "command": ["sh", "-c", f"ln -s {home} $PINGO_OUTPUT"],
+        }  # fmt: skip
+        assert _run(alice, {**_workflow(["true"]), "actions": [plant]})["state"] == "SUCCEEDED"
+        assert planted.is_symlink()
+        targets = [*kept, planted / "admin.token"]
+        for target in targets:
+            action = {
+                "id": 1, "name": "overwrite", "type": "command-line", "isManaged": False,
+                "outputPath": str(target), "command": ["sh", "-c", "echo OWNED > $PINGO_OUTPUT"],
+            }  # fmt: skip
+            workflow = _run(alice, {**_workflow(["true"]), "actions": [action]})
+            assert workflow["state"] == "FAILED", target
+            assert "Pingo's own" in (alice.action(workflow["id"], 1)["error"] or ""), target
+        for path, content in kept.items():
+            assert path.read_bytes() == content, path
+        assert (home / "admin.token").read_text().strip() == ADMIN_TOKEN
+    finally:
+        shutil.rmtree(planted.parent, ignore_errors=True)
+
+
 def test_a_data_root_linked_to_another_disk_stays_hidden(tmp_path: Path) -> None:
     """Datasets moved out of $PINGO_HOME behind a symlink are hidden where they really are."""
     home = tmp_path / "home"

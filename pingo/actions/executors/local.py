@@ -264,6 +264,8 @@ class LocalExecutor:
         )
         if self.sandbox is None:
             return argv, env
+        if _refused_output(self.sandbox, submission):
+            raise errors.Forbidden(sandbox.OWN_PATH_DETAIL.format(path=output))
         wrapped = self.sandbox.argv(
             argv,
             output=output,
@@ -415,7 +417,16 @@ class LocalExecutor:
         sub = proc.submission
         try:
             if self.sandbox is not None and _is_local(sub.output_path):
-                await asyncio.to_thread(sandbox.collect, _local(sub.output_path))
+                output = _local(sub.output_path)
+                if _refused_output(self.sandbox, sub):
+                    # Checked before the spawn too; a link the user swapped in since
+                    # must not make the server move the output onto Pingo's files.
+                    await asyncio.to_thread(shutil.rmtree, sandbox.box_for(output), True)
+                    await self.reporter.failed(
+                        sub.callback_id, sub.attempt, sandbox.OWN_PATH_DETAIL.format(path=output)
+                    )
+                    return
+                await asyncio.to_thread(sandbox.collect, output)
             await self._report_outcome(proc, returncode, runtime_s)
         except errors.PingoError as exc:
             # A stale attempt (the reaper moved on) or a workflow killed meanwhile:
@@ -478,6 +489,17 @@ def _outcome(proc: _Process, returncode: int) -> ExecutorStatus:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _refused_output(box: sandbox.Sandbox, submission: Submission) -> bool:
+    """Whether an unmanaged local output would land on Pingo's own files (`Sandbox.hides`).
+
+    Managed outputs are staging paths the server chose, inside the data root."""
+    return (
+        submission.definition.get("isManaged", True) is False
+        and _is_local(submission.output_path)
+        and box.hides(_local(submission.output_path))
+    )
 
 
 def _is_local(path: str) -> bool:

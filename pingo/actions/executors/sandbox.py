@@ -183,6 +183,20 @@ class Sandbox:
             args += ["--remount-ro", path]
         return [*args, "--", *command]
 
+    def hides(self, path: str) -> bool:
+        """Whether `path`, links resolved, is Pingo's own: in a hidden directory or a
+        hidden file. The executor moves an unmanaged output onto the user's path with
+        the server's rights, so that path must never be one of these."""
+        real = os.path.realpath(path)
+        return _within(real, self.hidden_dirs) or real in self.hidden_files
+
+
+#: Why an unmanaged output onto Pingo's own files or directories is refused.
+OWN_PATH_DETAIL = (
+    "outputPath {path} is one of Pingo's own files or directories ($PINGO_HOME, the data"
+    " root, the store); an unmanaged action may not write there"
+)
+
 
 def box_for(output: str) -> str:
     """The private directory mounted over the staging directory for this attempt."""
