@@ -247,13 +247,16 @@ def test_a_forced_rerun_keeps_running_readers_on_the_old_copy(tmp_path: Path) ->
         before = alice.dataset(dataset_id)["digest"]
         read = (
             f': {marker}; a=$(cat "$PINGO_INPUT_1"/part-0 "$PINGO_INPUT_1"/part-1);'
+            ' echo started > "$PINGO_OUTPUT";'
             f" while [ -e {flag} ]; do sleep 0.05; done;"
             ' b=$(cat "$PINGO_INPUT_1"/part-0 "$PINGO_INPUT_1"/part-1);'
             ' [ -n "$a" ] && [ "$a" = "$b" ] && echo "$b" > "$PINGO_OUTPUT"'
         )
         reader = bob.submit(sandboxed._workflow(produce, sandboxed._sh(read), chain=True))
+        # Its output box (on the host) says when it has read the old copy once.
+        boxes = server.home / "datasets" / ".staging"
         deadline = time.monotonic() + 30
-        while not sandboxed._processes_with(marker):
+        while not list(boxes.glob("*.box/*")):
             assert time.monotonic() < deadline, "the reader never started"
             time.sleep(0.05)
 
