@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pingo import errors, loops, states, untrusted
-from pingo.actions.executors import base, sandbox
+from pingo.actions.executors import base, local, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
 from pingo.actions.scraper import ActionQueue, ReadyWatch, Scraper
@@ -165,6 +165,7 @@ class Node:
                 staging_path=self.storage.staging_path,
                 submit_failed=self.outcomes.submit_failed,
                 secret=self.secret,
+                refuse_unsandboxed=self._runs_users_unsandboxed(),
                 **extra,
             )
             for i in range(max(1, settings.submitters))
@@ -289,10 +290,21 @@ class Node:
     @property
     def sandbox(self) -> str:
         """`on`, `off` (PINGO_SANDBOX=off) or `unavailable` (auto without user namespaces)."""
-        local = self.executors.get(sandbox.COMMAND_LINE)
-        if getattr(local, "sandbox", None) is not None:
+        executor = self.executors.get(sandbox.COMMAND_LINE)
+        if getattr(executor, "sandbox", None) is not None:
             return "on"
         return "off" if self.settings.sandbox == "off" else "unavailable"
+
+    def _runs_users_unsandboxed(self) -> bool:
+        """Whether this node's local executor would spawn processes without the sandbox
+        although PINGO_SANDBOX did not say `off` (other command-line executors, such as
+        the benchmarks' no-op one, spawn nothing)."""
+        executor = self.executors.get(sandbox.COMMAND_LINE)
+        return (
+            self.settings.sandbox != "off"
+            and isinstance(executor, local.LocalExecutor)
+            and executor.sandbox is None
+        )
 
     @property
     def running(self) -> bool:

@@ -35,6 +35,8 @@ on, another attempt started), or its lease expired while it was only claimed,
 nothing will promote it and it is removed. A submitted attempt's entries stay
 until it is resolved, lease or not: its completion note may be what reconciles it.
 Entries younger than a lease are left alone, so a sweep never races an attempt being started.
+With it goes `sweep_replaced`: directory copies a forced recompute replaced while
+readers held claims on them are removed once the dataset has no claim.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class Reaper(loops.Loop):
             self._next_sweep = time.monotonic() + self.lease_s
             if self.storage is not None:
                 await self.sweep_staging(self.storage)
+                await self.sweep_replaced(self.storage)
             # A node that died between a producer's outcome and settling the actions
             # sharing its computation left them waiting: settle them here.
             await self.outcomes.settle_stranded()
@@ -263,6 +266,33 @@ class Reaper(loops.Loop):
                 "removed %d staging leftovers of attempts without a lease",
                 removed,
                 extra={"event": "staging_swept", "count": removed},
+            )
+        return removed
+
+    async def sweep_replaced(self, storage: DatasetStorage) -> int:
+        """Remove replaced copies whose dataset no reader claims any more; return how many.
+
+        A forced recompute that replaced a directory other actions held claims on
+        kept the old copy for them (`DatasetStorage.promote`): those readers have
+        it bound in their sandbox. Once the dataset has no claim, every reader that
+        started on the old copy has finished (later ones bound the new one).
+        """
+        entries = await asyncio.to_thread(storage.replaced_entries)
+        if not entries:
+            return 0
+        datasets = await self.store.get_datasets({dataset_id for _, dataset_id in entries})
+        removed = 0
+        for path, dataset_id in entries:
+            dataset = datasets.get(dataset_id)
+            if dataset is not None and dataset.claims:
+                continue
+            await storage.remove(path)
+            removed += 1
+        if removed:
+            logger.info(
+                "removed %d replaced dataset copies no reader holds any more",
+                removed,
+                extra={"event": "replaced_swept", "count": removed},
             )
         return removed
 

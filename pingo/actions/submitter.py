@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from pingo import errors, loops, metrics, states
-from pingo.actions.executors import base
+from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Claimed, InputPaths, Scraper
 from pingo.callbacks import tokens
@@ -60,6 +60,7 @@ class Submitter(loops.Loop):
         submit_failed: SubmitFailed,
         secret: bytes,
         observe_dispatch: Callable[[float], None] = metrics.DISPATCH_SECONDS.observe,
+        refuse_unsandboxed: bool = False,
     ) -> None:
         super().__init__(interval_s=settings.poll_interval_s)
         self.name = f"submitter-{index}"
@@ -74,6 +75,9 @@ class Submitter(loops.Loop):
         self.submit_failed = submit_failed
         self.secret = secret
         self.observe_dispatch = observe_dispatch
+        #: This node's command-line actions would run unsandboxed although the sandbox
+        #: was not turned off (`auto` without user namespaces): only admins' may run.
+        self.refuse_unsandboxed = refuse_unsandboxed
         self.finished = asyncio.Event()
         #: The home as text, for the log paths (`base.log_path`).
         self._home = str(settings.home)
@@ -129,6 +133,7 @@ class Submitter(loops.Loop):
                 return
             try:
                 submission = await self._submission(record, item.input_paths)
+                await self._ensure_sandbox(record)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -211,6 +216,21 @@ class Submitter(loops.Loop):
         else:
             self._submitted.inc()
         return record
+
+    async def _ensure_sandbox(self, action: ActionRecord) -> None:
+        """Raise SandboxUnavailable for a non-admin's command-line action run unsandboxed.
+
+        The API refuses such workflows at submission on this node, but work also comes
+        from elsewhere: another node sharing the store, a schedule's tick, a workflow
+        stored before a restart that lost user namespaces. This is the last gate
+        before the process starts. It reads the store only on an unsandboxed node.
+        """
+        if not self.refuse_unsandboxed or action.type != sandbox.COMMAND_LINE:
+            return
+        workflow = await self.store.get_workflow(action.workflow_id)
+        owner = None if workflow is None else await self.store.get_user(workflow.owner)
+        if owner is None or not owner.is_admin:
+            raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
     async def _submission(
         self, action: ActionRecord, input_paths: asyncio.Future[InputPaths] | None

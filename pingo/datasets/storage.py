@@ -97,6 +97,11 @@ def _sandbox_completion(staging: str) -> Completion | None:
     return None
 
 
+#: Where a replaced directory copy waits, under the data root, while readers that
+#: started on it still hold claims (`promote(..., readers=True)`, the reaper's sweep).
+REPLACED_DIR = ".replaced"
+
+
 class DatasetStorage:
     """Paths, promotion, measurement and removal of dataset files."""
 
@@ -140,18 +145,28 @@ class DatasetStorage:
             self._staging_ready = True
         return f"{self.root}/{STAGING_DIR}/{dataset_id}.{workflow_id}.{action_id}.{attempt}"
 
-    async def promote(self, staging: str, final: str, *, replace: bool = False) -> int:
+    async def promote(
+        self, staging: str, final: str, *, replace: bool = False, readers: bool = False
+    ) -> int:
         """Move `staging` onto `final` and return the size of `final` in bytes.
 
         When `final` already exists, the same provenance was stored by someone
         else: the staging copy is removed and `final` kept, unless `replace` (a
         forced recompute: the new output must win). An attempt that wrote
         nothing stores an empty dataset (a directory).
+
+        `readers`: actions holding claims on the dataset may be reading the old
+        copy. A sandboxed reader has it bound at the path it was given, so it keeps
+        reading the old files whatever is renamed; a replaced directory is therefore
+        not removed but moved under `REPLACED_DIR`, for the reaper to remove once
+        the dataset has no claims (`replaced_entries`). A replaced file needs
+        nothing: its reader's bind (or open descriptor) holds the old inode.
         """
         # The plain promotion is the hot path; only an existing copy needs the swap.
         if replace and await self.exists(final):
             if self._local:
-                await asyncio.to_thread(_replace_local, staging, final)
+                aside = f"{self.root}/{REPLACED_DIR}" if readers else None
+                await asyncio.to_thread(_replace_local, staging, final, aside)
             else:
                 await asyncio.to_thread(self._replace_remote, staging, final)
             return await self.size(final)
@@ -308,6 +323,16 @@ class DatasetStorage:
             return 0
         return int(self._fs.du(p, total=True))
 
+    def replaced_entries(self) -> list[tuple[str, str]]:
+        """Replaced copies kept for their readers, as (path, dataset id) pairs (blocking)."""
+        if not self._local:
+            return []
+        try:
+            with os.scandir(f"{self.root}/{REPLACED_DIR}") as entries:
+                return [(e.path, e.name.split(".", 1)[0]) for e in entries]
+        except FileNotFoundError:
+            return []
+
     async def remove(self, path: str) -> None:
         """Remove the file or tree at `path`; nothing when it is absent."""
         if self._local:
@@ -384,27 +409,36 @@ def _tree_size(path: str) -> int:
     return total
 
 
-def _replace_local(staging: str, final: str) -> None:
+def _replace_local(staging: str, final: str, keep_in: str | None = None) -> None:
     """Put `staging` at `final`, whatever `final` held (a forced recompute).
 
     A file replacing a file is one atomic `os.replace`. Otherwise the old copy
-    is renamed to a sibling first, the new one renamed in, and the sibling
-    removed: both renames are atomic, so a reader opening `final` sees the old
-    or the new tree, never a mix, and files it already has open keep the old
-    content (their inodes live until closed).
+    is renamed aside first, the new one renamed in, and the old one removed:
+    both renames are atomic, so a reader opening `final` sees the old or the new
+    tree, never a mix, and files it already has open keep the old content
+    (their inodes live until closed). With `keep_in`, a replaced directory is
+    kept there (named `<dataset id>.<pid>.<ns>`) instead of removed: readers
+    that have it bound read it whole until they end.
     """
     if not _lexists(staging):
         os.makedirs(staging, exist_ok=True)
     if not _is_real_dir(staging) and _lexists(final) and not _is_real_dir(final):
         _with_parent(os.replace, staging, final)
         return
-    aside = f"{final}.replaced.{os.getpid()}.{time.monotonic_ns()}"
+    keep = keep_in is not None and _is_real_dir(final)
+    tag = f"{os.getpid()}.{time.monotonic_ns()}"
+    if keep:
+        assert keep_in is not None
+        os.makedirs(keep_in, exist_ok=True)
+        aside = f"{keep_in}/{os.path.basename(final)}.{tag}"
+    else:
+        aside = f"{final}.replaced.{tag}"
     moved = False
     with contextlib.suppress(FileNotFoundError):
         os.rename(final, aside)
         moved = True
     _with_parent(os.rename, staging, final)
-    if moved:
+    if moved and not keep:
         if _is_real_dir(aside):
             shutil.rmtree(aside, ignore_errors=True)
         else:

@@ -425,7 +425,10 @@ class OutcomeService:
                 action.dataset_id, action.workflow_id, action.action_id, action.attempts
             )
             path = dataset.path
-            size = await self.storage.promote(staging, path, replace=replace)
+            # Readers that started on the old copy hold claims: they keep reading it.
+            size = await self.storage.promote(
+                staging, path, replace=replace, readers=replace and bool(dataset.claims)
+            )
         else:
             # The user's own path: the work wrote there directly; measure it. No
             # digest: the user may change it, and it is never reused (always recomputed).

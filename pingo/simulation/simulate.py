@@ -108,7 +108,10 @@ class SimulatedStorage(DatasetStorage):
         self.files[path] = size
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
-    async def promote(self, staging: str, final: str, *, replace: bool = False) -> int:
+    async def promote(
+        self, staging: str, final: str, *, replace: bool = False, readers: bool = False
+    ) -> int:
+        # `readers`: a replaced copy kept for its readers is not simulated (no bytes).
         size = self.files.pop(staging, None)
         if replace and final in self.files:
             # A forced recompute: the new copy replaces the stored one.

@@ -8,12 +8,13 @@ fail here).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from pingo import errors
-from pingo.actions.executors import base
+from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import LocalExecutor
 from pingo.api.app import create_app
 from pingo.config import Settings
@@ -60,6 +61,7 @@ async def test_auto_without_namespaces_refuses_users_but_not_admins(
                     f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
                 )
                 assert refused.status == 403, await refused.text()
+                assert refused.content_type == "application/problem+json"
                 problem = await refused.json()
                 assert problem["code"] == "SANDBOX_UNAVAILABLE"
                 assert "sandbox" in problem["detail"]
@@ -71,10 +73,18 @@ async def test_auto_without_namespaces_refuses_users_but_not_admins(
             await node.stop()
 
 
-async def test_off_is_explicit_and_shown(aiohttp_client: AiohttpClient, tmp_path: Path) -> None:
+async def test_off_is_explicit_and_shown(
+    aiohttp_client: AiohttpClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = make_settings(tmp_path, sandbox="off")
-    app = create_app(settings)
-    api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    with caplog.at_level(logging.INFO, logger="pingo"):
+        app = create_app(settings)
+        api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    # At start-up: a warning that says what it gives away, and the node's start line.
+    events = {getattr(r, "event", None): r for r in caplog.records}
+    assert events["sandbox_off"].levelno == logging.WARNING
+    assert "unsandboxed" in events["sandbox_off"].getMessage()
+    assert getattr(events["node_started"], "sandbox", None) == "off"
     assert await _readyz(api) == {"status": "ready", "sandbox": "off"}
     await api.add_user("alice")
     done = await api.wait((await api.submit(chain("off"), user="alice"))["id"])
@@ -86,3 +96,75 @@ def test_a_bad_sandbox_setting_is_refused(tmp_path: Path) -> None:
         Settings.from_env({"PINGO_SANDBOX": "maybe", "PINGO_HOME": str(tmp_path)})
     with pytest.raises(errors.ConfigurationError):
         Settings.from_env({"PINGO_SANDBOX_NETWORK": "sometimes", "PINGO_HOME": str(tmp_path)})
+
+
+async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_there(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    """Work the API did not see on this node (another node's, a schedule's tick) is gated too.
+
+    The workflow is stored as a tick stores it (`WorkflowManager.submit` with the
+    schedule's owner); the node must not run Alice's command unsandboxed.
+    """
+    settings = make_settings(tmp_path, sandbox="auto")
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
+        node = Node(settings, store, executors={"command-line": _unsandboxed})
+        await node.start()
+        try:
+            app = create_app(settings, node=node)
+            api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+            await api.add_user("alice")
+            marker = tmp_path / "ran"
+            document = chain("tick", n=1)
+            document["actions"][0]["command"] = ["sh", "-c", f"touch {marker}"]
+            document["actions"][0]["maxAttempts"] = 1
+            stored = await node.workflows.submit(document, owner="alice")
+            done = await api.wait(stored.id)
+            assert done["state"] == "FAILED"
+            action = await api.wait_action(stored.id, 1, {"FAILED"})
+            assert sandbox.UNAVAILABLE_DETAIL in action["error"]
+            assert not marker.exists()
+            # Re-running it over the API is refused like a submission.
+            rerun = await api.client.post(
+                f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
+            )
+            assert rerun.status == 403, await rerun.text()
+            assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
+            # An admin's workflow reaching the node the same way still runs.
+            admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
+            assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
+        finally:
+            await node.stop()
+
+
+@pytest.mark.parametrize(
+    ("store_url", "network", "warned"),
+    [
+        ("mongodb://127.0.0.1:27017/pingo", "on", True),
+        ("mongodb://pingo:secret@127.0.0.1:27017/pingo", "on", False),
+        ("mongodb://127.0.0.1:27017/pingo", "off", False),
+        ("", "on", False),  # the default SQLite file, hidden by the sandbox
+    ],
+)
+def test_a_mongo_store_open_to_the_actions_network_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, store_url: str, network: str, warned: bool
+) -> None:
+    settings = make_settings(tmp_path, sandbox="on", sandbox_network=network, store_url=store_url)
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        assert sandbox.from_settings(settings) is not None
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert ("sandbox_store_reachable" in events) is warned
+
+
+def test_auto_without_namespaces_warns_once_and_on_refuses_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bwrap that cannot run (here /bin/false: it exits 1 like one refused namespaces)."""
+    monkeypatch.setattr(sandbox, "bwrap_binary", lambda: "/bin/false")
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        assert sandbox.from_settings(make_settings(tmp_path, sandbox="auto")) is None
+    warnings = [r for r in caplog.records if getattr(r, "event", None) == "sandbox_unavailable"]
+    assert len(warnings) == 1
+    assert "admins' run unsandboxed" in warnings[0].getMessage()
+    with pytest.raises(errors.SandboxUnavailable):
+        sandbox.from_settings(make_settings(tmp_path, sandbox="on"))

@@ -201,9 +201,14 @@ def test_datasets_and_lineage_commands(server: Server) -> None:
     assert end in listing.stdout
     shown = json.loads(server.run("datasets", "show", end).stdout)
     assert shown["state"] == "LEAF"
+    assert shown["digest"].startswith("sha256:") and shown["sizeBytes"] > 0
     lineage = server.run("lineage", end)
     assert lineage.returncode == 0
     assert lineage.stdout.count("->") == 5
+    # Every dataset of the lineage is listed with its digest.
+    nodes = [line for line in lineage.stdout.splitlines() if "->" not in line]
+    assert len(nodes) == 5 and all(" sha256:" in line for line in nodes), lineage.stdout
+    assert any(line.startswith(end) and shown["digest"] in line for line in nodes)
     refused = server.run("datasets", "rm", end)
     assert refused.returncode == 1
     assert "CONFLICT" in refused.stderr

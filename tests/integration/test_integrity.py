@@ -9,7 +9,10 @@ operator, an unsandboxed process): the sandbox keeps actions from doing it
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +219,68 @@ def test_verify_all_reports_every_dataset(server: Server, alice: Client) -> None
     line = next(x for x in listed.stdout.splitlines() if x.startswith(dataset_id))
     assert " match " in line
     assert _cli(server, sandboxed.ADMIN_TOKEN, "datasets", "verify").returncode != 0
+
+
+def test_a_forced_rerun_keeps_running_readers_on_the_old_copy(tmp_path: Path) -> None:
+    """A reader that started on a directory dataset reads it whole while a rerun replaces it.
+
+    The reader has the old copy bound in its sandbox; the replaced copy is kept for
+    it (not removed under it) and swept once its claim is gone.
+    """
+    quick = {"PINGO_LEASE_S": "2", "PINGO_RECONCILE_GRACE_S": "0.5"}
+    server = sandboxed.start_server(tmp_path / "home", **quick)
+    flag_dir = Path(tempfile.mkdtemp(prefix="pingo-reader-", dir="/var/tmp"))
+    try:
+        admin = server.client(sandboxed.ADMIN_TOKEN)
+        alice = server.client(admin.create_user("alice")["token"])
+        bob = server.client(admin.create_user("bob")["token"])
+        flag = flag_dir / "wait"
+        flag.touch()
+        marker = uuid.uuid4().hex
+        produce = sandboxed._sh(
+            'mkdir "$PINGO_OUTPUT" && od -An -N16 -tx1 /dev/urandom > "$PINGO_OUTPUT/part-0"'
+            ' && echo tail > "$PINGO_OUTPUT/part-1"'
+        )
+        first = sandboxed._run(alice, sandboxed._workflow(produce))
+        assert first["state"] == "SUCCEEDED"
+        dataset_id = _action(first, 1)["datasetId"]
+        before = alice.dataset(dataset_id)["digest"]
+        read = (
+            f': {marker}; a=$(cat "$PINGO_INPUT_1"/part-0 "$PINGO_INPUT_1"/part-1);'
+            ' echo started > "$PINGO_OUTPUT";'
+            f" while [ -e {flag} ]; do sleep 0.05; done;"
+            ' b=$(cat "$PINGO_INPUT_1"/part-0 "$PINGO_INPUT_1"/part-1);'
+            ' [ -n "$a" ] && [ "$a" = "$b" ] && echo "$b" > "$PINGO_OUTPUT"'
+        )
+        reader = bob.submit(sandboxed._workflow(produce, sandboxed._sh(read), chain=True))
+        # Its output box (on the host) says when it has read the old copy once.
+        boxes = server.home / "datasets" / ".staging"
+        deadline = time.monotonic() + 30
+        while not list(boxes.glob("*.box/*")):
+            assert time.monotonic() < deadline, "the reader never started"
+            time.sleep(0.05)
+
+        rerun = alice.rerun(first["id"], force=["step1"])
+        assert alice.wait(rerun["id"], timeout_s=60, poll_s=0.05)["state"] == "SUCCEEDED"
+        assert alice.dataset(dataset_id)["digest"] != before
+        replaced = server.home / "datasets" / ".replaced"
+        assert [p.name.split(".")[0] for p in replaced.iterdir()] == [dataset_id]
+
+        flag.unlink()
+        done = bob.wait(reader["id"], timeout_s=60, poll_s=0.05)
+        assert done["state"] == "SUCCEEDED", bob.logs(reader["id"], 2)
+        # On its first attempt: a reader whose files vanished under it would fail, and
+        # its retry would read the new copy.
+        assert _action(done, 2)["attempts"] == 1, bob.logs(reader["id"], 2)
+        # The reader saw one copy from start to end: the old one.
+        copied = sandboxed._dataset_path(server, done, 2).read_text()
+        assert copied.endswith("tail\n") and copied.split()[:-1]
+        path = sandboxed._dataset_path(server, first, 1)
+        assert copied.split()[:-1] != (path / "part-0").read_text().split()
+        deadline = time.monotonic() + 20
+        while list(replaced.iterdir()):
+            assert time.monotonic() < deadline, "the replaced copy was never swept"
+            time.sleep(0.1)
+    finally:
+        server.stop()
+        shutil.rmtree(flag_dir, ignore_errors=True)

@@ -227,10 +227,88 @@ def test_an_action_cannot_overwrite_another_users_datasets(
         f"echo POISONED > {file_dataset}; echo POISONED > {dir_dataset}/part-0;"
         f" rm -rf {dir_dataset}; ln -sf /dev/null {file_dataset}; echo tried > $PINGO_OUTPUT"
     )
+    digests = {a["actionId"]: bob.dataset(a["datasetId"])["digest"] for a in bobs["actions"]}
     workflow = _run(alice, _workflow(_sh(poison)))
     assert workflow["state"] == "SUCCEEDED"
     assert file_dataset.read_text() == f"bob-{marker}\n"
     assert (dir_dataset / "part-0").read_text() == f"part-{marker}\n"
+    for action in bobs["actions"]:
+        kept = bob.verify(action["datasetId"])
+        assert kept["digest"] == digests[action["actionId"]] is not None
+        assert kept["verification"]["status"] == "match"
+
+
+def test_a_callback_cannot_be_forged_from_an_action(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """Alice's action, told Bob's running action's callback id, cannot finish it for him.
+
+    The forgery needs the callback secret; the action tries to read it where the
+    server keeps it and signs a success with it. Unsandboxed, that read works and
+    Bob's action would succeed at once with an empty dataset.
+    """
+    flag_dir = Path(tempfile.mkdtemp(prefix="pingo-forge-", dir="/var/tmp"))
+    try:
+        flag = flag_dir / "wait"
+        flag.touch()
+        marker = uuid.uuid4().hex
+        bobs = bob.submit(
+            _workflow(
+                _sh(f"while [ -e {flag} ]; do sleep 0.05; done; echo bob-{marker} > $PINGO_OUTPUT")
+            )
+        )
+        deadline = time.monotonic() + 30
+        while not _processes_with(marker):
+            assert time.monotonic() < deadline, "Bob's action never started"
+            time.sleep(0.05)
+        running = bob.action(bobs["id"], 1)
+        secret_path = str(server.home / "callback.secret")
+        forge = (
+            "import hashlib, hmac, urllib.request\n"
+            f"secret = bytes.fromhex(open({secret_path!r}).read().strip())\n"
+            f"message = '{running['callbackId']}:1'.encode()\n"
+            "token = hmac.new(secret, message, hashlib.sha256).hexdigest()\n"
+            f"url = 'http://127.0.0.1:{server.port}/api/v1/callbacks/{running['callbackId']}/success'\n"
+            "urllib.request.urlopen(urllib.request.Request(url + '?attempt=1&token=' + token,"
+            " data=b'{}', method='POST', headers={'Content-Type': 'application/json'}),"
+            " timeout=10)\n"
+        )
+        forged = _run(alice, _workflow(["python3", "-c", forge]))
+        assert forged["state"] == "FAILED"
+        assert "No such file or directory" in alice.logs(forged["id"], 1)
+        assert bob.action(bobs["id"], 1)["state"] == running["state"] == "SUBMITTED"
+        flag.unlink()
+        done = bob.wait(bobs["id"], timeout_s=60, poll_s=0.05)
+        assert done["state"] == "SUCCEEDED"
+        assert done["actions"][0]["attempts"] == 1
+        assert _dataset_path(server, done, 1).read_text() == f"bob-{marker}\n"
+    finally:
+        shutil.rmtree(flag_dir, ignore_errors=True)
+
+
+def test_the_root_and_working_directory_are_read_only_and_tmp_private(
+    server: Server, alice: Client
+) -> None:
+    """Only the output (and a /tmp of its own) is writable; /tmp is neither shared nor kept."""
+    marker = uuid.uuid4().hex
+    host_dir = Path(tempfile.mkdtemp(prefix="pingo-ro-", dir="/var/tmp"))
+    try:
+        write = (
+            f"echo x > {host_dir}/{marker}; echo x > relative-{marker};"
+            f" echo x > /tmp/{marker} && cat /tmp/{marker} > $PINGO_OUTPUT"
+        )
+        look = f"ls /tmp/{marker}; echo looked > $PINGO_OUTPUT"
+        workflow = _run(alice, _workflow(_sh(write), _sh(look), chain=True))
+        assert workflow["state"] == "SUCCEEDED"
+        log = alice.logs(workflow["id"], 1)
+        assert log.count("Read-only file system") == 2, log
+        assert _dataset_path(server, workflow, 1).read_text() == "x\n"  # /tmp is writable
+        assert "No such file or directory" in alice.logs(workflow["id"], 2)
+        assert list(host_dir.iterdir()) == []
+        assert not (REPO / f"relative-{marker}").exists()
+        assert not (Path("/tmp") / marker).exists()
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
 
 
 def test_an_action_cannot_write_through_its_inputs(server: Server, alice: Client) -> None:
@@ -304,6 +382,110 @@ def test_the_network_is_on_by_default_and_off_on_request(
         offline_server.stop()
 
 
+def test_an_unmanaged_output_cannot_land_on_pingos_files(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """The server moves an unmanaged output onto the user's path: never onto Pingo's own."""
+    home = server.home
+    bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
+    assert bobs["state"] == "SUCCEEDED"
+    dataset = _dataset_path(server, bobs, 1)
+    kept = {p: p.read_bytes() for p in (home / "callback.secret", home / "pingo.db", dataset)}
+    # The same through a link the user planted (an earlier unmanaged output of theirs).
+    planted = Path(tempfile.mkdtemp(prefix="pingo-link-", dir="/var/tmp")) / "to-home"
+    try:
+        plant = {
+            "id": 1, "name": "plant", "type": "command-line", "isManaged": False,
+            "outputPath": str(planted), "command": ["sh", "-c", f"ln -s {home} $PINGO_OUTPUT"],
+        }  # fmt: skip
+        assert _run(alice, {**_workflow(["true"]), "actions": [plant]})["state"] == "SUCCEEDED"
+        assert planted.is_symlink()
+        targets = [*kept, planted / "admin.token"]
+        for target in targets:
+            action = {
+                "id": 1, "name": "overwrite", "type": "command-line", "isManaged": False,
+                "outputPath": str(target), "command": ["sh", "-c", "echo OWNED > $PINGO_OUTPUT"],
+            }  # fmt: skip
+            workflow = _run(alice, {**_workflow(["true"]), "actions": [action]})
+            assert workflow["state"] == "FAILED", target
+            assert "Pingo's own" in (alice.action(workflow["id"], 1)["error"] or ""), target
+        for path, content in kept.items():
+            assert path.read_bytes() == content, path
+        assert (home / "admin.token").read_text().strip() == ADMIN_TOKEN
+    finally:
+        shutil.rmtree(planted.parent, ignore_errors=True)
+
+
+def test_a_data_root_linked_to_another_disk_stays_hidden(tmp_path: Path) -> None:
+    """Datasets moved out of $PINGO_HOME behind a symlink are hidden where they really are."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    # Outside /tmp (private in the sandbox), as a bigger disk would be.
+    disk = Path(tempfile.mkdtemp(prefix="pingo-disk-", dir="/var/tmp"))
+    try:
+        (disk / "datasets").mkdir()
+        (home / "datasets").symlink_to(disk / "datasets")
+        linked = start_server(home, PINGO_DATA_ROOT=str(home / "datasets"))
+        try:
+            admin = linked.client(ADMIN_TOKEN)
+            bob = linked.client(admin.create_user("bob")["token"])
+            alice = linked.client(admin.create_user("alice")["token"])
+            marker = uuid.uuid4().hex
+            bobs = _run(bob, _workflow(_sh(f"echo bob-{marker} > $PINGO_OUTPUT")))
+            assert bobs["state"] == "SUCCEEDED"
+            stored = disk / "datasets" / bobs["actions"][0]["datasetId"][:2]
+            assert (stored / bobs["actions"][0]["datasetId"]).read_text() == f"bob-{marker}\n"
+            steal = (
+                f"cat {stored}/*; ls -R {disk}; cat {home}/datasets/*/*; echo tried > $PINGO_OUTPUT"
+            )
+            alices = _run(alice, _workflow(_sh(steal)))
+            assert alices["state"] == "SUCCEEDED"
+            assert marker not in alice.logs(alices["id"], 1)
+            # Inputs reached through the link still work.
+            chained = _run(
+                alice,
+                _workflow(
+                    _sh("echo parent > $PINGO_OUTPUT"),
+                    _sh("cat $PINGO_INPUT_1 > $PINGO_OUTPUT"),
+                    chain=True,
+                ),
+            )
+            assert chained["state"] == "SUCCEEDED"
+            child = chained["actions"][1]["datasetId"]
+            assert (disk / "datasets" / child[:2] / child).read_text() == "parent\n"
+        finally:
+            linked.stop()
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def test_a_store_outside_home_is_out_of_reach(tmp_path: Path) -> None:
+    """The SQLite store configured elsewhere (and its journal files) is covered too."""
+    elsewhere = Path(tempfile.mkdtemp(prefix="pingo-store-", dir="/var/tmp"))
+    try:
+        db = elsewhere / "pingo.db"
+        server = start_server(tmp_path / "home", PINGO_STORE_URL=f"sqlite:///{db}")
+        try:
+            admin = server.client(ADMIN_TOKEN)
+            alice = server.client(admin.create_user("alice")["token"])
+            assert Path(f"{db}-wal").exists()  # the journal a writer would go through
+            promote = (
+                f"import sqlite3; c = sqlite3.connect({str(db)!r});"
+                " c.execute(\"update users set is_admin=1 where name='alice'\"); c.commit()"
+            )
+            tried = _run(alice, _workflow(["python3", "-c", promote]))
+            assert tried["state"] == "FAILED"
+            assert alice.me()["admin"] is False
+            peek = f"cat {db} {db}-wal | wc -c > $PINGO_OUTPUT; ls -la {elsewhere}"
+            peeked = _run(alice, _workflow(_sh(peek)))
+            assert peeked["state"] == "SUCCEEDED"
+            assert _dataset_path(server, peeked, 1).read_text().strip() == "0"
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
 def _processes_with(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -353,6 +535,12 @@ def test_no_orphan_survives_a_killed_server(tmp_path: Path) -> None:
             action = done["actions"][0]
             assert action["attempts"] == 2
             assert _dataset_path(second, done, 1).read_text() == f"{marker}\n"
+            # Attempt 1's leftovers (its sandbox box) are swept once it holds no lease.
+            staging = home / "datasets" / ".staging"
+            deadline = time.monotonic() + 20
+            while leftovers := [p.name for p in staging.iterdir() if workflow["id"] in p.name]:
+                assert time.monotonic() < deadline, leftovers
+                time.sleep(0.1)
         finally:
             second.stop()
     finally:

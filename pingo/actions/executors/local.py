@@ -273,6 +273,8 @@ class LocalExecutor:
         if self.sandbox is None:
             return argv, env
         local = _is_local(submission.output_path)
+        if _refused_output(self.sandbox, submission):
+            raise errors.Forbidden(sandbox.OWN_PATH_DETAIL.format(path=output))
         wrapped = self.sandbox.argv(
             argv,
             output=output,
@@ -459,6 +461,16 @@ class LocalExecutor:
         evidence = local and (noted or self.sandbox is not None)
         try:
             if evidence:
+                if self.sandbox is not None and _refused_output(self.sandbox, sub):
+                    # Checked before the spawn too; a link the user swapped in since
+                    # must not make the server move the output onto Pingo's files.
+                    output = _local(sub.output_path)
+                    await asyncio.to_thread(shutil.rmtree, sandbox.box_for(output), True)
+                    storage.forget_completion(output)
+                    await self.reporter.failed(
+                        sub.callback_id, sub.attempt, sandbox.OWN_PATH_DETAIL.format(path=output)
+                    )
+                    return
                 await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
             await self._report_outcome(proc, returncode, runtime_s)
             if evidence:
@@ -541,6 +553,17 @@ def _status_file(path: str) -> int:
     moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _STATUS_FD + 1)
     os.close(fd)
     return moved
+
+
+def _refused_output(box: sandbox.Sandbox, submission: Submission) -> bool:
+    """Whether an unmanaged local output would land on Pingo's own files (`Sandbox.hides`).
+
+    Managed outputs are staging paths the server chose, inside the data root."""
+    return (
+        submission.definition.get("isManaged", True) is False
+        and _is_local(submission.output_path)
+        and box.hides(_local(submission.output_path))
+    )
 
 
 def _is_local(path: str) -> bool:

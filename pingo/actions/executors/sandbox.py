@@ -43,6 +43,11 @@ BOX_SUFFIX = ".box"
 #: PATH inside the sandbox when the action's own `env` sets none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
+#: Why a non-admin's command-line action is refused where the sandbox cannot run.
+UNAVAILABLE_DETAIL = (
+    "this server cannot sandbox command-line actions (user namespaces do not work"
+    " here), so only admins may run them; see docs/security.md"
+)
 
 
 def bwrap_binary() -> str | None:
@@ -90,17 +95,46 @@ def _base_args(*, network: bool) -> list[str]:
 
 
 def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Directories covered by a tmpfs, files covered by /dev/null."""
+    """Directories covered by a tmpfs, files covered by /dev/null.
+
+    Each is resolved to where it really is: a data root that is a symlink inside
+    `$PINGO_HOME` (datasets moved to a bigger disk) would otherwise be covered
+    at its link, hidden with the home, while its real directory stayed readable
+    through the read-only root. What lies inside another hidden directory is
+    left out: that directory's tmpfs hides it already, and every mount is work
+    bwrap does again on each spawn (bench/README.md, "Where a sandboxed spawn's
+    time goes").
+    """
     dirs = [str(settings.home)]
     if "://" not in settings.data_root or settings.data_root.startswith("file://"):
         dirs.append(settings.data_root.removeprefix("file://"))
+    hidden_dirs = _outermost(os.path.realpath(d) for d in dirs)
     files: list[str] = []
     if settings.store_url.startswith("sqlite://"):
         store = os.path.abspath(sqlite_path(settings.store_url))
         # The database with its journal files; covering the directory instead
         # could hide the whole machine when the store lives in, say, /var.
-        files.extend(store + suffix for suffix in ("", "-wal", "-shm", "-journal"))
-    return tuple(_unique(os.path.abspath(d) for d in dirs)), tuple(files)
+        # SQLite puts the journals beside the file a symlinked database resolves to.
+        for base in _unique((store, os.path.realpath(store))):
+            files.extend(base + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+    hidden_files = [
+        f for f in _unique(os.path.realpath(f) for f in files) if not _within(f, hidden_dirs)
+    ]
+    return tuple(hidden_dirs), tuple(hidden_files)
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """`paths` without those inside (or equal to) another of them, shortest first."""
+    kept: list[str] = []
+    for path in sorted(_unique(paths), key=len):
+        if not _within(path, kept):
+            kept.append(path)
+    return kept
+
+
+def _within(path: str, parents: Iterable[str]) -> bool:
+    """Whether `path` is one of `parents` or below one (by whole path components)."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
 
 
 def _unique(paths: Iterable[str]) -> list[str]:
@@ -159,6 +193,20 @@ class Sandbox:
             args += ["--remount-ro", path]
         return [*args, "--", *command]
 
+    def hides(self, path: str) -> bool:
+        """Whether `path`, links resolved, is Pingo's own: in a hidden directory or a
+        hidden file. The executor moves an unmanaged output onto the user's path with
+        the server's rights, so that path must never be one of these."""
+        real = os.path.realpath(path)
+        return _within(real, self.hidden_dirs) or real in self.hidden_files
+
+
+#: Why an unmanaged output onto Pingo's own files or directories is refused.
+OWN_PATH_DETAIL = (
+    "outputPath {path} is one of Pingo's own files or directories ($PINGO_HOME, the data"
+    " root, the store); an unmanaged action may not write there"
+)
+
 
 def box_for(output: str) -> str:
     """The private directory mounted over the staging directory for this attempt."""
@@ -215,4 +263,21 @@ def from_settings(settings: Settings) -> Sandbox | None:
         return None
     assert bwrap is not None
     dirs, files = _hidden(settings)
-    return Sandbox(bwrap, settings.sandbox_network == "on", dirs, files)
+    network = settings.sandbox_network == "on"
+    if network and _open_mongo_store(settings.store_url):
+        logger.warning(
+            "sandboxed actions have the network and the MongoDB store's URL holds no"
+            " credentials: if that server accepts anyone, any action can rewrite the store;"
+            " give it authentication or set PINGO_SANDBOX_NETWORK=off (docs/security.md)",
+            extra={"event": "sandbox_store_reachable"},
+        )
+    return Sandbox(bwrap, network, dirs, files)
+
+
+def _open_mongo_store(store_url: str) -> bool:
+    """Whether the store is a MongoDB server reached without credentials (an address
+    actions can reach with the network on, unlike a SQLite file the sandbox hides)."""
+    if not store_url.startswith(("mongodb://", "mongodb+srv://")):
+        return False
+    authority = store_url.split("://", 1)[1].split("/", 1)[0]
+    return "@" not in authority

@@ -14,8 +14,7 @@ from aiohttp import web
 
 from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
-from pingo.actions.executors import cluster
-from pingo.actions.executors.sandbox import COMMAND_LINE
+from pingo.actions.executors import cluster, sandbox
 from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
@@ -170,12 +169,9 @@ def _check_sandbox(request: web.Request, document: Any) -> None:
         return
     actions = document.get("actions") if isinstance(document, Mapping) else None
     if isinstance(actions, list) and any(
-        isinstance(a, Mapping) and a.get("type") == COMMAND_LINE for a in actions
+        isinstance(a, Mapping) and a.get("type") == sandbox.COMMAND_LINE for a in actions
     ):
-        raise errors.SandboxUnavailable(
-            "this server cannot sandbox command-line actions (user namespaces do not work"
-            " here), so only admins may run them; see docs/security.md"
-        )
+        raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
 
 def check_executors(request: web.Request, document: Any) -> None:
@@ -441,7 +437,7 @@ def _no_log(action: ActionRecord, attempt: int) -> str:
     if attempt == action.attempts and action.error:
         # The submission itself failed (no executor, a refused command): its error is the log.
         return f"{label} left no log; it failed: {action.error}"
-    if action.type != COMMAND_LINE:
+    if action.type != sandbox.COMMAND_LINE:
         where = f" (external id {action.external_id})" if action.external_id else ""
         return f"{label} ran on the cluster{where}: its log is there, not on this node"
     return f"no log for {label} on this node"
