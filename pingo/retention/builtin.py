@@ -9,6 +9,7 @@ Zero-byte datasets are never evicted: keeping them is free.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -17,8 +18,11 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import networkx as nx
+
 from pingo import errors
 from pingo.retention.policy import Candidate, Eviction, NewDatasetInfo, PolicyFactory
+from pingo.workflows.definition import WorkflowDefinition
 
 
 def take_until_freed(ranked: Iterable[tuple[Candidate, str]], bytes_to_free: int) -> list[Eviction]:
@@ -343,6 +347,45 @@ class Adaptive(_WindowedUse):
         return self.window()
 
 
+def read_shares(definition: WorkflowDefinition) -> dict[int, float]:
+    """For each action, the share of the workflow's steps whose edit makes the next run read it.
+
+    Editing step a recomputes a and all its descendants, and each recomputed
+    action reads its parents. So the output of d is read by the next submission
+    when the edited step is d's child, or an ancestor of one of its children,
+    but neither d nor one of d's ancestors (then d itself is recomputed: a new
+    version, and the old one is superseded). With every step equally likely to
+    be edited, that is the share of such steps. Sets of ancestors are bit masks:
+    one OR per edge, linear in the workflow's size for the shapes of the traces.
+    """
+    order = list(nx.topological_sort(definition.graph))
+    bit = {aid: 1 << n for n, aid in enumerate(order)}
+    ancestry: dict[int, int] = {}
+    for aid in order:
+        mask = bit[aid]
+        for parent in definition.graph.predecessors(aid):
+            mask |= ancestry[parent]
+        ancestry[aid] = mask
+    shares: dict[int, float] = {}
+    for aid in order:
+        readers = 0
+        for child in definition.graph.successors(aid):
+            readers |= ancestry[child]
+        read = (readers & ~ancestry[aid]).bit_count()
+        shares[aid] = read / len(order)
+    return shares
+
+
+@dataclass(frozen=True, slots=True)
+class _Exposure:
+    """Which workflow a dataset belongs to, and the share of that workflow's edits that read it."""
+
+    family: str
+    share: float
+    #: The number of workflows observed when it was recorded (to forget it later).
+    seen: int
+
+
 @dataclass(slots=True)
 class _Supersession:
     """An older version of a workflow step, replaced at planning time by a newer one."""
@@ -383,7 +426,22 @@ class Lineage:
 
     name = "lineage"
 
-    def __init__(self, max_reuse_rate: float | str = 0.2) -> None:
+    def __init__(
+        self,
+        max_reuse_rate: float | str = 0.2,
+        rank: str = "gdsf",
+        window: int | str = 50,
+        choose: str = "cascade",
+    ) -> None:
+        self.rank = rank
+        self.choose = choose
+        self.window = _window_option(window)
+        #: The workflow names of the last `window` workflows planned (that computed anything).
+        self._families: collections.deque[str] = collections.deque(maxlen=self.window)
+        self._family_counts: collections.Counter[str] = collections.Counter()
+        self._exposures: dict[str, _Exposure] = {}
+        self._observed: dict[str, None] = {}
+        self._workflows_seen = 0
         try:
             self.max_reuse_rate = float(max_reuse_rate)
         except ValueError:
@@ -412,7 +470,50 @@ class Lineage:
         action = dataset.action
         return (dataset.owner, dataset.scope, action.type, str(action.id), action.name)
 
+    def _observe(self, dataset: NewDatasetInfo) -> None:
+        """Learn, once per workflow, its name and the read share of each of its datasets."""
+        workflow = dataset.workflow
+        if workflow is None or dataset.workflow_id in self._observed:
+            return
+        self._observed[dataset.workflow_id] = None
+        if len(self._observed) > 4 * self.window:
+            del self._observed[next(iter(self._observed))]
+        self._workflows_seen += 1
+        self._families.append(workflow.name)
+        self._family_counts = collections.Counter(self._families)
+        shares = read_shares(workflow)
+        for aid, dataset_id in dataset.dataset_ids.items():
+            if aid in shares and not workflow.is_leaf(aid):
+                self._exposures[dataset_id] = _Exposure(
+                    workflow.name, shares[aid], self._workflows_seen
+                )
+
+    def read_rate(self, candidate: Candidate) -> float:
+        """Expected reads per submission: how often its workflow comes, times its read share.
+
+        A dataset whose workflow was not seen planned (another node planned it,
+        or before this policy started) is valued by its own reuses per submission.
+        """
+        seen = max(len(self._families), 1)
+        known = self._exposures.get(candidate.dataset_id)
+        if known is None:
+            return (candidate.use_count + 1) / (seen + 1)
+        return self._family_counts.get(known.family, 0) / seen * known.share
+
+    def value(self, candidate: Candidate) -> float:
+        """Recompute seconds that keeping it saves per byte and per submission, expected."""
+        return self.read_rate(candidate) * candidate.recompute_cost_s / max(candidate.size_bytes, 1)
+
+    def _forget(self, present: Collection[str]) -> None:
+        """Forget the exposures of datasets gone and recorded `window` workflows ago or more."""
+        horizon = self._workflows_seen - self.window
+        for dataset_id in [
+            d for d, e in self._exposures.items() if e.seen <= horizon and d not in present
+        ]:
+            del self._exposures[dataset_id]
+
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
+        self._observe(dataset)
         step = self.step_key(dataset)
         previous = self._latest.get(step)
         if previous is not None and previous != dataset.dataset_id:
@@ -459,13 +560,22 @@ class Lineage:
     ) -> list[Eviction]:
         self._learn(candidates)
         trust = self.reuse_rate() <= self.max_reuse_rate
+        rates = self.rank == "rates"
         ranked = sorted(
-            ((0 if trust and self._dead(c) else 1, self.priority(c), c) for c in candidates),
+            (
+                (
+                    0 if trust and self._dead(c) else 1,
+                    self.value(c) if rates else self.priority(c),
+                    c,
+                )
+                for c in candidates
+            ),
             key=lambda thc: (thc[0], thc[1], thc[2].dataset_id),
         )
         present = {c.dataset_id for c in candidates}
         for dataset_id in [d for d in self._anchors if d not in present]:
             del self._anchors[dataset_id]
+        self._forget(present)
         if bytes_to_free <= 0:
             return []
         evictions = self._choose(ranked, bytes_to_free)
@@ -476,7 +586,7 @@ class Lineage:
             if tier == 0:
                 self.superseded_evicted += 1
                 del self._superseded[c.dataset_id]
-            else:
+            elif not rates:
                 self.inflation = max(self.inflation, h)
             self._anchors.pop(c.dataset_id, None)
         return evictions
@@ -497,6 +607,12 @@ class Lineage:
         reasons = ((c, self._reason(tier, h, c)) for tier, h, c in self._cascading(ranked))
         if total >= bytes_to_free or self.room is None:
             evictions = take_until_freed(reasons, bytes_to_free)
+            if self.choose == "loss":
+                plain = take_until_freed(
+                    ((c, self._reason(tier, h, c)) for tier, h, c in ranked), bytes_to_free
+                )
+                if self._loss(plain, ranked) < self._loss(evictions, ranked):
+                    evictions = plain
             if total >= bytes_to_free:
                 chosen = {e.dataset_id for e in evictions}
                 self.room = sum(
@@ -505,6 +621,28 @@ class Lineage:
             return evictions
         superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
         return take_until_freed(reasons, max(total - self.room, superseded))
+
+    def _loss(
+        self, evictions: Sequence[Eviction], ranked: Sequence[tuple[int, float, Candidate]]
+    ) -> float:
+        """Recompute seconds a set of evictions puts at stake, weighted as in H.
+
+        Each evicted dataset not superseded costs its recompute, plus that of each
+        of its parents the same set evicts, times its frequency.
+        """
+        chosen = {e.dataset_id for e in evictions}
+        by_id = {c.dataset_id: (tier, c) for tier, _, c in ranked}
+        loss = 0.0
+        for dataset_id in chosen:
+            tier, c = by_id[dataset_id]
+            if tier == 0:
+                continue
+            cost = c.recompute_cost_s + sum(
+                by_id[p][1].recompute_cost_s for p in c.parents if p in chosen
+            )
+            weight = self.read_rate(c) if self.rank == "rates" else c.use_count + 1
+            loss += weight * cost
+        return loss
 
     def _cascading(
         self, ranked: Sequence[tuple[int, float, Candidate]]
@@ -547,10 +685,10 @@ class Lineage:
                     heap, (child_tier, raised, child.dataset_id, position[child.dataset_id])
                 )
 
-    @staticmethod
-    def _parent_share(child: Candidate, parent: Candidate) -> float:
+    def _parent_share(self, child: Candidate, parent: Candidate) -> float:
         """What losing `parent` adds to the child's H: its cost, weighted as the child's own."""
-        return (child.use_count + 1) * parent.recompute_cost_s / max(child.size_bytes, 1)
+        weight = self.read_rate(child) if self.rank == "rates" else child.use_count + 1
+        return weight * parent.recompute_cost_s / max(child.size_bytes, 1)
 
     def _reason(self, tier: int, h: float, c: Candidate) -> str:
         if tier == 0:

@@ -772,3 +772,54 @@ async def test_live_reasons_measure_idle_time_from_the_last_use_or_store(
     assert reasons["slow"] == "lru: idle 700s since it was stored, never reused since"
     decisions = await policy_api.recent_decisions(store)
     assert {d["reason"] for d in decisions} == set(reasons.values())
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> dict[int, list[int]]:
+    """Random DAGs of up to 9 actions, parents numbered before children."""
+    n = draw(st.integers(1, 9))
+    return {
+        aid: draw(st.lists(st.integers(1, aid - 1), unique=True, max_size=3)) if aid > 1 else []
+        for aid in range(1, n + 1)
+    }
+
+
+@settings_hypothesis(max_examples=60, deadline=None)
+@given(shape=dags())
+def test_read_shares_count_the_edits_whose_next_run_reads_each_output(
+    shape: dict[int, list[int]],
+) -> None:
+    document = {
+        "name": "w",
+        "startActionId": 1,
+        "endActionId": max(shape),
+        "actions": [
+            {"id": aid, "name": f"s{aid}", "type": "command-line", "command": ["true"],
+             "parentActions": [{"id": p} for p in parents]}
+            for aid, parents in shape.items()
+        ],
+    }  # fmt: skip
+    definition = language.parse(document)
+    children = {aid: [c for c, ps in shape.items() if aid in ps] for aid in shape}
+
+    def recomputed(edited: int) -> set[int]:
+        """The edited step and everything downstream of it: what the next run computes."""
+        found, todo = set(), [edited]
+        while todo:
+            aid = todo.pop()
+            if aid not in found:
+                found.add(aid)
+                todo.extend(children[aid])
+        return found
+
+    # By brute force: an output is read when a child is recomputed and it is not.
+    expected = {
+        aid: sum(
+            1
+            for edited in shape
+            if aid not in recomputed(edited) and set(children[aid]) & recomputed(edited)
+        )
+        / len(shape)
+        for aid in shape
+    }
+    assert builtin.read_shares(definition) == pytest.approx(expected)
