@@ -7,11 +7,12 @@ bound_200_s  the LP lower bound (`pingo.simulation.bound`, HiGHS through scipy) 
 
 Loading the traces and generating the sequence are not timed.
 
-`python -m bench.bench_bound --tightness SECONDS` (not part of `make bench`: it
-takes SECONDS per seed) measures how tight the bound is at full scale: for the
-200-submission sequences `pingo simulate` replays (seeds 1 to 3, 5% of the
-working set), the LP, HiGHS's dual bound and best integer solution after at
-most SECONDS of integer solving (docs/retention.md, "How tight").
+`python -m bench.bench_bound --tightness SECONDS [--seed N ...]` (not part of
+`make bench`: it takes SECONDS per seed) measures how tight the bound is at full
+scale: for the 200-submission sequences `pingo simulate` replays (seeds 1 to 3
+unless given, 5% of the working set), the LP, HiGHS's dual bound and best
+integer solution after at most SECONDS of integer solving (docs/retention.md,
+"How tight").
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def tightness(time_limit_s: float, seeds: tuple[int, ...] = (1, 2, 3)) -> list[d
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.bench_bound")
     parser.add_argument("--tightness", type=float, metavar="SECONDS", default=None)
+    parser.add_argument("--seed", type=int, action="append", help="with --tightness (default 1-3)")
     args = parser.parse_args()
     if args.tightness is None:
         print(json.dumps(measure(), indent=2))
     else:
-        tightness(args.tightness)
+        tightness(args.tightness, tuple(args.seed or (1, 2, 3)))
