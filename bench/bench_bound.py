@@ -6,16 +6,24 @@ bound_200_s  the LP lower bound (`pingo.simulation.bound`, HiGHS through scipy) 
              working set), the planning model included; target < 30 s
 
 Loading the traces and generating the sequence are not timed.
+
+`python -m bench.bench_bound --tightness SECONDS [--seed N ...]` (not part of
+`make bench`: it takes SECONDS per seed) measures how tight the bound is at full
+scale: for the 200-submission sequences `pingo simulate` replays (seeds 1 to 3
+unless given, 5% of the working set), the LP, HiGHS's dual bound and best
+integer solution after at most SECONDS of integer solving (docs/retention.md,
+"How tight").
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 # The sequence bench_simulate replays (200 submissions, seed 1), cached there.
 from bench.bench_simulate import _sequence
-from pingo.simulation import bound, oracle, simulate
+from pingo.simulation import bound, oracle, simulate, traces
 
 HIGH_WATER = 0.90
 
@@ -31,5 +39,36 @@ def measure() -> dict[str, float]:
     return {"bound_200_s": time.perf_counter() - started}
 
 
+def tightness(time_limit_s: float, seeds: tuple[int, ...] = (1, 2, 3)) -> list[dict[str, object]]:
+    """LP, dual bound and best integer solution at 5% for each seed, the sequence of `simulate`."""
+    paths = tuple(str(p) for p in traces.shipped_traces())
+    rows: list[dict[str, object]] = []
+    for seed in seeds:
+        models, catalog = oracle.build_models(simulate._sequence(paths, 200, seed))
+        ws = oracle.working_set(models, catalog)
+        budget = int(HIGH_WATER * max(1, int(0.05 * ws.bytes)))
+        found = bound.lower_bound(models, catalog, budget, exact=True, time_limit_s=time_limit_s)
+        rows.append(
+            {
+                "seed": seed,
+                "lp_s": found.lp_compute_s,
+                "proved_s": found.compute_s,
+                "dual_s": found.dual_compute_s,
+                "integer_s": found.integer_upper_s,
+                "optimal": found.exact,
+                "solve_s": round(found.solve_s, 1),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(), indent=2))
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_bound")
+    parser.add_argument("--tightness", type=float, metavar="SECONDS", default=None)
+    parser.add_argument("--seed", type=int, action="append", help="with --tightness (default 1-3)")
+    args = parser.parse_args()
+    if args.tightness is None:
+        print(json.dumps(measure(), indent=2))
+    else:
+        tightness(args.tightness, tuple(args.seed or (1, 2, 3)))

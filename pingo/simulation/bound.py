@@ -12,13 +12,16 @@ interval starts, and again in each disjoint window of such reads (`Cascade`).
 docs/retention.md proves that any policy of the model pays at least the
 unlimited-storage compute plus the optimum of this problem; the LP relaxation
 (HiGHS, through scipy.optimize.milp) is below that optimum, and the integer
-program (`exact=True`) is the optimum itself, for small cases.
+program (`exact=True`) is the optimum itself, for small cases. An integer solve
+stopped by `time_limit_s` still proves the larger of HiGHS's dual bound and the
+LP value, and brackets the optimum with its best integer solution.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,11 +81,21 @@ class Instance:
 class Bound:
     """The lower bound on compute for one budget."""
 
+    #: The proved lower bound: the LP value, the integer optimum, or, for an integer
+    #: solve stopped by its time limit, the larger of HiGHS's dual bound and the LP value.
     compute_s: float
     unlimited_compute_s: float
     intervals: int
+    #: True when `compute_s` is the integer optimum of the relaxed problem, proved.
     exact: bool
     solve_s: float
+    #: An integer solve's best integer solution (a feasible point of the relaxed
+    #: problem, so at least its optimum); None for the LP or when none was found in time.
+    integer_upper_s: float | None = None
+    #: An integer solve's dual bound from HiGHS (None when it stopped before having one).
+    dual_compute_s: float | None = None
+    #: The LP value, for an integer solve with a time limit (solved first, as a floor).
+    lp_compute_s: float | None = None
 
 
 def instance(
@@ -161,19 +174,22 @@ def _cascades(
     )
 
 
-def solve(problem: Instance, *, exact: bool = False) -> Bound:
+def solve(problem: Instance, *, exact: bool = False, time_limit_s: float | None = None) -> Bound:
     """Minimum recompute cost of the intervals dropped, LP relaxation or integer optimum.
 
     Variable x_i in [0, 1] is the part of interval i not kept; the constraint at
     boundary b is sum over the intervals spanning b of size_i * (1 - x_i) <= budget_b.
     Each cascade parent p adds its computes after its last read (q_p, cost runtime_p
     each) and its presence on disk up to its children's starts (`_add_cascade`).
+    `time_limit_s` stops the integer solve (`exact`): the LP is solved first, so a
+    stopped solve proves at least the LP's value (see `Bound.compute_s`).
     """
     started = time.perf_counter()
+    unlimited = problem.unlimited_compute_s
     # Zero-byte intervals cost nothing to keep, so keeping them is optimal.
     live = [i for i, iv in enumerate(problem.intervals) if iv.size > 0]
     if not live:
-        return Bound(problem.unlimited_compute_s, problem.unlimited_compute_s, 0, True, 0.0)
+        return Bound(unlimited, unlimited, 0, True, 0.0, unlimited, unlimited, unlimited)
     column = {i: n for n, i in enumerate(live)}
     model = _Model(len(problem.budgets))
     cost = [problem.intervals[i].cost_s for i in live]
@@ -184,25 +200,99 @@ def solve(problem: Instance, *, exact: bool = False) -> Bound:
             model.spanned[b] += iv.size
     for cascade in problem.cascades:
         _add_cascade(model, cost, cascade, column, problem.intervals)
-    matrix, lower, upper = model.constraints(problem.budgets)
-    if matrix is None:
-        value = 0.0
-    else:
-        # One HiGHS call for both: integrality 0 is the LP relaxation, 1 the integer program.
-        result = optimize.milp(
-            np.asarray(cost),
-            constraints=optimize.LinearConstraint(matrix, lower, upper),
-            integrality=np.full(len(cost), int(exact), dtype=np.int64),
-            bounds=optimize.Bounds(0, model.uppers(len(cost))),
-        )
-        value = _value(result)
+    program = _program(model, cost, problem.budgets)
+    if program is None:
+        # No boundary can bind: keeping everything is feasible, and optimal.
+        return Bound(unlimited, unlimited, len(live), True, 0.0, unlimited, unlimited, unlimited)
+    if not exact:
+        value = _value(_milp(program, integer=False))
+        return Bound(unlimited + value, unlimited, len(live), False, _since(started))
+    lp = None if time_limit_s is None else _value(_milp(program, integer=False))
+    found = _integer(_milp(program, integer=True, time_limit_s=time_limit_s), lp)
     return Bound(
-        compute_s=problem.unlimited_compute_s + value,
-        unlimited_compute_s=problem.unlimited_compute_s,
+        compute_s=unlimited + found.lower,
+        unlimited_compute_s=unlimited,
         intervals=len(live),
-        exact=exact,
-        solve_s=time.perf_counter() - started,
+        exact=found.proved,
+        solve_s=_since(started),
+        integer_upper_s=None if found.upper is None else unlimited + found.upper,
+        dual_compute_s=None if found.dual is None else unlimited + found.dual,
+        lp_compute_s=None if lp is None else unlimited + lp,
     )
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+@dataclass(frozen=True, slots=True)
+class _Program:
+    cost: np.ndarray
+    constraints: optimize.LinearConstraint
+    bounds: optimize.Bounds
+
+
+def _program(model: _Model, cost: list[float], budgets: Sequence[int]) -> _Program | None:
+    """The program HiGHS solves, or None when no row can bind."""
+    matrix, lower, upper = model.constraints(budgets)
+    if matrix is None:
+        return None
+    return _Program(
+        np.asarray(cost),
+        optimize.LinearConstraint(matrix, lower, upper),
+        optimize.Bounds(0, model.uppers(len(cost))),
+    )
+
+
+def _milp(
+    program: _Program, *, integer: bool, time_limit_s: float | None = None
+) -> optimize.OptimizeResult:
+    """One HiGHS call: integrality 0 is the LP relaxation, 1 the integer program."""
+    # HiGHS stops at a relative gap of 1e-4 by default: its "optimum" could then be
+    # above the true one, and no longer a lower bound. The gap is closed instead
+    # (an LP has no gap: the option changes nothing there).
+    limit = math.inf if time_limit_s is None else time_limit_s
+    return optimize.milp(
+        program.cost,
+        constraints=program.constraints,
+        integrality=np.full(len(program.cost), int(integer), dtype=np.int64),
+        bounds=program.bounds,
+        options={"mip_rel_gap": 0.0, "time_limit": limit},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Integer:
+    """What an integer solve proved (`lower`) and found (`upper`), beyond the unlimited compute."""
+
+    lower: float
+    proved: bool
+    upper: float | None
+    dual: float | None
+
+
+#: scipy's status for a solve stopped by its time (or iteration) limit.
+_STOPPED = 1
+
+
+def _integer(result: optimize.OptimizeResult, lp: float | None) -> _Integer:
+    """The bound an integer solve proves, finished or stopped by its time limit.
+
+    Finished, HiGHS's dual bound meets its best solution (the gap is closed, to
+    HiGHS's absolute tolerance). Stopped, the dual bound is still a bound on the
+    optimum of the integer program, but it may be below the LP's (before the root
+    node is solved, it is minus infinity): the larger of the two is proved.
+    """
+    dual = getattr(result, "mip_dual_bound", None)
+    dual = None if dual is None or not math.isfinite(dual) else float(dual)
+    upper = None if result.x is None else max(float(result.fun), 0.0)
+    if result.status == _STOPPED:
+        floors = [v for v in (dual, lp) if v is not None]
+        if not floors:
+            raise RuntimeError("a stopped integer solve needs the LP value as its floor")
+        return _Integer(max(*floors, 0.0), False, upper, dual)
+    value = _value(result)
+    return _Integer(value if dual is None else max(min(dual, value), 0.0), True, upper, dual)
 
 
 class _Model:
@@ -366,6 +456,7 @@ def lower_bound(
     *,
     exact: bool = False,
     held: Sequence[int] | None = None,
+    time_limit_s: float | None = None,
 ) -> Bound:
     """The lower bound on the compute of any policy keeping `budget_bytes` between submissions.
 
@@ -373,5 +464,8 @@ def lower_bound(
     as `simulate.RunResult.boundary_bytes`), the bound of any policy keeping at
     each boundary at most the larger of that and the budget: a run that held
     more than the budget at a boundary is only bounded by this one.
+    `exact` solves the integer program; `time_limit_s` stops it (see `solve`).
     """
-    return solve(instance(models, catalog, budget_bytes, held), exact=exact)
+    return solve(
+        instance(models, catalog, budget_bytes, held), exact=exact, time_limit_s=time_limit_s
+    )

@@ -7,11 +7,11 @@ data types and the store's records only, never on the planner and the engine beh
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 from pingo.store.protocol import DatasetRecord
-from pingo.workflows.definition import ActionDefinition
+from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,11 @@ class NewDatasetInfo:
     parents: tuple[str, ...]
     #: The dataset's record if it existed before (e.g. DELETED: its past size and compute time).
     previous: DatasetRecord | None
+    #: The workflow being planned, whole (its DAG, leaves included), and the dataset id
+    #: of each of its actions, reused ones included: the structure around the dataset.
+    #: The same two objects for every dataset of one workflow.
+    workflow: WorkflowDefinition | None = None
+    dataset_ids: Mapping[int, str] = field(default_factory=dict)
 
 
 KeepHook = Callable[[NewDatasetInfo], Awaitable[bool]]

@@ -792,6 +792,8 @@ class WorkflowManager:
                 action=definition.actions[aid],
                 parents=tuple(planning.dataset_ids[p] for p in definition.actions[aid].parents),
                 previous=planning.records.get(planning.dataset_ids[aid]),
+                workflow=definition,
+                dataset_ids=planning.dataset_ids,
             )
             for aid in asked
         ]

@@ -295,6 +295,64 @@ def test_with_what_a_run_held_at_boundaries_the_bound_is_below_any_such_policy(
     assert lp.compute_s <= bound.lower_bound(models, catalog, budget).compute_s + 1e-6
 
 
+@settings_hypothesis(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    datasets=st.integers(2, 7),
+    submissions=st.integers(1, 7),
+    budget=st.integers(0, 16),
+)
+@pytest.mark.parametrize("shape", [random_sequence, leafy_sequence])
+def test_an_integer_solve_stopped_at_once_proves_the_lp_and_no_more(
+    shape: Callable[[int, int, int], tuple[list[SubmissionModel], Catalog]],
+    seed: int,
+    datasets: int,
+    submissions: int,
+    budget: int,
+) -> None:
+    models, catalog = shape(seed, datasets, submissions)
+    lp = bound.lower_bound(models, catalog, budget)
+    stopped = bound.lower_bound(models, catalog, budget, exact=True, time_limit_s=0.0)
+    assert lp.compute_s - 1e-6 <= stopped.compute_s <= optimum(models, catalog, budget) + 1e-6
+    if stopped.exact:
+        # Nothing could bind, or HiGHS's presolve solved the program before the clock counted.
+        ip = bound.lower_bound(models, catalog, budget, exact=True)
+        assert stopped.compute_s == pytest.approx(ip.compute_s)
+    else:
+        # Stopped before the root node: no dual bound, no solution, the LP's value proved.
+        assert stopped.compute_s == pytest.approx(lp.compute_s)
+        assert stopped.lp_compute_s == pytest.approx(lp.compute_s)
+        assert (stopped.dual_compute_s, stopped.integer_upper_s) == (None, None)
+
+
+@pytest.mark.parametrize("time_limit_s", [0.01, 0.05, 0.2, None])
+@pytest.mark.parametrize(("seed", "budget"), [(1, 5), (3, 15), (5, 5)])
+def test_a_stopped_integer_solve_brackets_the_integer_optimum(
+    seed: int, budget: int, time_limit_s: float | None
+) -> None:
+    # Instances large enough (100 to 125 intervals) for HiGHS to branch for a
+    # fraction of a second: where the limit stops it depends on the machine, so
+    # the test holds whatever was reached, finished included (None).
+    models, catalog = leafy_sequence(seed, 80, 80)
+    problem = bound.instance(models, catalog, budget)
+    ip = bound.solve(problem, exact=True)
+    lp = bound.solve(problem)
+    assert ip.exact and ip.integer_upper_s == pytest.approx(ip.compute_s)
+    assert ip.dual_compute_s is not None and ip.dual_compute_s >= lp.compute_s - 1e-6
+    found = bound.solve(problem, exact=True, time_limit_s=time_limit_s)
+    assert lp.compute_s - 1e-6 <= found.compute_s <= ip.compute_s + 1e-6
+    if found.integer_upper_s is not None:
+        assert found.integer_upper_s >= ip.compute_s - 1e-6
+    if found.exact:
+        assert found.compute_s == pytest.approx(ip.compute_s)
+        return
+    # Stopped: before the root node is solved, HiGHS's dual bound can be below the
+    # LP's value (even minus infinity), so the larger of the two is what is proved.
+    assert found.lp_compute_s == pytest.approx(lp.compute_s)
+    floors = [lp.compute_s] + ([found.dual_compute_s] if found.dual_compute_s is not None else [])
+    assert found.compute_s == pytest.approx(max(floors))
+
+
 def test_held_bytes_replace_a_smaller_budget_only() -> None:
     models, catalog = random_sequence(3, 6, 5)
     plain = bound.instance(models, catalog, 4).budgets

@@ -381,6 +381,11 @@ async def test_keep_hook_marks_intermediates_to_delete_never_leaves(
     assert states_ == [D.TO_DELETE, D.TO_DELETE, D.TO_LEAF]
     assert sorted(i.action.id for i in asked) == [1, 2]
     assert asked[0].owner == "ann" and asked[0].workflow_id == record.id
+    # The structure around each dataset: the whole workflow, leaf and ids included.
+    for info in asked:
+        assert info.workflow is not None and sorted(info.workflow.actions) == [1, 2, 3]
+        assert info.workflow.is_leaf(3)
+        assert info.dataset_ids == {i: actions[i].dataset_id for i in (1, 2, 3)}
 
 
 # ------------------------------------------------------------- dry run, idempotency

@@ -747,7 +747,14 @@ def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None
 
 def test_lineage_options_are_checked() -> None:
     assert policy_api.load_policy("lineage:max_reuse_rate=0.5").max_reuse_rate == 0.5  # type: ignore[attr-defined]
-    for bad in ("lineage:max_reuse_rate=x", "lineage:max_reuse_rate=2", "lineage:window=3"):
+    assert policy_api.load_policy("lineage:prior=0").prior == 0.0  # type: ignore[attr-defined]
+    for bad in (
+        "lineage:max_reuse_rate=x",
+        "lineage:max_reuse_rate=2",
+        "lineage:prior=-1",
+        "lineage:prior=x",
+        "lineage:window=3",
+    ):
         with pytest.raises(errors.ConfigurationError):
             policy_api.load_policy(bad)
 
@@ -772,3 +779,116 @@ async def test_live_reasons_measure_idle_time_from_the_last_use_or_store(
     assert reasons["slow"] == "lru: idle 700s since it was stored, never reused since"
     decisions = await policy_api.recent_decisions(store)
     assert {d["reason"] for d in decisions} == set(reasons.values())
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> dict[int, list[int]]:
+    """Random DAGs of up to 9 actions, parents numbered before children."""
+    n = draw(st.integers(1, 9))
+    return {
+        aid: draw(st.lists(st.integers(1, aid - 1), unique=True, max_size=3)) if aid > 1 else []
+        for aid in range(1, n + 1)
+    }
+
+
+@settings_hypothesis(max_examples=60, deadline=None)
+@given(shape=dags())
+def test_read_shares_count_the_edits_whose_next_run_reads_each_output(
+    shape: dict[int, list[int]],
+) -> None:
+    document = {
+        "name": "w",
+        "startActionId": 1,
+        "endActionId": max(shape),
+        "actions": [
+            {"id": aid, "name": f"s{aid}", "type": "command-line", "command": ["true"],
+             "parentActions": [{"id": p} for p in parents]}
+            for aid, parents in shape.items()
+        ],
+    }  # fmt: skip
+    definition = language.parse(document)
+    children = {aid: [c for c, ps in shape.items() if aid in ps] for aid in shape}
+
+    def recomputed(edited: int) -> set[int]:
+        """The edited step and everything downstream of it: what the next run computes."""
+        found, todo = set(), [edited]
+        while todo:
+            aid = todo.pop()
+            if aid not in found:
+                found.add(aid)
+                todo.extend(children[aid])
+        return found
+
+    # By brute force: an output is read when a child is recomputed and it is not.
+    expected = {
+        aid: sum(
+            1
+            for edited in shape
+            if aid not in recomputed(edited) and set(children[aid]) & recomputed(edited)
+        )
+        / len(shape)
+        for aid in shape
+    }
+    assert builtin.read_shares(definition) == pytest.approx(expected)
+
+
+def test_lineage_values_datasets_by_how_often_the_next_runs_read_them() -> None:
+    # a -> b -> c (a leaf), and d -> c. Editing b reads a; editing c or d reads b;
+    # editing a, b or c reads d: shares of 1/4, 2/4 and 3/4.
+    document = {
+        "name": "w",
+        "startActionId": 1,
+        "endActionId": 3,
+        "actions": [
+            {"id": 1, "name": "a", "type": "command-line", "command": ["a"]},
+            {"id": 2, "name": "b", "type": "command-line", "command": ["b"],
+             "parentActions": [{"id": 1}]},
+            {"id": 4, "name": "d", "type": "command-line", "command": ["d"]},
+            {"id": 3, "name": "c", "type": "command-line", "command": ["c"],
+             "parentActions": [{"id": 2}, {"id": 4}]},
+        ],
+    }  # fmt: skip
+    definition = language.parse(document)
+    ids = {1: "a", 2: "b", 3: "c", 4: "d"}
+
+    def planned_once() -> builtin.Lineage:
+        policy = builtin.Lineage()
+        for aid in (1, 2, 4):
+            action = definition.actions[aid]
+            info = policy_api.NewDatasetInfo(
+                ids[aid], "wf1", "ann", "server", action, (), None, definition, ids
+            )
+            assert policy.keep_new(info, at(0))
+        return policy
+
+    # The same cost per byte: the share of edits that read each one decides.
+    candidates = [cand("a"), cand("b"), cand("d")]
+    evictions = planned_once().select_evictions(candidates, 100, at(10))
+    assert chosen(evictions) == ["a"]
+    assert "'w' 1 of 1 workflows * 25.0% of its runs read it" in evictions[0].reason
+    assert chosen(planned_once().select_evictions(candidates, 200, at(10))) == ["a", "b"]
+    # Four times the cost per byte outweighs half the share.
+    costly = [cand("a", recompute_cost_s=40.0), cand("b"), cand("d")]
+    assert chosen(planned_once().select_evictions(costly, 100, at(10))) == ["b"]
+    # A dataset reused more often than its share says is worth more: with a prior
+    # worth 3 runs, a reuse in the one run since makes a's share (3/4 + 1) / 4.
+    policy = planned_once()
+    policy._family_totals["w"] += 1
+    policy._workflows_seen += 1
+    reused = [cand("a", use_count=1), cand("b"), cand("d")]
+    assert chosen(policy.select_evictions(reused, 100, at(10))) == ["b"]
+
+
+def test_lineage_covers_the_rest_with_smaller_datasets_when_that_loses_less() -> None:
+    # 100 B to free. The cheapest per byte is 1,000 B costing 20 s; the next two,
+    # 110 B together, cost 14 s: evicting them frees enough and loses less.
+    big = cand("big", size_bytes=1000, recompute_cost_s=20.0)
+    small = [
+        cand("s1", size_bytes=50, recompute_cost_s=5.0),
+        cand("s2", size_bytes=60, recompute_cost_s=9.0),
+    ]
+    assert chosen(builtin.GDSF().select_evictions([big, *small], 100, at(0))) == ["big"]
+    assert chosen(builtin.Lineage().select_evictions([big, *small], 100, at(0))) == ["s1", "s2"]
+    # At 12 s the big one loses less than the two (14 s): it goes, as in GDSF.
+    cheap_big = cand("big", size_bytes=1000, recompute_cost_s=12.0)
+    assert chosen(builtin.Lineage().select_evictions([cheap_big, *small], 100, at(0))) == ["big"]
