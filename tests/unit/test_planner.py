@@ -517,7 +517,7 @@ async def test_fully_reused_resubmission_of_1000_actions_makes_no_per_action_rou
     # No per-action round trip: one read, one write, one use count per reused dataset.
     reused = {a.dataset_id for a in await store.list_actions(record.id) if a.reason == "reused"}
     assert counting.calls.count("get_datasets") == 1
-    assert counting.calls.count("create_workflow") == 1
+    assert counting.calls.count("persist_plan") == 1
     assert counting.calls.count("record_dataset_use") == len(reused)
     # The owner's feed: one event for the submission, one for its end (it ended at once).
     assert counting.calls.count("append_event") == 2
