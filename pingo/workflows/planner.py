@@ -20,7 +20,9 @@ every one of its children, so a child's decision is always known when its
 parent is visited, and a parent whose reuse failed is simply a computing
 action when its own parents come up.
 
-The whole plan is persisted by one `Store.create_workflow` call.
+The whole plan is persisted by one `Store.persist_plan` call. Two plans read at the
+same moment cannot see each other's computations: the store, which sees both, makes
+the later one's actions share the earlier one's (`pingo.store.rules.producer_to_share`).
 """
 
 from __future__ import annotations
@@ -822,8 +824,9 @@ class WorkflowManager:
 def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.DatasetPlan) -> None:
     """Add a dataset to compute, merging twins: actions of one workflow with the same provenance.
 
-    The first (lowest action id) is the producer of record; every twin computes
-    (joining a computation in flight is a later goal) and the first success stores it.
+    The first (lowest action id) is the producer of record; every twin computes (a
+    twin within one workflow does not share its sibling's computation) and the first
+    success stores it.
     """
     twin = datasets.get(plan.id)
     if twin is None:
