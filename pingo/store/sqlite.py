@@ -1511,15 +1511,18 @@ class SQLiteStore:
         """
         found: dict[str, str] = {}
         ids = list(dict.fromkeys(p.id for p in plan.datasets))
-        computing = [s.value for s in rules.SHAREABLE]
+        computing = {s.value for s in rules.SHAREABLE}
         for chunk in _chunks(ids):
+            # The state is filtered here, not in SQL: given `state IN (…)` SQLite walks
+            # the state index, every dataset being computed, instead of the ids.
             rows = conn.execute(
                 "SELECT id, state, producer_workflow_id, producer_action_id FROM datasets "
-                f"WHERE id IN ({_placeholders(len(chunk))}) "
-                f"AND state IN ({_placeholders(len(computing))})",
-                (*chunk, *computing),
+                f"WHERE id IN ({_placeholders(len(chunk))})",
+                chunk,
             ).fetchall()
             for dataset_id, state, producer_workflow, producer_action in rows:
+                if state not in computing:
+                    continue
                 row = conn.execute(
                     "SELECT state FROM actions WHERE workflow_id = ? AND action_id = ?",
                     (producer_workflow, producer_action),
