@@ -362,7 +362,8 @@ class Persisted:
 
     workflow: WorkflowRecord
     #: The plan's actions that the store persisted sharing another workflow's computation
-    #: of their dataset instead of computing it (`rules.as_sharer`), as persisted.
+    #: of their dataset instead of computing it: their records as written
+    #: (`rules.as_sharer`; the history the store opened aside).
     shared: tuple[ActionRecord, ...] = ()
 
 
