@@ -662,3 +662,44 @@ async def test_a_forced_action_planned_at_the_same_moment_still_computes(
     for record in (alice, bob):
         action = await get(store, record.id, 1)
         assert action.shared_with is None and action.state is A.READY
+
+
+class EndsUnseen:
+    """The store, where each producer a plan was made to share stores its dataset and
+    finishes right after that plan lands, without settling it: on MongoDB the plan's
+    actions are written after its datasets, so the producer's own settlement may run
+    before they exist and miss them. The planner's settlement must catch them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def persist_plan(self, plan: protocol.WorkflowPlan) -> protocol.Persisted:
+        persisted = await self._store.persist_plan(plan)
+        for action in persisted.shared:
+            assert action.shared_with is not None
+            producer = await start_attempt(
+                self._store, *protocol.parse_claim_key(action.shared_with)
+            )
+            await self._store.transition_dataset(producer.dataset_id, {D.TO_LEAF}, D.LEAF)
+            await self._store.finish_action(*producer.key, {A.SUBMITTED})
+        return persisted
+
+
+async def test_a_producer_ending_unseen_while_the_later_plan_lands(
+    store: Store, storage: DatasetStorage, settings: Settings, outcomes: OutcomeService
+) -> None:
+    barrier = Barrier(2)
+    ends = EndsUnseen(store)
+    held = Interleaved(ends, barrier.wait)  # type: ignore[arg-type]
+    manager = planner.WorkflowManager(held, storage, settings, outcomes=outcomes)  # type: ignore[arg-type]
+    first, second = await asyncio.gather(
+        manager.submit(PRODUCER, owner="ann"), manager.submit(PRODUCER, owner="bob")
+    )
+    actions = [await get(store, w.id, 1) for w in (first, second)]
+    sharer = next(a for a in actions if a.shared_with is not None)
+    assert sharer.state is A.FINISHED and sharer.attempts == 0
+    assert [e.state for e in sharer.history] == [A.WAITING, A.FINISHED]
+    assert await state_of(store, sharer.workflow_id) is W.SUCCEEDED
