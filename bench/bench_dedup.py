@@ -12,6 +12,13 @@ dedup_shared_actions     actions of the 3 later workflows that ended shared (nev
 attached_lookup_ms       what a producer's outcome now adds: one `list_attached_actions`
                          of a producer nothing shares with, on that SQLite file after
                          the run (median of 500)
+dedup_together_runs_per_dataset
+                         the same 4 workflows submitted at the same moment, alternately to
+                         two nodes on one SQLite file (each its own store handle): every
+                         planning reads the datasets absent, so only the store's creation
+                         can tell the later plans to share (4.0 when it does not)
+dedup_together_makespan_s
+                         the same: first submission → every workflow ended
 """
 
 from __future__ import annotations
@@ -105,10 +112,54 @@ async def _run(tmp: Path) -> dict[str, float]:
     }
 
 
+async def _together(tmp: Path) -> dict[str, float]:
+    """The workflows submitted at once, alternately to two nodes sharing one SQLite file."""
+    store_url = f"sqlite:///{tmp / 'together.db'}"
+    executors: list[noop.NoopExecutor] = []
+
+    def delayed(settings: Settings, reporter: base.Reporter) -> noop.NoopExecutor:
+        executor = noop.NoopExecutor(reporter, delay_s=RUNTIME_S)
+        executors.append(executor)
+        return executor
+
+    document = _document()
+    nodes: list[Node] = []
+    async with open_store(store_url) as one, open_store(store_url) as other:
+        for name, store in (("a", one), ("b", other)):
+            settings = Settings(home=tmp / name, store_url=store_url, node_id=name)
+            settings.home.mkdir(parents=True)
+            nodes.append(Node(settings, store, executors={"command-line": delayed}))
+        for node in nodes:
+            await node.start()
+        try:
+            started = time.perf_counter()
+            records = await asyncio.gather(
+                *(
+                    nodes[i % 2].workflows.submit(document, owner=("ann", "bob")[i % 2])
+                    for i in range(WORKFLOWS)
+                )
+            )
+            for record in records:
+                done = await nodes[0].wait_workflow(record.id, timeout_s=300, poll_s=0.01)
+                if done.state.value != "SUCCEEDED":
+                    raise RuntimeError(f"workflow ended {done.state.value}: {done.error}")
+            makespan = time.perf_counter() - started
+        finally:
+            for node in reversed(nodes):
+                await node.stop()
+    runs = sum(e.submitted for e in executors)
+    return {
+        "dedup_together_runs_per_dataset": runs / (CHAINS * LENGTH),
+        "dedup_together_makespan_s": makespan,
+    }
+
+
 def measure() -> dict[str, float]:
     """One run of every figure."""
     with tempfile.TemporaryDirectory(prefix="pingo-bench-dedup-") as tmp:
-        return asyncio.run(_run(Path(tmp)))
+        figures = asyncio.run(_run(Path(tmp)))
+        figures.update(asyncio.run(_together(Path(tmp))))
+        return figures
 
 
 if __name__ == "__main__":

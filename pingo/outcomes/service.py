@@ -663,7 +663,13 @@ class OutcomeService:
         if protocol.claim_key(dataset.producer_workflow_id, dataset.producer_action_id) != producer:
             return False
         record = await self.store.get_action(*protocol.parse_claim_key(producer))
-        return record is not None and record.state not in states.ACTION_TERMINAL
+        if record is None:
+            # Its plan may still be being written (MongoDB writes a plan's datasets before
+            # its actions); a plan that never lands (its node died) is given up on once
+            # the dataset has not moved for a lease.
+            quiet = (self.store.clock() - dataset.updated_at).total_seconds()
+            return quiet < self.settings.lease_s
+        return record.state not in states.ACTION_TERMINAL
 
     async def _finish_shared(
         self,

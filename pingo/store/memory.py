@@ -35,6 +35,7 @@ from pingo.store.protocol import (
     EventRecord,
     Finished,
     Page,
+    Persisted,
     PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
@@ -252,6 +253,10 @@ class MemoryStore:
     # ------------------------------------------------------------------ workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        return (await self.persist_plan(plan)).workflow
+
+    async def persist_plan(self, plan: WorkflowPlan) -> Persisted:
+        # No await below: the checks, the sharing decision and the writes are one step.
         workflow = plan.workflow
         # Check everything before writing anything: the plan is persisted whole or not at all.
         if workflow.id in self._workflows:
@@ -274,11 +279,12 @@ class MemoryStore:
         ):
             raise errors.Conflict("the plan's actions do not have unique keys in the workflow")
 
+        shared = rules.shared_actions(plan.actions, self._producers_to_share(plan))
         self._workflows[workflow.id] = workflow
         if idem is not None:
             self._idempotency[idem] = workflow.id
         for action in sorted(plan.actions, key=lambda a: a.action_id):
-            self._put_action(None, action)
+            action = self._put_action(None, shared.get(action.action_id, action))
             self._callbacks[action.callback_id] = action.key
         self._actions_by_workflow[workflow.id] = sorted(a.action_id for a in plan.actions)
         now = self.clock()
@@ -290,7 +296,23 @@ class MemoryStore:
             len(plan.actions),
             extra={"event": "workflow_created", "workflow_id": workflow.id},
         )
-        return workflow
+        return Persisted(workflow, tuple(self._actions[a.key] for a in shared.values()))
+
+    def _producers_to_share(self, plan: WorkflowPlan) -> dict[str, str]:
+        """Dataset id → the producer a plan's actions share (`rules.producer_to_share`)."""
+        found: dict[str, str] = {}
+        for dataset in plan.datasets:
+            old = self._datasets.get(dataset.id)
+            if old is None:
+                continue
+            producer = (old.producer_workflow_id, old.producer_action_id)
+            record = self._actions.get(producer)
+            key = rules.producer_to_share(
+                plan.workflow.id, old.state, producer, None if record is None else record.state
+            )
+            if key is not None:
+                found[dataset.id] = key
+        return found
 
     def _persist_dataset(self, plan: DatasetPlan, now: datetime) -> None:
         old = self._datasets.get(plan.id)

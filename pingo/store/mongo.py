@@ -87,6 +87,7 @@ from pingo.store.protocol import (
     EventRecord,
     Finished,
     Page,
+    Persisted,
     PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
@@ -778,8 +779,11 @@ class MongoStore:
 
     # ------------------------------------------------------------------ workflows
 
-    @_translated
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        return (await self.persist_plan(plan)).workflow
+
+    @_translated
+    async def persist_plan(self, plan: WorkflowPlan) -> Persisted:
         workflow = plan.workflow
         if len({a.action_id for a in plan.actions}) != len(plan.actions) or any(
             a.workflow_id != workflow.id for a in plan.actions
@@ -813,15 +817,27 @@ class MongoStore:
         #      action that computes or reads them;
         #   3. the actions, last, in one ordered insert_many: a READY action is
         #      only ever visible with its workflow and datasets in place.
+        # The datasets' unique _id is also what decides which of two plans of one
+        # dataset written at once computes it: the one whose insert (or revival of a
+        # DELETED one) lands first; the other finds it computing when it merges, and
+        # its actions are written sharing that computation (`rules.as_sharer`) before
+        # any of them can be claimed. Its producer's actions may not be written yet:
+        # `rules.producer_to_share` shares with a producer not found.
         # The crash window: a node dying between 1 and 3 leaves a RUNNING workflow
         # with missing actions (and maybe datasets planned or claimed for it), never
         # a runnable action of a workflow that does not exist. Such a workflow stays
         # RUNNING until a user kills it; its claims, if any, keep those datasets.
         await self._workflows.insert_one(_workflow_doc(workflow))
         _, now_us = self._now()
-        await self._persist_datasets(plan.datasets, now_us)
+        merged = await self._persist_datasets(plan.datasets, now_us)
+        shared = rules.shared_actions(
+            plan.actions, await self._producers_to_share(workflow.id, merged)
+        )
         if plan.actions:
-            docs = [_action_doc(a) for a in sorted(plan.actions, key=lambda a: a.action_id)]
+            docs = [
+                _action_doc(shared.get(a.action_id, a))
+                for a in sorted(plan.actions, key=lambda a: a.action_id)
+            ]
             await self._actions.insert_many(docs, ordered=True)
         logger.info(
             "workflow %s created with %d actions",
@@ -829,12 +845,37 @@ class MongoStore:
             len(plan.actions),
             extra={"event": "workflow_created", "workflow_id": workflow.id},
         )
-        return workflow
+        return Persisted(workflow, tuple(shared.values()))
 
-    async def _persist_datasets(self, plans: Sequence[DatasetPlan], now_us: int) -> None:
-        """Create the planned datasets that are new, in bulk; merge the others one by one."""
+    async def _producers_to_share(
+        self, workflow_id: str, merged: Mapping[str, DatasetRecord]
+    ) -> dict[str, str]:
+        """Dataset id → the producer a plan's actions share (`rules.producer_to_share`),
+        from each merged dataset as its merge found it; one read per producer."""
+        found: dict[str, str] = {}
+        for dataset_id, old in merged.items():
+            if old.state not in rules.SHAREABLE:
+                continue
+            producer = (old.producer_workflow_id, old.producer_action_id)
+            doc = await self._actions.find_one({"_id": _action_id(*producer)}, {"state": 1})
+            key = rules.producer_to_share(
+                workflow_id,
+                old.state,
+                producer,
+                None if doc is None else ActionState(doc["state"]),
+            )
+            if key is not None:
+                found[dataset_id] = key
+        return found
+
+    async def _persist_datasets(
+        self, plans: Sequence[DatasetPlan], now_us: int
+    ) -> dict[str, DatasetRecord]:
+        """Create the planned datasets that are new, in bulk; merge the others one by one.
+
+        Returns each merged dataset (by id) as it stood when its merge landed."""
         if not plans:
-            return
+            return {}
         existing: list[DatasetPlan] = []
         try:
             # Unordered: every new dataset is inserted even when some already exist.
@@ -846,18 +887,24 @@ class MongoStore:
             if not failed or any(e.get("code") != _DUPLICATE_KEY for e in failed):
                 raise
             existing = [plans[e["index"]] for e in failed]
+        merged: dict[str, DatasetRecord] = {}
         for plan in existing:
-            await self._merge_dataset(plan, now_us)
+            old = await self._merge_dataset(plan, now_us)
+            if old is not None:
+                merged[plan.id] = old
+        return merged
 
-    async def _merge_dataset(self, plan: DatasetPlan, now_us: int) -> None:
-        """Apply a plan to a dataset that exists: upgrade its state and/or add claims."""
+    async def _merge_dataset(self, plan: DatasetPlan, now_us: int) -> DatasetRecord | None:
+        """Apply a plan to a dataset that exists: upgrade its state and/or add claims.
+
+        Returns the dataset as the merge found it (None when it had to create it)."""
         claims = list(dict.fromkeys(plan.claims))
         for _ in range(_PLAN_RETRIES):
             doc = await self._datasets.find_one({"_id": plan.id})
             if doc is None:  # Removed meanwhile (nothing deletes records today): recreate.
                 try:
                     await self._datasets.insert_one(_dataset_doc(plan, now_us))
-                    return
+                    return None
                 except DuplicateKeyError:
                     continue
             old = _dataset(doc)
@@ -872,12 +919,12 @@ class MongoStore:
                     revived["stored_at_us"] = revived.pop("stored_at")
                     update["$set"].update(revived)
             elif set(claims).issubset(old.claims):
-                return
+                return old
             # Conditional on the state read, so the decision above still holds when it lands.
             if await self._datasets.find_one_and_update(
                 {"_id": plan.id, "state": old.state.value}, update
             ):
-                return
+                return old
         raise errors.StoreUnavailable(f"dataset {plan.id} kept changing while persisting a plan")
 
     @_translated

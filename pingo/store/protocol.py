@@ -357,6 +357,17 @@ class WorkflowPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Persisted:
+    """What `Store.persist_plan` wrote."""
+
+    workflow: WorkflowRecord
+    #: The plan's actions that the store persisted sharing another workflow's computation
+    #: of their dataset instead of computing it: their records as written
+    #: (`rules.as_sharer`; the history the store opened aside).
+    shared: tuple[ActionRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class _Changes:
     def items(self) -> Iterator[tuple[str, Any]]:
         """The fields to set, skipping those left as `KEEP`."""
@@ -440,7 +451,19 @@ class Store(Protocol):
     # ---- workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        """`persist_plan`, returning only the workflow."""
+        ...
+
+    async def persist_plan(self, plan: WorkflowPlan) -> Persisted:
         """Persist a planned workflow: its record, its actions, its datasets, their claims.
+
+        An action that would compute a dataset (`rules.may_share`) which another
+        workflow's action, not ended, is computing when the plan lands (TO_STORE or
+        TO_LEAF before this plan merges into it) is persisted sharing that computation
+        (`rules.producer_to_share`, `rules.as_sharer`), in the same atomic step that
+        merges the dataset: two plans of one dataset written at the same moment, on
+        one node or several, leave exactly one computing it. The caller settles the
+        shared actions it gets back (their producer may end at any time).
 
         Raises `Conflict` when the owner already has a workflow with the same idempotency key.
         """

@@ -76,6 +76,7 @@ from pingo.store.protocol import (
     EventRecord,
     Finished,
     Page,
+    Persisted,
     PlannedAction,
     ScheduleChanges,
     ScheduleRecord,
@@ -1415,17 +1416,26 @@ class SQLiteStore:
     # ------------------------------------------------------------------ workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
+        return (await self.persist_plan(plan)).workflow
+
+    async def persist_plan(self, plan: WorkflowPlan) -> Persisted:
         now = _us(self.clock())
-        await self._run_write(self._with_db, lambda conn: self._create_workflow(conn, plan, now))
+        shared = await self._run_write(
+            self._with_db, lambda conn: self._create_workflow(conn, plan, now)
+        )
         logger.info(
             "workflow %s created with %d actions",
             plan.workflow.id,
             len(plan.actions),
             extra={"event": "workflow_created", "workflow_id": plan.workflow.id},
         )
-        return plan.workflow
+        return Persisted(plan.workflow, shared)
 
-    def _create_workflow(self, conn: sqlite3.Connection, plan: WorkflowPlan, now: int) -> None:
+    def _create_workflow(
+        self, conn: sqlite3.Connection, plan: WorkflowPlan, now: int
+    ) -> tuple[ActionRecord, ...]:
+        """Write the plan in the caller's write transaction; return the actions it made
+        share another workflow's computation (read in that transaction: atomic)."""
         workflow = plan.workflow
         if conn.execute("SELECT 1 FROM workflows WHERE id = ?", (workflow.id,)).fetchone():
             raise errors.Conflict(f"workflow {workflow.id} already exists")
@@ -1442,20 +1452,22 @@ class SQLiteStore:
             )
         if any(a.workflow_id != workflow.id for a in plan.actions):
             raise errors.Conflict("the plan's actions belong to another workflow")
+        shared = rules.shared_actions(plan.actions, self._producers_to_share(conn, plan))
+        actions = [shared.get(a.action_id, a) for a in plan.actions] if shared else plan.actions
         params = _workflow_params(workflow)
         conn.execute(
             f"INSERT INTO workflows ({_WORKFLOW_COLUMNS}) VALUES ({_placeholders(14)})", params
         )
         # Each list is emptied a slice at a time once written: freed in one go, a big
         # workflow's rows would hold the GIL (and the event loop) for tens of ms.
-        hot = [_hot_params(a) for a in plan.actions]
+        hot = [_hot_params(a) for a in actions]
         conn.executemany(_HOT_INSERT, hot)
         heap.dismantle(hot)
-        specs = [_spec_params(a) for a in plan.actions]
+        specs = [_spec_params(a) for a in actions]
         conn.executemany(_SPEC_INSERT, specs)
         heap.dismantle(specs)
         counts: dict[str, int] = {}
-        for a in plan.actions:
+        for a in actions:
             counts[a.state.value] = counts.get(a.state.value, 0) + 1
         conn.executemany(
             "INSERT INTO action_counts (workflow_id, state, count) VALUES (?, ?, ?) "
@@ -1471,8 +1483,8 @@ class SQLiteStore:
             # their specs now would evict the hot ones, and the last 8,192 would keep
             # the submission's objects (and the heap's arenas under them) alive after
             # the workflow has gone (issue 13).
-            return
-        for a in plan.actions:
+            return tuple(shared.values())
+        for a in actions:
             self._cache_spec(
                 a.key,
                 (
@@ -1489,6 +1501,41 @@ class SQLiteStore:
                     a.max_attempts,
                 ),
             )
+        return tuple(shared.values())
+
+    def _producers_to_share(self, conn: sqlite3.Connection, plan: WorkflowPlan) -> dict[str, str]:
+        """Dataset id → the producer a plan's actions share (`rules.producer_to_share`).
+
+        One read of the datasets being computed (most of a new plan's are absent),
+        then one per producer found: the usual plan shares nothing and pays one query.
+        """
+        found: dict[str, str] = {}
+        ids = list(dict.fromkeys(p.id for p in plan.datasets))
+        computing = {s.value for s in rules.SHAREABLE}
+        for chunk in _chunks(ids):
+            # The state is filtered here, not in SQL: given `state IN (…)` SQLite walks
+            # the state index, every dataset being computed, instead of the ids.
+            rows = conn.execute(
+                "SELECT id, state, producer_workflow_id, producer_action_id FROM datasets "
+                f"WHERE id IN ({_placeholders(len(chunk))})",
+                chunk,
+            ).fetchall()
+            for dataset_id, state, producer_workflow, producer_action in rows:
+                if state not in computing:
+                    continue
+                row = conn.execute(
+                    "SELECT state FROM actions WHERE workflow_id = ? AND action_id = ?",
+                    (producer_workflow, producer_action),
+                ).fetchone()
+                key = rules.producer_to_share(
+                    plan.workflow.id,
+                    DatasetState(state),
+                    (producer_workflow, producer_action),
+                    None if row is None else ActionState(row[0]),
+                )
+                if key is not None:
+                    found[dataset_id] = key
+        return found
 
     def _persist_datasets(
         self, conn: sqlite3.Connection, plans: Sequence[DatasetPlan], now: int

@@ -20,7 +20,9 @@ every one of its children, so a child's decision is always known when its
 parent is visited, and a parent whose reuse failed is simply a computing
 action when its own parents come up.
 
-The whole plan is persisted by one `Store.create_workflow` call.
+The whole plan is persisted by one `Store.persist_plan` call. Two plans read at the
+same moment cannot see each other's computations: the store, which sees both, makes
+the later one's actions share the earlier one's (`pingo.store.rules.producer_to_share`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ _RECOMPUTE: frozenset[states.DatasetState] = frozenset(
     {D.DELETED, D.DELETING, D.PROCESSING, D.TO_DELETE, D.STORED_TO_DELETE}
 )
 #: Another workflow is computing it; the original computes again rather than join.
-_IN_FLIGHT: frozenset[states.DatasetState] = frozenset({D.TO_STORE, D.TO_LEAF})
+_IN_FLIGHT: frozenset[states.DatasetState] = rules.SHAREABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +216,16 @@ class _Tally:
     #: Action ids sharing another workflow's computation in flight.
     sharing: list[int] = field(default_factory=list)
 
+    def joined(self, shared: Sequence[protocol.ActionRecord]) -> _Tally:
+        """The tally once the store made `shared` (planned to compute) share instead."""
+        ids = {a.action_id for a in shared}
+        return dataclasses.replace(
+            self,
+            # Those with nothing else to wait for were planned READY.
+            ready=self.ready - sum(1 for a in shared if a.waiting_on == (a.action_id,)),
+            sharing=sorted({*self.sharing, *ids}),
+        )
+
 
 @dataclass(slots=True)
 class _Planning:
@@ -342,7 +354,7 @@ class WorkflowManager:
                 planning, owner, scope, now, idempotency_key, rerun_of
             )
             try:
-                record = await self.store.create_workflow(plan)
+                persisted = await self.store.persist_plan(plan)
             except errors.Conflict:
                 if idempotency_key is None:
                     raise
@@ -354,6 +366,11 @@ class WorkflowManager:
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
+        record = persisted.workflow
+        if persisted.shared:
+            # Planned at the same moment as another workflow computing the same dataset:
+            # the store made these share it (`Store.persist_plan`).
+            tally = tally.joined(persisted.shared)
         # A big submission's objects are freed after the answer, in slices (see `heap`).
         heap.bury(
             plan.actions,
@@ -374,7 +391,7 @@ class WorkflowManager:
             await self.outcomes.announce_end(record)
         reused, computing, ready = tally.reused, tally.computing, tally.ready
         if tally.sharing:
-            await self._settle_sharing(plan, tally.sharing)
+            await self._settle_sharing(plan, persisted.shared, tally.sharing)
         if reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
         metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
@@ -432,17 +449,22 @@ class WorkflowManager:
         """Kill a workflow (delegates to the outcome service)."""
         return await self.outcomes.kill_workflow(workflow_id)
 
-    async def _settle_sharing(self, plan: protocol.WorkflowPlan, sharing: Sequence[int]) -> None:
+    async def _settle_sharing(
+        self,
+        plan: protocol.WorkflowPlan,
+        shared: Sequence[protocol.ActionRecord],
+        sharing: Sequence[int],
+    ) -> None:
         """Check each sharing action's producer once more, now that the action is stored.
 
         The producer may have ended between planning's read and the persist, when its
         own settlement could not see this action yet: whichever of the two looks last
-        settles it (a compare-and-set, so both looking changes nothing).
+        settles it (a compare-and-set, so both looking changes nothing). `shared`: the
+        actions the store made share (as persisted), which `plan` has computing.
         """
-        wanted = set(sharing)
-        await self.outcomes.settle_waiting(
-            [a for a in plan.actions if a.action_id in wanted], states.Trigger.PLANNER
-        )
+        by_id = {a.action_id: a for a in plan.actions}
+        by_id.update((a.action_id, a) for a in shared)
+        await self.outcomes.settle_waiting([by_id[aid] for aid in sharing], states.Trigger.PLANNER)
 
     # ---------------------------------------------------------------- planning
 
@@ -804,8 +826,9 @@ class WorkflowManager:
 def _add_dataset(datasets: dict[str, protocol.DatasetPlan], plan: protocol.DatasetPlan) -> None:
     """Add a dataset to compute, merging twins: actions of one workflow with the same provenance.
 
-    The first (lowest action id) is the producer of record; every twin computes
-    (joining a computation in flight is a later goal) and the first success stores it.
+    The first (lowest action id) is the producer of record; every twin computes (a
+    twin within one workflow does not share its sibling's computation) and the first
+    success stores it.
     """
     twin = datasets.get(plan.id)
     if twin is None:

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pingo.store import rules
+
 
 class Reuse(enum.StrEnum):
     #: The action runs and stores its dataset.
@@ -37,8 +39,9 @@ class Reuse(enum.StrEnum):
     NOT_NEEDED = "not needed"
 
 
-#: The planner's reason for an action whose dataset another workflow is computing.
-IN_FLIGHT = "in-flight"
+#: The planner's reason for an action whose dataset another workflow is computing (the
+#: store gives it to an action it makes share, `pingo.store.rules.as_sharer`).
+IN_FLIGHT = rules.IN_FLIGHT
 #: The planner's reason for an action whose every child reuses a stored dataset.
 NOT_NEEDED_REASON = "not-needed"
 

@@ -166,3 +166,36 @@ async def test_killing_the_producers_workflow_does_not_kill_the_consumers(
     # Bob cannot kill Alice's workflow, nor learn that it exists.
     response = await api.client.post(f"/api/v1/workflows/{alice_id}/kill", headers=api.auth("bob"))
     assert response.status == 404
+
+
+async def test_workflows_submitted_at_the_same_moment_compute_their_dataset_once(
+    two_users: Api, tmp_path: Path
+) -> None:
+    """Two (then three) POSTs at once, each needing the same dataset: every planning
+    reads it absent, and the store decides which one computes it; the others share."""
+    api = two_users
+    for round_, users in enumerate((("alice", "bob"), ("alice", "bob", "alice"))):
+        marker = tmp_path / f"runs-{round_}"
+        first = f'echo run >> {marker}; sleep 1; echo round {round_} > "$PINGO_OUTPUT"'
+        documents = [_needing(first, reader=i > 0) for i in range(len(users))]
+        submitted = await asyncio.gather(
+            *(api.submit(d, user=u) for d, u in zip(documents, users, strict=True))
+        )
+        ids = [s["id"] for s in submitted]
+        done = [await api.wait(i) for i in ids]
+        assert [d["state"] for d in done] == ["SUCCEEDED"] * len(ids)
+        assert _runs(marker) == 1
+        firsts = [d["actions"][0] for d in done]
+        assert sorted(a["attempts"] for a in firsts) == [0] * (len(ids) - 1) + [1]
+        computed = ids[[a["attempts"] for a in firsts].index(1)]
+        for (workflow_id, user), action in zip(zip(ids, users, strict=True), firsts, strict=True):
+            if workflow_id == computed:
+                assert action["reuse"] == "computed" and action["sharedWith"] is None
+                continue
+            assert action["reuse"] == "shared"
+            # Its owner sees the producer's workflow only when it is theirs too.
+            owner = users[ids.index(computed)]
+            expected: dict[str, Any] = {"name": "extract"}
+            if owner == user:
+                expected.update(workflowId=computed, actionId=1)
+            assert action["sharedWith"] == expected

@@ -12,7 +12,8 @@ settling.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,13 @@ import pytest
 from pingo import states
 from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
+from pingo.api import documents
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import OutcomeService
-from pingo.store import protocol
+from pingo.store import protocol, rules
 from pingo.store.protocol import ActionChanges, Store, claim_key
-from pingo.workflows import planner
+from pingo.workflows import planner, reuse
 from tests.contract.conftest import SHARED_BACKENDS, Backend, Factory, FakeClock, make_store
 from tests.unit._engine_support import make_settings, start_attempt, workflow, write_output
 
@@ -50,9 +52,9 @@ class Interleaved:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def create_workflow(self, plan: protocol.WorkflowPlan) -> protocol.WorkflowRecord:
+    async def persist_plan(self, plan: protocol.WorkflowPlan) -> protocol.Persisted:
         await self._before_create()
-        return await self._store.create_workflow(plan)
+        return await self._store.persist_plan(plan)
 
 
 async def get(store: Store, workflow_id: str, action_id: int) -> protocol.ActionRecord:
@@ -368,8 +370,18 @@ async def test_two_consumers_and_two_settlers_racing(
     for consumer in (a, b):
         done = await get(store, consumer.id, 1)
         assert done.state is A.FINISHED and done.attempts == 0
-        children = await get(store, consumer.id, 2)
-        assert children.state is A.READY
+    await assert_one_computes_the_other_shares(store, a.id, b.id, 2)
+
+
+async def assert_one_computes_the_other_shares(
+    store: Store, first: str, second: str, action_id: int
+) -> None:
+    """Two workflows planned at once with the same action `action_id`: one of them will
+    compute it (READY), the other shares that computation (attached to it)."""
+    one, other = await get(store, first, action_id), await get(store, second, action_id)
+    computing, sharing = (one, other) if other.is_attached else (other, one)
+    assert computing.state is A.READY and computing.shared_with is None
+    assert sharing.is_attached and sharing.shared_with == claim_key(*computing.key)
 
 
 async def test_a_settlement_a_dead_node_left_undone_is_done_by_the_reaper(
@@ -474,4 +486,220 @@ async def test_two_nodes_on_their_own_handles_race_to_attach_and_to_settle(
         for consumer in (a, b):
             done = await get(other_store, consumer.id, 1)
             assert done.state is A.FINISHED and done.attempts == 0
-            assert (await get(other_store, consumer.id, 2)).state is A.READY
+        await assert_one_computes_the_other_shares(other_store, a.id, b.id, 2)
+
+
+# ------------------------------------------------------- planned at the same moment
+
+
+def twin_plans(make: Factory, **second: Any) -> tuple[protocol.WorkflowPlan, protocol.WorkflowPlan]:
+    """Two workflows that both compute one dataset, each planned when it was absent: the
+    first's action 0, and the second's action 0 (`second`: its overrides), read by its 1."""
+    first = make.plan({0: ()})
+    dataset = first.actions[0].dataset_id
+    other = make.plan(
+        {0: (), 1: (0,)},
+        actions={0: {"dataset_id": dataset, **second}, 1: {"inputs": {0: dataset}}},
+    )
+    ours = [d for d in other.datasets if d.id != dataset]
+    theirs = make.dataset(
+        other.actions[0], state=D.TO_STORE, claims=(claim_key(*other.actions[1].key),)
+    )
+    return first, dataclasses.replace(other, datasets=(theirs, *ours))
+
+
+async def assert_computed_once(
+    store: Store, persisted: Sequence[protocol.Persisted], first: str, second: str
+) -> protocol.ActionRecord:
+    """One of the two plans' action 0 computes it, the other shares it: returns the sharer."""
+    one, other = await get(store, first, 0), await get(store, second, 0)
+    sharer, producer = (one, other) if one.is_attached else (other, one)
+    assert producer.state is A.READY and producer.shared_with is None
+    assert sharer.is_attached and sharer.shared_with == claim_key(*producer.key)
+    assert sharer.reason == "in-flight"  # the decision the documents and the dry run read
+    assert [e.state for e in sharer.history] == [A.WAITING]
+    # The store says whom it made share; the other plan, nothing.
+    told = {a.key: a for p in persisted for a in p.shared}
+    assert list(told) == [sharer.key] and told[sharer.key].is_attached
+    dataset = await store.get_dataset(sharer.dataset_id)
+    assert dataset is not None
+    assert (dataset.producer_workflow_id, dataset.producer_action_id) == producer.key
+    return sharer
+
+
+async def test_two_plans_of_one_dataset_persisted_at_once_compute_it_once(
+    store: Store, make: Factory
+) -> None:
+    first, second = twin_plans(make)
+    persisted = await asyncio.gather(store.persist_plan(first), store.persist_plan(second))
+    sharer = await assert_computed_once(store, persisted, first.workflow.id, second.workflow.id)
+    if sharer.workflow_id == second.workflow.id:
+        # Beside its own parents, if any: here none. Its reader waits for it as before,
+        # and its claim holds the shared dataset.
+        assert sharer.waiting_on == (0,)
+        assert (await get(store, second.workflow.id, 1)).waiting_on == (0,)
+        dataset = await store.get_dataset(sharer.dataset_id)
+        assert dataset is not None and claim_key(second.workflow.id, 1) in dataset.claims
+
+
+async def test_two_nodes_persisting_one_dataset_at_once_compute_it_once(
+    store: Store, backend: Backend, clock: FakeClock, make: Factory
+) -> None:
+    if backend.name not in SHARED_BACKENDS:
+        pytest.skip("only a shared store has several nodes")
+    async with make_store(backend, clock) as other:
+        for _ in range(5):  # several rounds: either may land first
+            first, second = twin_plans(make)
+            persisted = await asyncio.gather(store.persist_plan(first), other.persist_plan(second))
+            await assert_computed_once(store, persisted, first.workflow.id, second.workflow.id)
+
+
+@pytest.mark.parametrize("reason", sorted(rules.RUNS_ITS_OWN))
+async def test_an_action_that_must_run_its_own_never_shares_at_once(
+    store: Store, make: Factory, reason: str
+) -> None:
+    first, second = twin_plans(make, reason=reason)
+    persisted = await asyncio.gather(store.persist_plan(first), store.persist_plan(second))
+    assert all(not p.shared for p in persisted)
+    for plan in (first, second):
+        action = await get(store, plan.workflow.id, 0)
+        assert action.state is A.READY and action.shared_with is None
+
+
+async def test_an_ended_producer_is_not_shared_at_persist(store: Store, make: Factory) -> None:
+    # A crash left the dataset computing after its producer failed for good.
+    first, second = twin_plans(make)
+    ended = dataclasses.replace(first.actions[0], state=A.FAILED)
+    await store.persist_plan(dataclasses.replace(first, actions=(ended,)))
+    assert not (await store.persist_plan(second)).shared
+    assert (await get(store, second.workflow.id, 0)).state is A.READY
+
+
+async def test_a_producer_whose_plan_is_not_written_yet_is_waited_for_a_lease(
+    store: Store, make: Factory, outcomes: OutcomeService, clock: FakeClock
+) -> None:
+    """MongoDB writes a plan's datasets before its actions: a plan landing in between
+    finds the dataset computing by an action not written yet. It shares it, and gives
+    up on it (computes it itself) once the dataset has not moved for a lease."""
+    first, second = twin_plans(make)
+    await store.persist_plan(dataclasses.replace(first, actions=()))
+    persisted = await store.persist_plan(second)
+    assert [a.key for a in persisted.shared] == [(second.workflow.id, 0)]
+    assert await outcomes.settle_waiting(persisted.shared, states.Trigger.PLANNER) == 0
+    assert (await get(store, second.workflow.id, 0)).is_attached
+    clock.advance(outcomes.settings.lease_s + 1)
+    assert await outcomes.settle_stranded() >= 1
+    action = await get(store, second.workflow.id, 0)
+    assert action.state is A.READY and not action.is_attached
+
+
+class Barrier:
+    """Holds each of `parties` plans just before its persist until all have planned: both
+    read the dataset absent, as two submissions planned at the same moment do."""
+
+    def __init__(self, parties: int) -> None:
+        self._parties = parties
+        self._arrived = 0
+        self._all = asyncio.Event()
+
+    async def wait(self) -> None:
+        self._arrived += 1
+        if self._arrived >= self._parties:
+            self._all.set()
+        await asyncio.wait_for(self._all.wait(), 10)
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+async def test_two_workflows_planned_at_the_same_moment_compute_once(
+    store: Store,
+    backend: Backend,
+    clock: FakeClock,
+    storage: DatasetStorage,
+    settings: Settings,
+    outcomes: OutcomeService,
+    outcome: str,
+) -> None:
+    barrier = Barrier(2)
+    held = Interleaved(store, barrier.wait)
+    managers = [
+        planner.WorkflowManager(held, storage, settings, outcomes=outcomes)  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
+    alice, bob = await asyncio.gather(
+        managers[0].submit(PRODUCER, owner="ann"), managers[1].submit(CONSUMER, owner="bob")
+    )
+    ann_1, bob_1 = await get(store, alice.id, 1), await get(store, bob.id, 1)
+    # Both planned it absent: the store decided which computes.
+    sharer, producer = (bob_1, ann_1) if bob_1.is_attached else (ann_1, bob_1)
+    assert sharer.is_attached and producer.state is A.READY
+    assert sharer.shared_with == claim_key(*producer.key)
+    assert documents.action_outcome(sharer) is reuse.Reuse.SHARED
+    # The sharer's owner sees the producer's name, and its workflow only when theirs.
+    owner = "ann" if sharer.workflow_id == alice.id else "bob"
+    view = (await planner.shared_views(store, owner, [sharer.shared_with]))[sharer.shared_with]
+    assert view == reuse.SharedWith(producer.name)
+    if outcome == "success":
+        await succeed(store, storage, outcomes, producer.workflow_id, 1)
+        done = await get(store, *sharer.key)
+        assert done.state is A.FINISHED and done.attempts == 0  # it never ran
+        assert documents.action_outcome(done) is reuse.Reuse.SHARED
+    else:
+        await fail_for_good(store, outcomes, producer.workflow_id, 1, clock)
+        mine = await get(store, *sharer.key)
+        assert mine.state is A.READY and not mine.is_attached  # it computes it itself
+
+
+async def test_a_forced_action_planned_at_the_same_moment_still_computes(
+    store: Store, storage: DatasetStorage, settings: Settings, outcomes: OutcomeService
+) -> None:
+    barrier = Barrier(2)
+    held = Interleaved(store, barrier.wait)
+    manager = planner.WorkflowManager(held, storage, settings, outcomes=outcomes)  # type: ignore[arg-type]
+    forced = workflow({1: [], 2: [1]}, extra={1: {"forceComputation": True}})
+    alice, bob = await asyncio.gather(
+        manager.submit(PRODUCER, owner="ann"), manager.submit(forced, owner="bob")
+    )
+    for record in (alice, bob):
+        action = await get(store, record.id, 1)
+        assert action.shared_with is None and action.state is A.READY
+
+
+class EndsUnseen:
+    """The store, where each producer a plan was made to share stores its dataset and
+    finishes right after that plan lands, without settling it: on MongoDB the plan's
+    actions are written after its datasets, so the producer's own settlement may run
+    before they exist and miss them. The planner's settlement must catch them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def persist_plan(self, plan: protocol.WorkflowPlan) -> protocol.Persisted:
+        persisted = await self._store.persist_plan(plan)
+        for action in persisted.shared:
+            assert action.shared_with is not None
+            producer = await start_attempt(
+                self._store, *protocol.parse_claim_key(action.shared_with)
+            )
+            await self._store.transition_dataset(producer.dataset_id, {D.TO_LEAF}, D.LEAF)
+            await self._store.finish_action(*producer.key, {A.SUBMITTED})
+        return persisted
+
+
+async def test_a_producer_ending_unseen_while_the_later_plan_lands(
+    store: Store, storage: DatasetStorage, settings: Settings, outcomes: OutcomeService
+) -> None:
+    barrier = Barrier(2)
+    ends = EndsUnseen(store)
+    held = Interleaved(ends, barrier.wait)  # type: ignore[arg-type]
+    manager = planner.WorkflowManager(held, storage, settings, outcomes=outcomes)  # type: ignore[arg-type]
+    first, second = await asyncio.gather(
+        manager.submit(PRODUCER, owner="ann"), manager.submit(PRODUCER, owner="bob")
+    )
+    actions = [await get(store, w.id, 1) for w in (first, second)]
+    sharer = next(a for a in actions if a.shared_with is not None)
+    assert sharer.state is A.FINISHED and sharer.attempts == 0
+    assert [e.state for e in sharer.history] == [A.WAITING, A.FINISHED]
+    assert await state_of(store, sharer.workflow_id) is W.SUCCEEDED

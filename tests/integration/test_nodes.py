@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bench.bench_nodes import sleeps
@@ -29,6 +30,7 @@ from pingo.node import Node
 from pingo.store import open_store, protocol
 from pingo.workflows.planner import WorkflowManager
 from tests.integration.test_crash import Server, free_port
+from tests.integration.test_schedule_nodes import url, wait_ready
 
 A = states.ActionState
 W = states.WorkflowState
@@ -105,6 +107,97 @@ async def test_two_server_processes_split_the_work_over_one_sqlite_file(
     assert sum(ran_on.values()) == 17
     assert set(most_held) <= {"node-a", "node-b"}
     assert max(most_held.values()) <= 2, most_held
+
+
+#: Pairs of workflows needing one dataset, submitted to the two processes at once.
+PAIRS = 20
+
+
+async def test_two_server_processes_planning_one_dataset_at_once_compute_it_once(
+    two_servers: tuple[list[Server], str, Path],
+) -> None:
+    """Two users POST workflows needing the same dataset to two `pingo server` processes
+    on one SQLite file at the same moment: both plans read it absent, and the store's
+    write transaction makes the one persisted second share the first's computation.
+    Each action runs sandboxed; its attempts and recorded history count its runs."""
+    servers, store_url, _ = two_servers
+    for server in servers:
+        server.start()
+    admin = {"Authorization": "Bearer nodes-test-admin-token"}
+    async with aiohttp.ClientSession() as http:
+        for server in servers:
+            await wait_ready(http, server)
+        created = await http.post(
+            url(servers[0]) + "/api/v1/users", json={"name": "bob"}, headers=admin
+        )
+        assert created.status == 201, await created.text()
+        bob = {"Authorization": f"Bearer {(await created.json())['token']}"}
+
+        async def submit(server: Server, headers: dict[str, str], document: Any) -> str:
+            async with http.post(
+                url(server) + "/api/v1/workflows", json=document, headers=headers
+            ) as response:
+                assert response.status == 201, await response.text()
+                workflow_id: str = (await response.json())["id"]
+                return workflow_id
+
+        # Many pairs at once, so that the two processes' plannings overlap (one pair
+        # alone is planned in a millisecond, well inside the requests' jitter).
+        pairs = []
+        for round_ in range(PAIRS):
+            extract = ["sh", "-c", f'sleep 0.2; echo round {round_} > "$PINGO_OUTPUT"']
+            pairs.append(
+                (
+                    submit(servers[0], admin, _extract(extract, read=False)),
+                    submit(servers[1], bob, _extract(extract, read=True)),
+                )
+            )
+        ids = await asyncio.gather(*(s for pair in pairs for s in pair))
+        rounds = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    async with open_store(store_url) as store:
+        for ids in rounds:
+            for workflow_id in ids:
+                await _until_ended(store, workflow_id, servers)
+            firsts = [await store.get_action(w, 1) for w in ids]
+            assert all(a is not None for a in firsts)
+            runs = [a.attempts for a in firsts if a is not None]
+            assert sorted(runs) == [0, 1], (runs, servers[0].log(), servers[1].log())
+            sharer = next(a for a in firsts if a is not None and a.attempts == 0)
+            producer = next(a for a in firsts if a is not None and a.attempts == 1)
+            assert sharer.shared_with == protocol.claim_key(*producer.key)
+            assert [e.state for e in sharer.history] == [A.WAITING, A.FINISHED]
+            assert [e.state for e in producer.history].count(A.SUBMITTED) == 1
+
+
+def _extract(command: list[str], *, read: bool) -> dict[str, Any]:
+    """Action 1 runs `command` (the dataset both need); with `read`, action 2 reads it."""
+    actions: list[dict[str, Any]] = [
+        {"id": 1, "name": "extract", "type": "command-line", "command": command}
+    ]
+    if read:
+        actions.append(
+            {
+                "id": 2,
+                "name": "read",
+                "type": "command-line",
+                "command": ["sh", "-c", 'cat "$PINGO_INPUT_1" > "$PINGO_OUTPUT"'],
+                "parentActions": [{"id": 1}],
+            }
+        )
+    return {"name": "extract", "startActionId": 1, "endActionId": len(actions), "actions": actions}
+
+
+async def _until_ended(store: protocol.Store, workflow_id: str, servers: list[Server]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        record = await store.get_workflow(workflow_id)
+        assert record is not None
+        if record.state in states.WORKFLOW_TERMINAL:
+            assert record.state is W.SUCCEEDED, (record.error, servers[0].log())
+            return
+        assert loop.time() < deadline, (servers[0].log(), servers[1].log())
+        await asyncio.sleep(0.05)
 
 
 # ---------------------------------------------------------------- nodes in this process
@@ -244,6 +337,32 @@ async def test_a_workflow_on_another_node_shares_a_computation_in_flight(
     assert marker.read_text().splitlines() == ["run"]
     finished = await node_b.store.get_action(bobs.id, 1)
     assert finished is not None and finished.state is A.FINISHED and finished.attempts == 0
+
+
+async def test_two_nodes_planning_one_dataset_at_once_compute_it_once(nodes: Any) -> None:
+    """The same on SQLite and on the wire MongoDB, nodes in this process on their own
+    store handles: on MongoDB the datasets' unique ids decide, before any action of
+    the plan is written."""
+    node_a = await nodes("a")
+    node_b = await nodes("b")
+    pairs = []
+    for round_ in range(PAIRS // 2):
+        extract = ["sh", "-c", f'sleep 0.2; echo round {round_} > "$PINGO_OUTPUT"']
+        pairs.append(
+            (
+                node_a.workflows.submit(_extract(extract, read=False), owner="alice"),
+                node_b.workflows.submit(_extract(extract, read=True), owner="bob"),
+            )
+        )
+    records = await asyncio.gather(*(s for pair in pairs for s in pair))
+    for i in range(0, len(records), 2):
+        ids = [records[i].id, records[i + 1].id]
+        for workflow_id in ids:
+            done = await node_b.wait_workflow(workflow_id, timeout_s=120)
+            assert done.state is W.SUCCEEDED, done.error
+        firsts = [await node_a.store.get_action(w, 1) for w in ids]
+        runs = sorted(a.attempts for a in firsts if a is not None)
+        assert runs == [0, 1], firsts
 
 
 # ------------------------------------------------------------------- kills across nodes

@@ -12,9 +12,12 @@ import pytest
 
 from pingo import errors, states
 from pingo.config import Settings
+from pingo.datasets import integrity
 from pingo.datasets.storage import DatasetStorage
-from pingo.store import protocol
-from pingo.workflows import planner
+from pingo.outcomes.service import REPLACING_REASONS
+from pingo.store import protocol, rules
+from pingo.workflows import planner, reuse
+from pingo.workflows.definition import ActionDefinition
 from tests.unit._engine_support import (
     CHAIN,
     DIAMOND,
@@ -522,9 +525,38 @@ async def test_fully_reused_resubmission_of_1000_actions_makes_no_per_action_rou
     # No per-action round trip: one read, one write, one use count per reused dataset.
     reused = {a.dataset_id for a in await store.list_actions(record.id) if a.reason == "reused"}
     assert counting.calls.count("get_datasets") == 1
-    assert counting.calls.count("create_workflow") == 1
+    assert counting.calls.count("persist_plan") == 1
     assert counting.calls.count("record_dataset_use") == len(reused)
     # The owner's feed: one event for the submission, one for its end (it ended at once).
     assert counting.calls.count("append_event") == 2
     # How fast it is is measured in bench (`resubmit_reused_ms`), not asserted here.
     assert len(counting.calls) == 2 + len(reused) + 2
+
+
+def _action(**overrides: Any) -> ActionDefinition:
+    values: dict[str, Any] = {
+        "id": 1,
+        "name": "a1",
+        "type": "command-line",
+        "parents": (),
+        "force_computation": False,
+        "is_managed": True,
+        "output_path": None,
+        "timeout_s": None,
+        "max_attempts": None,
+        "metadata": {},
+        "spec": {"command": ["true"]},
+        "raw": {},
+    }
+    values.update(overrides)
+    return ActionDefinition(**values)
+
+
+def test_the_reasons_that_never_share_are_the_planners_own() -> None:
+    """The store keeps an action computing for these reasons (`rules.RUNS_ITS_OWN`): the
+    words must be the ones the planner and the integrity check write."""
+    forced = planner._decide(_action(force_computation=True), None, forced=False)
+    unmanaged = planner._decide(_action(is_managed=False), None, forced=False)
+    assert {forced.reason, unmanaged.reason, integrity.MISMATCH_REASON} == rules.RUNS_ITS_OWN
+    assert REPLACING_REASONS <= rules.RUNS_ITS_OWN
+    assert reuse.IN_FLIGHT == rules.IN_FLIGHT
