@@ -27,6 +27,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +62,27 @@ def _document() -> dict[str, Any]:
     return {"name": "dedup", "startActionId": 1, "endActionId": len(actions), "actions": actions}
 
 
+def _delayed_executors(
+    made: list[noop.NoopExecutor],
+) -> Callable[[Settings, base.Reporter], noop.NoopExecutor]:
+    """An executor factory whose no-op executors take `RUNTIME_S` and are kept in `made`
+    (their `submitted` counts are the runs)."""
+
+    def delayed(settings: Settings, reporter: base.Reporter) -> noop.NoopExecutor:
+        executor = noop.NoopExecutor(reporter, delay_s=RUNTIME_S)
+        made.append(executor)
+        return executor
+
+    return delayed
+
+
 async def _run(tmp: Path) -> dict[str, float]:
     settings = Settings(
         home=tmp / "home", store_url=f"sqlite:///{tmp / 'pingo.db'}", node_id="bench"
     )
     settings.home.mkdir(parents=True)
     executors: list[noop.NoopExecutor] = []
-
-    def delayed(settings: Settings, reporter: base.Reporter) -> noop.NoopExecutor:
-        executor = noop.NoopExecutor(reporter, delay_s=RUNTIME_S)
-        executors.append(executor)
-        return executor
+    delayed = _delayed_executors(executors)
 
     document = _document()
     async with open_store(settings.store_url) as store:
@@ -116,11 +127,7 @@ async def _together(tmp: Path) -> dict[str, float]:
     """The workflows submitted at once, alternately to two nodes sharing one SQLite file."""
     store_url = f"sqlite:///{tmp / 'together.db'}"
     executors: list[noop.NoopExecutor] = []
-
-    def delayed(settings: Settings, reporter: base.Reporter) -> noop.NoopExecutor:
-        executor = noop.NoopExecutor(reporter, delay_s=RUNTIME_S)
-        executors.append(executor)
-        return executor
+    delayed = _delayed_executors(executors)
 
     document = _document()
     nodes: list[Node] = []
