@@ -97,8 +97,14 @@ async def built_off_loop(request: web.Request, build: Callable[[], T], actions: 
         runtime.api_state(request).trimmer.soon()
 
 
+#: Actions per store read of a big workflow's document.
+DOCUMENT_PAGE = 1_000
+
+
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
-    """The workflow document, serialized; a big one off the event loop (issue 13)."""
+    """The workflow document, serialized; a big one a page of actions at a time (issue 13)."""
+    if _is_big(record):
+        return await _paged_document(request, record)
     async with workflow_actions(request, record) as actions:
         views = await shared_views(request, record, actions)
         return await built_off_loop(
@@ -106,6 +112,39 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
             functools.partial(documents.encode_workflow_document, record, actions, views),
             len(actions),
         )
+
+
+def _is_big(record: WorkflowRecord) -> bool:
+    """Whether the workflow has more than `_INLINE_ACTIONS` actions, without decoding a
+    stored document left undecoded (one that long always has)."""
+    document = record.document
+    if untrusted.is_large(document):
+        return True
+    actions = document.get("actions")
+    return isinstance(actions, Sequence) and len(actions) > _INLINE_ACTIONS
+
+
+async def _paged_document(request: web.Request, record: WorkflowRecord) -> bytes:
+    """A big workflow's document, read and encoded `DOCUMENT_PAGE` actions at a time.
+
+    All of its records at once (1.6 KiB each) took hundreds of MiB that pymalloc could
+    not give back: the few long-lived objects allocated meanwhile pinned its arenas. A
+    page at a time, only the encoded bytes (one big buffer each) add up. Pages are read
+    one after the other, so on a running workflow the document is not one instant's
+    snapshot; its counts always match the actions it lists.
+    """
+    store = runtime.node(request).store
+    encoder = documents.DocumentEncoder(record)
+    after: int | None = None
+    while True:
+        page = await store.list_actions(record.id, after=after, limit=DOCUMENT_PAGE)
+        if page:
+            views = await shared_views(request, record, page)
+            encoder.add(page, views)
+            after = page[-1].action_id
+        if len(page) < DOCUMENT_PAGE:
+            break
+    return await asyncio.to_thread(encoder.finish)
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
