@@ -149,7 +149,11 @@ async def _paged_document(request: web.Request, record: WorkflowRecord) -> bytes
             after = page[-1].action_id
         if len(page) < DOCUMENT_PAGE:
             break
-    return await asyncio.to_thread(encoder.finish)
+    try:
+        return await asyncio.to_thread(encoder.finish)
+    finally:
+        # The pages came and went in worker threads' malloc arenas: give them back.
+        runtime.api_state(request).trimmer.soon()
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
