@@ -25,6 +25,19 @@ class PingoError(Exception):
     def message(self) -> str:
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as they are, attributes and all (a submission planned in a child process
+        # raises them there): subclasses' constructors take other arguments than `args`.
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[PingoError], args: tuple[Any, ...], state: dict[str, Any]) -> PingoError:
+    """A pickled `PingoError` back, without calling its class's constructor."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class NotFound(PingoError):
     """The requested resource does not exist."""
@@ -93,6 +106,12 @@ class StoreUnavailable(PingoError):
     """The state store cannot be reached."""
 
     code = "STORE_UNAVAILABLE"
+
+
+class SubmissionInterrupted(PingoError):
+    """The process planning a big workflow ended before it answered."""
+
+    code = "SUBMISSION_INTERRUPTED"
 
 
 class Unsupported(PingoError):

@@ -12,8 +12,13 @@ import asyncio
 import contextlib
 import gc
 import logging
+import multiprocessing
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 from pingo import errors, loops, states, untrusted
@@ -39,7 +44,7 @@ from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
 from pingo.webhooks import hooks
 from pingo.webhooks.sender import WebhookSender
 from pingo.workflows.keep import KeepHook
-from pingo.workflows.planner import WorkflowManager
+from pingo.workflows.planner import ForceTargets, StoredSubmission, WorkflowManager
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +121,10 @@ class Node:
         # Retention's policy (with a budget): the loop evicts with it, and the planner
         # asks it whether each new intermediate is worth keeping.
         self.retention_policy: RetentionPolicy | None = None
+        #: Whether a big submission may be planned in a child process (`submit_detached`):
+        #: the child opens the same store from the settings and makes the same keep hook
+        #: from them; a memory store, or a hook handed in, cannot cross to another process.
+        self.detaches = keep_hook is None and not settings.store_url.startswith("memory:")
         if settings.storage_capacity_bytes is not None:
             self.retention_policy = policy.load_policy(settings.retention_policy)
             if keep_hook is None:
@@ -387,6 +396,107 @@ class Node:
         if executor is not None:
             await executor.kill(external_id)
 
+    async def submit_detached(self, job: BigSubmission) -> tuple[WorkflowRecord, bool]:
+        """`workflows.submit_once` for a big workflow, its planning in a child process.
+
+        A 100,000-action submission allocates about 500 MiB at its peak; in this process,
+        the few long-lived objects allocated meanwhile kept most of it from ever going
+        back to the system (issue 13). The child parses, checks, plans and persists, then
+        exits, giving all of it back; this process only hears the workflow's id and tally
+        and does what needs it (`WorkflowManager.adopt`). Only when `detaches`.
+        """
+        started = time.perf_counter()
+        persisted = await _in_child(self.settings, job)
+        return await self.workflows.adopt(persisted, rerun_of=job.rerun_of, started=started)
+
+
+@dataclass(frozen=True, slots=True)
+class BigSubmission:
+    """A big workflow for `Node.submit_detached`: everything its child process needs,
+    pickled (the functions by reference)."""
+
+    owner: str
+    #: The request's body, undecoded; None for a re-run (the child reads the document
+    #: of `rerun_of` from the store).
+    body: bytes | None
+    #: Decodes `body` as the API decodes request bodies (raising the API's errors).
+    decode: Callable[[bytes], Any]
+    #: Refuses a document this node cannot run, as the API does in-process.
+    check: Callable[[Any], None]
+    idempotency_key: str | None = None
+    force: tuple[int | str, ...] = ()
+    rerun_of: str | None = None
+
+
+#: Why spawn: a forked child would inherit this process's heap (hundreds of MiB after a
+#: busy day) and the store's open connections and threads.
+_CHILD_CONTEXT = multiprocessing.get_context("spawn")
+
+
+async def _in_child(settings: Settings, job: BigSubmission) -> StoredSubmission:
+    """`job` planned and persisted in a new process, which exits once it answered."""
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=_CHILD_CONTEXT, max_tasks_per_child=1)
+    try:
+        return await asyncio.wrap_future(pool.submit(_child_main, settings, job))
+    except BrokenProcessPool as exc:
+        # Killed (the OOM killer, an operator) or crashed: the store's transaction of the
+        # workflow either committed whole or not at all.
+        logger.error(
+            "the process planning a workflow of %s ended before it answered",
+            job.owner,
+            extra={"event": "submission_interrupted", "owner": job.owner},
+        )
+        raise errors.SubmissionInterrupted(
+            "the process planning this workflow ended before it answered; retry with an "
+            "Idempotency-Key to store it once"
+        ) from exc
+    finally:
+        # Never wait here (the loop would): the child exits by itself after one task.
+        pool.shutdown(wait=False)
+
+
+def _child_main(settings: Settings, job: BigSubmission) -> StoredSubmission:
+    """The child process: one submission, then exit."""
+    return asyncio.run(_child_submission(settings, job))
+
+
+async def _child_submission(settings: Settings, job: BigSubmission) -> StoredSubmission:
+    async with _open_store(settings) as store:
+        keep_hook = None
+        if settings.storage_capacity_bytes is not None:
+            keep_hook = policy.keep_hook(policy.load_policy(settings.retention_policy), store)
+        manager = WorkflowManager(
+            store, DatasetStorage(settings.data_root), settings, keep_hook=keep_hook, feed=False
+        )
+        document: Any
+        if job.body is not None:
+            document = job.decode(job.body)
+        else:
+            assert job.rerun_of is not None
+            original = await store.get_workflow(job.rerun_of)
+            if original is None:
+                raise errors.NotFound(f"no workflow {job.rerun_of}")
+            document = untrusted.plain(original.document)
+        job.check(document)
+        force: ForceTargets = job.force
+        return await manager.persist_detached(
+            document,
+            owner=job.owner,
+            idempotency_key=job.idempotency_key,
+            force=force,
+            rerun_of=job.rerun_of,
+        )
+
+
+def _open_store(settings: Settings) -> Store:
+    """The store `settings` names, as every process of a node opens it."""
+    return open_store(
+        settings.store_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        sqlite_cache_mb=settings.sqlite_cache_mb,
+        mongo_write_concern=settings.mongo_write_concern,
+    )
+
 
 @contextlib.asynccontextmanager
 async def running_node(settings: Settings) -> AsyncIterator[Node]:
@@ -394,12 +504,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     # Pingo's home holds the store, the secrets and the logs: its owner's only.
     settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings.home.chmod(0o700)
-    async with open_store(
-        settings.store_url,
-        sqlite_synchronous=settings.sqlite_synchronous,
-        sqlite_cache_mb=settings.sqlite_cache_mb,
-        mongo_write_concern=settings.mongo_write_concern,
-    ) as store:
+    async with _open_store(settings) as store:
         node = Node(settings, store)
         await node.start()
         freeze_startup_heap()

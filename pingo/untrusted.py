@@ -125,6 +125,22 @@ def json_integer(value: object) -> int | None:
     return None
 
 
+def may_have_key(document: Mapping[str, Any], key: str) -> bool:
+    """Whether `document` may have `key` at its top level, without decoding a `LazyObject`
+    still undecoded (a big workflow's: decoding it allocates hundreds of MiB, issue 13).
+
+    False only when its text holds neither `"key"` nor any `\\u` escape, the two ways
+    JSON can write the key: then it is certainly absent, at any depth. A key with `"`
+    or `\\` in it is always looked up.
+    """
+    if not isinstance(document, LazyObject) or document._value is not None:
+        return key in document
+    if '"' in key or "\\" in key:
+        return True
+    text = document._text
+    return f'"{key}"' in text or "\\u" in text
+
+
 def is_undecoded(value: object) -> bool:
     """Whether `value` is a `LazyObject` whose first read would decode its text now."""
     return isinstance(value, LazyObject) and value.undecoded

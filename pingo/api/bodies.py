@@ -43,6 +43,18 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     Raises 415 for a non-JSON content type, 413 past the body limit (aiohttp),
     400 MALFORMED_JSON for undecodable, invalid or too deeply nested JSON.
     """
+    raw = await read_json_bytes(request, optional=optional)
+    if raw is None:
+        return None
+    if len(raw) > untrusted.PIECEWISE_CHARS:
+        # Seconds of CPU for a 10 MB workflow: in a thread, in pieces, so the event
+        # loop keeps serving everyone else meanwhile (issue 13).
+        return await asyncio.to_thread(decode_json, raw)
+    return decode_json(raw)
+
+
+async def read_json_bytes(request: web.Request, *, optional: bool = False) -> bytes | None:
+    """`read_json`'s body undecoded (`decode_json` decodes it, wherever that runs)."""
     limit = runtime.settings(request).max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         # Refuse before reading a byte: an oversized body is never buffered.
@@ -60,14 +72,10 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     raw = await request.read()
     if optional and not raw.strip():
         return None
-    if len(raw) > untrusted.PIECEWISE_CHARS:
-        # Seconds of CPU for a 10 MB workflow: in a thread, in pieces, so the event
-        # loop keeps serving everyone else meanwhile (issue 13).
-        return await asyncio.to_thread(_decode, raw)
-    return _decode(raw)
+    return raw
 
 
-def _decode(raw: bytes) -> Any:
+def decode_json(raw: bytes) -> Any:
     """The body's JSON value, or 400 MALFORMED_JSON."""
     try:
         text = untrusted.utf8(raw)

@@ -8,7 +8,7 @@ sees what) and encodes them. The web UI reads the same documents as dicts
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,8 +178,8 @@ def workflow_document(
     twins = _twins(ordered)
     return _workflow_head(
         workflow,
-        ordered,
-        twins,
+        counts(ordered),
+        reuse_summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
         [action_summary(a, twin=a.action_id in twins, views=views) for a in ordered],
     )
 
@@ -193,23 +193,64 @@ def encode_workflow_document(
     most of a second; in slices, a worker thread doing this lets the event loop
     run in between (issue 13).
     """
-    ordered = sorted(actions, key=lambda a: a.action_id)
-    twins = _twins(ordered)
-    head = encode(_workflow_head(workflow, ordered, twins, []))
-    # `actions` is the model's last field: `…,"actions":[]}` loses its `]}`.
-    parts = [head[:-2]]
-    for start in range(0, len(ordered), _ENCODE_CHUNK):
-        chunk = encode(
-            [
-                action_summary(a, twin=a.action_id in twins, views=views)
-                for a in ordered[start : start + _ENCODE_CHUNK]
-            ]
+    encoder = DocumentEncoder(workflow)
+    encoder.add(sorted(actions, key=lambda a: a.action_id), views)
+    return encoder.finish()
+
+
+class DocumentEncoder:
+    """The workflow document encoded as its actions come, a page at a time, in ascending
+    action id: the bytes of `encode(workflow_document(...))` (issue 13).
+
+    Only the encoded actions, their counts and the datasets of running actions (for
+    twins) are kept, never the records: a big workflow's document is read from the
+    store a page at a time, so its records never fill the server's heap all at once.
+    The head (counts, reuse summary) depends on every action: it is encoded last and
+    placed first.
+    """
+
+    def __init__(self, workflow: WorkflowRecord) -> None:
+        self._workflow = workflow
+        self._parts: list[bytes] = []
+        self._counts = {state.value: 0 for state in states.ActionState}
+        self._tally = dict.fromkeys(reuse.Reuse, 0)
+        self._twins = reuse.TwinFinder()
+        self._last: int | None = None
+
+    def add(self, page: Sequence[ActionRecord], views: SharedViews | None = None) -> None:
+        """Encode the next actions (ascending ids, above every earlier page's)."""
+        for start in range(0, len(page), _ENCODE_CHUNK):
+            summaries = [self._summary(a, views) for a in page[start : start + _ENCODE_CHUNK]]
+            # `[…]` without its brackets: `finish` joins the slices with commas.
+            self._parts.append(encode(summaries)[1:-1])
+
+    def _summary(self, action: ActionRecord, views: SharedViews | None) -> models.ActionSummary:
+        if self._last is not None and action.action_id <= self._last:
+            raise ValueError(f"action {action.action_id} comes after action {self._last}")
+        self._last = action.action_id
+        twin = self._twins.is_twin(action.dataset_id, runs=not action.reused)
+        self._counts[action.state.value] += 1
+        self._tally[action_outcome(action, twin=twin)] += 1
+        return action_summary(action, twin=twin, views=views)
+
+    def finish(self) -> bytes:
+        """The whole document."""
+        tally = self._tally
+        head = encode(
+            _workflow_head(
+                self._workflow,
+                self._counts,
+                models.ReuseSummary(
+                    computed=tally[reuse.Reuse.COMPUTED],
+                    shared=tally[reuse.Reuse.SHARED],
+                    reused=tally[reuse.Reuse.REUSED],
+                    not_needed=tally[reuse.Reuse.NOT_NEEDED],
+                ),
+                [],
+            )
         )
-        if start:
-            parts.append(b",")
-        parts.append(chunk[1:-1])
-    parts.append(b"]}")
-    return b"".join(parts)
+        # `actions` is the model's last field: `…,"actions":[]}` loses its `]}`.
+        return b"".join((head[:-2], b",".join(self._parts), b"]}"))
 
 
 def _twins(ordered: Sequence[ActionRecord]) -> frozenset[int]:
@@ -230,11 +271,11 @@ def reuse_summary(outcomes: Iterable[reuse.Reuse]) -> models.ReuseSummary:
 
 def _workflow_head(
     workflow: WorkflowRecord,
-    ordered: list[ActionRecord],
-    twins: Collection[int],
+    action_counts: dict[str, int],
+    summary: models.ReuseSummary,
     actions: list[models.ActionSummary],
 ) -> models.WorkflowDocument:
-    """The workflow document with `actions` as given."""
+    """The workflow document with `actions`, `counts` and `reuse` as given."""
     return models.WorkflowDocument(
         id=workflow.id,
         name=workflow.name,
@@ -243,8 +284,8 @@ def _workflow_head(
         created_at=workflow.created_at,
         finished_at=workflow.finished_at,
         error=workflow.error,
-        counts=counts(ordered),
-        reuse=reuse_summary(action_outcome(a, twin=a.action_id in twins) for a in ordered),
+        counts=action_counts,
+        reuse=summary,
         end_dataset_id=workflow.end_dataset_id,
         actions=actions,
     )

@@ -357,6 +357,12 @@ _COMMON_ERRORS = {
 }
 
 
+#: A big workflow is planned in a process of its own (`pingo.node.BigSubmission`).
+_INTERRUPTED = _problem(
+    "A big workflow's planning process ended before it answered (SUBMISSION_INTERRUPTED); "
+    "retry, with an Idempotency-Key so that it is stored once."
+)
+
 _QUERY_ERRORS = {"400": _problem("A query parameter is not valid (INVALID_PARAMETER).")}
 #: Path parameters that take a unique id prefix (`pingo.store.lookup`).
 _PREFIXED = frozenset({"workflowId", "datasetId"})
@@ -496,6 +502,7 @@ def _paths() -> dict[str, Any]:
                         "IDEMPOTENCY_KEY_REUSED); `errors` lists every issue."
                     ),
                     "429": _too_many("RATE_LIMITED, TOO_MANY_WORKFLOWS"),
+                    "503": _INTERRUPTED,
                 },
                 description="Plans the workflow: actions whose datasets are stored are reused, "
                 "the rest are computed. A fully reused workflow is SUCCEEDED at once.",
@@ -570,6 +577,7 @@ def _paths() -> dict[str, Any]:
                     "404": _NOT_FOUND,
                     "422": _problem("Unknown action names or ids in `force`."),
                     "429": _too_many("RATE_LIMITED, or the owner's TOO_MANY_WORKFLOWS"),
+                    "503": _INTERRUPTED,
                 },
                 description="Submits the same document again as a NEW workflow owned by the "
                 "original owner: provenance makes a fresh plan the natural re-run (stored "

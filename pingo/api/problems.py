@@ -84,6 +84,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[errors.PingoError], HTTPStatus], ...] = (
     (PayloadTooLarge, HTTPStatus.REQUEST_ENTITY_TOO_LARGE),
     (errors.TooManyRequests, HTTPStatus.TOO_MANY_REQUESTS),
     (errors.StoreUnavailable, HTTPStatus.SERVICE_UNAVAILABLE),
+    (errors.SubmissionInterrupted, HTTPStatus.SERVICE_UNAVAILABLE),
 )
 
 #: Codes for aiohttp's own HTTP errors (routing, methods, body size).
@@ -124,6 +125,7 @@ DOCUMENTED_CODES: dict[str, str] = {
     "TOO_MANY_WORKFLOWS": "The user has their limit of RUNNING workflows; see Retry-After (429).",
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",
+    "SUBMISSION_INTERRUPTED": "The process planning a big workflow ended first (503).",
 }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from pingo import errors, events, heap, metrics, states
+from pingo import errors, events, metrics, states
 from pingo.datasets import integrity
 from pingo.store import protocol
 
@@ -877,14 +877,24 @@ class OutcomeService:
             if len(killed) < _KILL_BATCH:
                 break
         # Listed after the first sweep: an action a submitter took meanwhile is SUBMITTED now.
-        actions = await self.store.list_actions(workflow_id)
-        running = [a for a in actions if a.state in _EXECUTING]
-        # A big workflow's records, freed a slice at a time off the loop (issue 13).
-        await heap.dismantled(actions)
+        running = await self._executing(workflow_id)
         await asyncio.gather(*(self._stop_running(a, error, trigger) for a in running))
         # Other workflows' actions sharing with the killed ones compute for themselves:
         # a kill never kills another workflow's work.
         await self.settle_sharers(workflow_id)
+
+    async def _executing(self, workflow_id: str) -> list[protocol.ActionRecord]:
+        """The workflow's actions handed to an executor, read a batch at a time: a big
+        workflow's records never fill the heap all at once (issue 13), and only the few
+        that run are kept."""
+        running: list[protocol.ActionRecord] = []
+        after: int | None = None
+        while True:
+            page = await self.store.list_actions(workflow_id, after=after, limit=_KILL_BATCH)
+            running += [a for a in page if a.state in _EXECUTING]
+            if len(page) < _KILL_BATCH:
+                return running
+            after = page[-1].action_id
 
     async def _stop_running(
         self, action: protocol.ActionRecord, error: str, trigger: states.Trigger

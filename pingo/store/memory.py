@@ -12,6 +12,7 @@ whole store on every pass.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import logging
@@ -427,8 +428,14 @@ class MemoryStore:
         action = self._actions[key]
         return action, self._datasets.get(action.dataset_id)
 
-    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
-        ids = self._actions_by_workflow.get(workflow_id, ())
+    async def list_actions(
+        self, workflow_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[ActionRecord]:
+        ids: Sequence[int] = self._actions_by_workflow.get(workflow_id, [])
+        if after is not None:
+            ids = ids[bisect.bisect_right(ids, after) :]
+        if limit is not None:
+            ids = ids[: max(limit, 0)]
         return [self._actions[(workflow_id, i)] for i in ids]
 
     async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:

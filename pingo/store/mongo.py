@@ -1027,8 +1027,15 @@ class MongoStore:
         return action, await self.get_dataset(action.dataset_id)
 
     @_translated
-    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
-        found = self._actions.find({"workflow_id": workflow_id}, sort=[("action_id", 1)])
+    async def list_actions(
+        self, workflow_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[ActionRecord]:
+        query: dict[str, Any] = {"workflow_id": workflow_id}
+        if after is not None:
+            query["action_id"] = {"$gt": after}
+        if limit is not None and limit <= 0:
+            return []
+        found = self._actions.find(query, sort=[("action_id", 1)], limit=limit or 0)
         return [_action(d) for d in await found.to_list(None)]
 
     @_translated

@@ -524,8 +524,11 @@ class Store(Protocol):
         The two reads need not be one snapshot."""
         ...
 
-    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
-        """Every action of the workflow, in ascending action id."""
+    async def list_actions(
+        self, workflow_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[ActionRecord]:
+        """The workflow's actions in ascending action id: every one, or a page of at most
+        `limit` with ids above `after` (a big workflow read a page at a time, issue 13)."""
         ...
 
     async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:

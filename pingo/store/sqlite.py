@@ -1622,15 +1622,20 @@ class SQLiteStore:
     def _all_hot(self, sql: str, params: Sequence[Any]) -> list[ActionRecord]:
         return self._actions_hot(self._db.execute(sql, params).fetchall())
 
-    def _all_actions(self, sql: str, params: Sequence[Any]) -> list[ActionRecord]:
+    def _all_actions(
+        self, sql: str, params: Sequence[Any], *, paged: bool = False
+    ) -> list[ActionRecord]:
         """The records of rows of `_ACTION_SELECT`; a bulk read leaves the caches alone.
 
         A bulk read builds a million objects: a full garbage collection meanwhile walks
         them all with the GIL held (the event loop stalls, issue 13), and caching their
         specs would evict the hot ones and keep scattered objects that hold the heap's
-        pages long after the workflow has gone.
+        pages long after the workflow has gone. A page of a big workflow (`paged`) is
+        one slice of such a read: it caches nothing either.
         """
         rows = self._db.execute(sql, params).fetchall()
+        if paged:
+            return [self._action(row, cache=False) for row in rows]
         if len(rows) <= _BULK_ROWS:
             return [self._action(row) for row in rows]
         with heap.full_collections_deferred():
@@ -1796,11 +1801,20 @@ class SQLiteStore:
         )
         return action, dataset
 
-    async def list_actions(self, workflow_id: str) -> list[ActionRecord]:
+    async def list_actions(
+        self, workflow_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[ActionRecord]:
+        sql = f"{_ACTION_SELECT} WHERE workflow_id = ?"
+        params: list[Any] = [workflow_id]
+        if after is not None:
+            sql += " AND action_id > ?"
+            params.append(after)
+        sql += " ORDER BY action_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(max(limit, 0))
         return await self._run(
-            self._all_actions,
-            f"{_ACTION_SELECT} WHERE workflow_id = ? ORDER BY action_id",
-            (workflow_id,),
+            functools.partial(self._all_actions, paged=limit is not None), sql, params
         )
 
     async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.config import Settings
 from pingo.errors import ValidationIssue
 from pingo.store.protocol import ActionRecord, WebhookDeliveryRecord, WorkflowRecord
@@ -183,7 +183,7 @@ def deliveries_for(
     workflow: WorkflowRecord, schedule_id: str | None, now: datetime
 ) -> list[WebhookDeliveryRecord]:
     """The deliveries a workflow's end queues (its document's webhooks, schedule's included)."""
-    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    raw = _webhooks(workflow)
     if not isinstance(raw, list) or not raw:
         return []
     raised = events_for(workflow.state.value)
@@ -215,11 +215,20 @@ def deliveries_for(
     return deliveries
 
 
+def _webhooks(workflow: WorkflowRecord) -> Any:
+    """The document's `webhooks`, or None; a big workflow's document without any is
+    never decoded for this (`untrusted.may_have_key`)."""
+    document = workflow.document
+    if not isinstance(document, Mapping) or not untrusted.may_have_key(document, "webhooks"):
+        return None
+    return document.get("webhooks")
+
+
 def action_failed_deliveries(
     workflow: WorkflowRecord, action: ActionRecord, schedule_id: str | None, now: datetime
 ) -> list[WebhookDeliveryRecord]:
     """The deliveries an action's failure queues, for the webhooks that ask for `action.failed`."""
-    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    raw = _webhooks(workflow)
     if not isinstance(raw, list) or not raw:
         return []
     deliveries = []
@@ -276,7 +285,7 @@ def _delivery_keys(hook: Mapping[str, Any], delivery: WebhookDeliveryRecord) -> 
 
 def secret_for(workflow: WorkflowRecord, delivery: WebhookDeliveryRecord) -> str | None:
     """The secret that signs `delivery`: read from the workflow, never stored beside it."""
-    raw = workflow.document.get("webhooks") if isinstance(workflow.document, Mapping) else None
+    raw = _webhooks(workflow)
     if not isinstance(raw, Sequence):
         return None
     for index, hook in enumerate(raw):

@@ -226,6 +226,39 @@ class _Tally:
             sharing=sorted({*self.sharing, *ids}),
         )
 
+    def counted(self, workflow_id: str = "") -> StoredSubmission:
+        """The tally as `StoredSubmission` gives it: numbers, and the few sharing actions."""
+        return StoredSubmission(
+            workflow_id,
+            replayed=False,
+            computing=self.computing,
+            ready=self.ready,
+            reused=len(self.reused),
+            sharing=tuple(self.sharing),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSubmission:
+    """A workflow that a submission in another process stored (or replayed): all that
+    the server's process needs of it, never its actions (issue 13)."""
+
+    workflow_id: str
+    replayed: bool
+    computing: int = 0
+    ready: int = 0
+    #: Datasets reused (their use is already recorded).
+    reused: int = 0
+    #: Action ids sharing another workflow's computation in flight.
+    sharing: tuple[int, ...] = ()
+
+
+#: What `_persist` gives for a new workflow: its record, its plan, its tally and the
+#: actions the store made share (`Store.persist_plan`).
+_Stored = tuple[
+    protocol.WorkflowRecord, protocol.WorkflowPlan, _Tally, tuple[protocol.ActionRecord, ...]
+]
+
 
 @dataclass(slots=True)
 class _Planning:
@@ -337,10 +370,71 @@ class WorkflowManager:
         (two submissions with one key that both missed the first lookup).
         """
         started = time.perf_counter()
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        if isinstance(persisted, protocol.WorkflowRecord):
+            return persisted, True
+        record, plan, tally, shared = persisted
+        if tally.reused:
+            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
+        # The store's sharers as it wrote them; the planner's own as planned.
+        wanted = set(tally.sharing).difference(a.action_id for a in shared)
+        sharing = [*shared, *(a for a in plan.actions if a.action_id in wanted)]
+        await self._announce(record, tally.counted(), sharing, rerun_of, started)
+        return record, False
+
+    async def persist_detached(
+        self,
+        document: bytes | str | Mapping[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str | None = None,
+        force: ForceTargets = (),
+        rerun_of: str | None = None,
+    ) -> StoredSubmission:
+        """The first half of `submit_once`, in a process of its own (`pingo.node`): plan
+        and persist, and say only what the server's process needs for `adopt`."""
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        if isinstance(persisted, protocol.WorkflowRecord):
+            return StoredSubmission(persisted.id, replayed=True)
+        record, _, tally, _ = persisted
+        if tally.reused:
+            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
+        return tally.counted(record.id)
+
+    async def adopt(
+        self, persisted: StoredSubmission, *, rerun_of: str | None, started: float
+    ) -> tuple[protocol.WorkflowRecord, bool]:
+        """The second half of `submit_once` for a workflow `persist_detached` stored: what
+        needs this process (wake-ups, metrics, events, sharing, the end of one with
+        nothing to run), from the small result alone."""
+        record = await self.store.get_workflow(persisted.workflow_id)
+        if record is None:
+            raise errors.NotFound(f"no workflow {persisted.workflow_id}")
+        if persisted.replayed:
+            metrics.SUBMISSIONS.labels(outcome="duplicate").inc()
+            return record, True
+        found = await asyncio.gather(
+            *(self.store.get_action(record.id, aid) for aid in persisted.sharing)
+        )
+        sharing = [a for a in found if a is not None]
+        await self._announce(record, persisted, sharing, rerun_of, started)
+        return record, False
+
+    async def _persist(
+        self,
+        document: bytes | str | Mapping[str, Any],
+        owner: str,
+        idempotency_key: str | None,
+        force: ForceTargets,
+        rerun_of: str | None,
+    ) -> protocol.WorkflowRecord | _Stored:
+        """Identify, plan, claim and store: the record, its plan, its tally and the actions
+        the store made share (`Store.persist_plan`), or the earlier workflow a repeated
+        key replays."""
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
-                return await self._replay(existing, document), True
+                return await self._replay(existing, document)
         scope = scope_for(self.settings, owner)
         identified = await self._identify(document, scope)
         forced = _forced(identified.definition, force)
@@ -362,7 +456,7 @@ class WorkflowManager:
                 if existing is None:
                     raise
                 await self._release(planning.claims)
-                return await self._replay(existing, identified.definition.document), True
+                return await self._replay(existing, identified.definition.document)
         except BaseException:
             await asyncio.shield(self._release(planning.claims))
             raise
@@ -378,42 +472,50 @@ class WorkflowManager:
             planning.decisions.values(),
             identified.definition.actions.values(),
         )
+        return record, plan, tally, persisted.shared
+
+    async def _announce(
+        self,
+        record: protocol.WorkflowRecord,
+        counted: StoredSubmission,
+        sharing: Sequence[protocol.ActionRecord],
+        rerun_of: str | None,
+        started: float,
+    ) -> None:
+        """Tell everyone in this process about a stored workflow: its owner's feed, its
+        end if nothing is left to run, its sharing actions, metrics, the submitters."""
         if self.feed:
             await events.record(
                 self.store,
                 events.WORKFLOW_SUBMITTED,
-                owner=owner,
+                owner=record.owner,
                 workflow_id=record.id,
                 payload={"name": record.name, "rerunOf": rerun_of},
             )
         if record.state in states.WORKFLOW_TERMINAL:
             # Nothing to run (every dataset it needs was reused): it ended at submission.
             await self.outcomes.announce_end(record)
-        reused, computing, ready = tally.reused, tally.computing, tally.ready
-        if tally.sharing:
-            await self._settle_sharing(plan, persisted.shared, tally.sharing)
-        if reused:
-            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in reused))
-        metrics.SUBMISSIONS.labels(outcome="accepted" if computing else "reused").inc()
-        if ready:
-            metrics.action_transitions(A.READY.value).inc(ready)
+        if sharing:
+            await self._settle_sharing(sharing)
+        metrics.SUBMISSIONS.labels(outcome="accepted" if counted.computing else "reused").inc()
+        if counted.ready:
+            metrics.action_transitions(A.READY.value).inc(counted.ready)
             self.on_ready()
         logger.info(
             "workflow %s (%s) planned: %d to compute, %d reused, %d ready, in %.1f ms",
             record.id,
             record.name,
-            computing,
-            len(reused),
-            ready,
+            counted.computing,
+            counted.reused,
+            counted.ready,
             (time.perf_counter() - started) * 1000,
             extra={
                 "event": "workflow_submitted",
                 "workflow_id": record.id,
-                "compute": computing,
-                "reused": len(reused),
+                "compute": counted.computing,
+                "reused": counted.reused,
             },
         )
-        return record, False
 
     async def _replay(
         self, existing: protocol.WorkflowRecord, document: bytes | str | Mapping[str, Any]
@@ -449,12 +551,7 @@ class WorkflowManager:
         """Kill a workflow (delegates to the outcome service)."""
         return await self.outcomes.kill_workflow(workflow_id)
 
-    async def _settle_sharing(
-        self,
-        plan: protocol.WorkflowPlan,
-        shared: Sequence[protocol.ActionRecord],
-        sharing: Sequence[int],
-    ) -> None:
+    async def _settle_sharing(self, sharing: Sequence[protocol.ActionRecord]) -> None:
         """Check each sharing action's producer once more, now that the action is stored.
 
         The producer may have ended between planning's read and the persist, when its
@@ -462,9 +559,7 @@ class WorkflowManager:
         settles it (a compare-and-set, so both looking changes nothing). `shared`: the
         actions the store made share (as persisted), which `plan` has computing.
         """
-        by_id = {a.action_id: a for a in plan.actions}
-        by_id.update((a.action_id, a) for a in shared)
-        await self.outcomes.settle_waiting([by_id[aid] for aid in sharing], states.Trigger.PLANNER)
+        await self.outcomes.settle_waiting(sharing, states.Trigger.PLANNER)
 
     # ---------------------------------------------------------------- planning
 

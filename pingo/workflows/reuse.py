@@ -87,16 +87,35 @@ def summary(outcomes: Iterable[Reuse]) -> dict[str, int]:
     }
 
 
+class TwinFinder:
+    """Tells twins apart as a workflow's actions come, in ascending action id: an action
+    that runs while a lower running action of the same workflow computes its dataset.
+
+    Only the datasets seen running are kept, so a big workflow's document can be built a
+    page of actions at a time (issue 13).
+    """
+
+    __slots__ = ("_computing",)
+
+    def __init__(self) -> None:
+        self._computing: set[str] = set()
+
+    def is_twin(self, dataset_id: str, *, runs: bool) -> bool:
+        """Whether this action (the next in ascending id) is a twin of an earlier one."""
+        if not runs:
+            return False
+        if dataset_id in self._computing:
+            return True
+        self._computing.add(dataset_id)
+        return False
+
+
 def twins(dataset_ids: Iterable[tuple[int, str, bool]]) -> frozenset[int]:
     """Action ids that run while a lower-numbered running action of the same workflow
     computes the same dataset, from `(action id, dataset id, runs)` triples."""
-    first: dict[str, int] = {}
-    found: set[int] = set()
-    for action_id, dataset_id, runs in sorted(dataset_ids):
-        if not runs:
-            continue
-        if dataset_id in first:
-            found.add(action_id)
-        else:
-            first[dataset_id] = action_id
-    return frozenset(found)
+    finder = TwinFinder()
+    return frozenset(
+        action_id
+        for action_id, dataset_id, runs in sorted(dataset_ids)
+        if finder.is_twin(dataset_id, runs=runs)
+    )

@@ -30,6 +30,29 @@ async def test_list_and_count_actions(store: Store, make: Factory) -> None:
     assert await store.count_actions(plan.workflow.id) == {A.READY: 2, A.WAITING: 3}
 
 
+async def test_list_actions_a_page_at_a_time(store: Store, make: Factory) -> None:
+    plan = make.plan({0: (), 1: (0,), 2: (0,), 3: (1, 2), 4: ()})
+    await store.create_workflow(plan)
+    await store.create_workflow(make.plan())  # another workflow's actions stay out
+    wid = plan.workflow.id
+
+    pages: list[list[int]] = []
+    after: int | None = None
+    while True:
+        page = await store.list_actions(wid, after=after, limit=2)
+        pages.append([a.action_id for a in page])
+        if len(page) < 2:
+            break
+        after = page[-1].action_id
+    assert pages == [[0, 1], [2, 3], [4]]
+    # The records are the ones the whole listing gives.
+    assert await store.list_actions(wid, after=1, limit=2) == (await store.list_actions(wid))[2:4]
+    assert [a.action_id for a in await store.list_actions(wid, after=2)] == [3, 4]
+    assert [a.action_id for a in await store.list_actions(wid, limit=1)] == [0]
+    assert await store.list_actions(wid, after=4, limit=10) == []
+    assert await store.list_actions(wid, limit=0) == []
+
+
 async def test_has_actions_in_agrees_with_the_counts(store: Store, make: Factory) -> None:
     plan = make.plan({0: (), 1: (0,), 2: ()})
     await store.create_workflow(plan)

@@ -177,3 +177,27 @@ def test_a_lazy_object_says_whether_its_text_is_still_undecoded() -> None:
     assert not untrusted.is_undecoded(lazy)
     assert not untrusted.is_undecoded(untrusted.stored_object('{"a": 1}'))
     assert not untrusted.is_undecoded({"a": 1})
+
+
+def _big(document: dict[str, Any]) -> Any:
+    """`document` as a store reads back a big one: undecoded."""
+    text = json.dumps(document) + " " * untrusted.PIECEWISE_CHARS
+    lazy = untrusted.stored_object(text)
+    assert untrusted.is_undecoded(lazy)
+    return lazy
+
+
+def test_may_have_key_looks_at_a_big_documents_text_without_decoding_it() -> None:
+    plain = {"name": "w", "actions": [{"command": ["webhooks"]}]}
+    assert not untrusted.may_have_key(_big({"name": "w"}), "webhooks")
+    # Written as a key, or as a string anywhere, or escaped: maybe (then it is looked up).
+    assert untrusted.may_have_key(_big({"webhooks": []}), "webhooks")
+    assert untrusted.may_have_key(_big(plain), "webhooks")
+    escaped = _big({"name": "w"})
+    escaped._text = escaped._text.replace('"name"', '"\\u0077ebhooks"')
+    assert untrusted.may_have_key(escaped, "webhooks")
+    assert untrusted.is_undecoded(escaped)
+    assert escaped["webhooks"] == "w"
+    # A decoded document (or a plain dict) is simply asked.
+    assert untrusted.may_have_key({"webhooks": []}, "webhooks")
+    assert not untrusted.may_have_key(plain, "webhooks")

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,8 @@ from pingo import errors, heap, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.actions.executors import cluster, sandbox
 from pingo.api import auth, bodies, documents, models, problems, runtime
+from pingo.config import Settings
+from pingo.node import BigSubmission
 from pingo.store import lookup
 from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
 from pingo.webhooks import hooks
@@ -97,8 +100,14 @@ async def built_off_loop(request: web.Request, build: Callable[[], T], actions: 
         runtime.api_state(request).trimmer.soon()
 
 
+#: Actions per store read of a big workflow's document.
+DOCUMENT_PAGE = 1_000
+
+
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
-    """The workflow document, serialized; a big one off the event loop (issue 13)."""
+    """The workflow document, serialized; a big one a page of actions at a time (issue 13)."""
+    if _is_big(record):
+        return await _paged_document(request, record)
     async with workflow_actions(request, record) as actions:
         views = await shared_views(request, record, actions)
         return await built_off_loop(
@@ -106,6 +115,45 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
             functools.partial(documents.encode_workflow_document, record, actions, views),
             len(actions),
         )
+
+
+def _is_big(record: WorkflowRecord) -> bool:
+    """Whether the workflow has more than `_INLINE_ACTIONS` actions, without decoding a
+    stored document left undecoded (one that long always has)."""
+    document = record.document
+    if untrusted.is_large(document):
+        return True
+    actions = document.get("actions")
+    return isinstance(actions, Sequence) and len(actions) > _INLINE_ACTIONS
+
+
+async def _paged_document(request: web.Request, record: WorkflowRecord) -> bytes:
+    """A big workflow's document, read and encoded `DOCUMENT_PAGE` actions at a time.
+
+    All of its records at once (1.6 KiB each) took hundreds of MiB that pymalloc could
+    not give back: the few long-lived objects allocated meanwhile pinned its arenas. A
+    page at a time, only the encoded bytes (one big buffer each) add up. Pages are read
+    one after the other, so on a running workflow the document is not one instant's
+    snapshot; its counts always match the actions it lists.
+    """
+    store = runtime.node(request).store
+    encoder = documents.DocumentEncoder(record)
+    after: int | None = None
+    while True:
+        page = await store.list_actions(record.id, after=after, limit=DOCUMENT_PAGE)
+        if page:
+            views = await shared_views(request, record, page)
+            # In a worker thread, like the store's own reads: its allocations stay out of
+            # the main thread's malloc arena, and the GIL passes to the loop meanwhile.
+            await asyncio.to_thread(encoder.add, page, views)
+            after = page[-1].action_id
+        if len(page) < DOCUMENT_PAGE:
+            break
+    try:
+        return await asyncio.to_thread(encoder.finish)
+    finally:
+        # The pages came and went in worker threads' malloc arenas: give them back.
+        runtime.api_state(request).trimmer.soon()
 
 
 async def _document_body(request: web.Request, record: WorkflowRecord) -> bytes:
@@ -163,10 +211,49 @@ def _missing_executor_issues(
     return issues
 
 
-def _check_sandbox(request: web.Request, document: Any) -> None:
-    """Refuse (403) command-line actions of a non-admin user when the sandbox cannot run."""
-    if runtime.node(request).sandbox != "unavailable" or auth.current_user(request).is_admin:
-        return
+@dataclass(frozen=True, slots=True)
+class ExecutorCheck:
+    """What `check_executors` checks a document against: plain values, so that a big
+    submission's child process checks it the same way (`pingo.node.BigSubmission`)."""
+
+    settings: Settings
+    #: Whether command-line actions are refused (403): the sandbox cannot run and the
+    #: submitter is not an admin.
+    sandbox_refused: bool
+    executor_types: frozenset[str]
+    action_types: frozenset[str]
+
+    @classmethod
+    def of(cls, request: web.Request, user: UserRecord) -> ExecutorCheck:
+        shared = runtime.api_state(request)
+        return cls(
+            settings=shared.settings,
+            sandbox_refused=runtime.node(request).sandbox == "unavailable" and not user.is_admin,
+            executor_types=shared.executor_types,
+            action_types=shared.action_types,
+        )
+
+    def __call__(self, document: Any) -> None:
+        """Refuse (422) a document with actions this node cannot run, with every other
+        issue too; (403) command-line actions when the sandbox cannot run; (422) webhooks
+        whose URL may not be a target, before anything runs."""
+        if self.sandbox_refused:
+            _check_sandbox(document)
+        if isinstance(document, Mapping) and "webhooks" in document:
+            hooks.parse_webhooks(document["webhooks"], "/webhooks", self.settings)
+        issues = _missing_executor_issues(document, self.executor_types, self.action_types)
+        if not issues:
+            return
+        from pingo.workflows import language
+
+        others = language.validate(document, max_actions=self.settings.max_actions)
+        if others:
+            raise errors.ValidationFailed([*others, *issues])
+        raise problems.UnknownExecutor(issues)
+
+
+def _check_sandbox(document: Any) -> None:
+    """Refuse (403) command-line actions (of a non-admin user, when the sandbox cannot run)."""
     actions = document.get("actions") if isinstance(document, Mapping) else None
     if isinstance(actions, list) and any(
         isinstance(a, Mapping) and a.get("type") == sandbox.COMMAND_LINE for a in actions
@@ -175,23 +262,8 @@ def _check_sandbox(request: web.Request, document: Any) -> None:
 
 
 def check_executors(request: web.Request, document: Any) -> None:
-    """Refuse (422) a document with actions this node cannot run, with every other issue too.
-
-    Also refuses webhooks whose URL may not be a target (a 422 before anything runs).
-    """
-    shared = runtime.api_state(request)
-    _check_sandbox(request, document)
-    if isinstance(document, Mapping) and "webhooks" in document:
-        hooks.parse_webhooks(document["webhooks"], "/webhooks", shared.settings)
-    issues = _missing_executor_issues(document, shared.executor_types, shared.action_types)
-    if not issues:
-        return
-    from pingo.workflows import language
-
-    others = language.validate(document, max_actions=shared.settings.max_actions)
-    if others:
-        raise errors.ValidationFailed([*others, *issues])
-    raise problems.UnknownExecutor(issues)
+    """`ExecutorCheck` of the request and its user on `document`."""
+    ExecutorCheck.of(request, auth.current_user(request))(document)
 
 
 def _idempotency_key(request: web.Request) -> str | None:
@@ -247,6 +319,8 @@ async def _submit_workflow(request: web.Request) -> web.StreamResponse:
     dry_run = bodies.query_bool(request, "dryRun")
     key = _idempotency_key(request)
     take_submission(request, user)
+    if not dry_run and node.detaches and (request.content_length or 0) > _DETACHED_BYTES:
+        return await _submit_detached(request, user, key)
     document = await bodies.read_json(request)
     if isinstance(document, dict) and isinstance(document.get("actions"), list):
         heap.bury(document["actions"])
@@ -260,12 +334,46 @@ async def _submit_workflow(request: web.Request) -> web.StreamResponse:
     record, replayed = await node.workflows.submit_once(
         document, owner=user.name, idempotency_key=key
     )
+    return await _created(request, record, replayed)
+
+
+async def _created(
+    request: web.Request, record: WorkflowRecord, replayed: bool
+) -> web.StreamResponse:
+    """The 201 of a submission."""
     # Stripe's convention: a replay gets the same status as the original answer.
     headers = {REPLAYED_HEADER: "true"} if replayed else {}
     headers["Location"] = workflow_location(record.id)
     return await bodies.send_json(
         request, await _document_body(request, record), status=201, headers=headers
     )
+
+
+#: Bodies longer than this are planned in a child process, when the node can
+#: (`pingo.node.Node.submit_detached`): their workflows have thousands of actions.
+_DETACHED_BYTES = untrusted.PIECEWISE_CHARS
+
+
+async def _submit_detached(
+    request: web.Request, user: UserRecord, key: str | None
+) -> web.StreamResponse:
+    """A big submission, never decoded in this process (issue 13): the child decodes,
+    checks, plans and stores it; this process adopts the stored workflow."""
+    node = runtime.node(request)
+    raw = await bodies.read_json_bytes(request)
+    assert raw is not None
+    if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
+        # A replay makes no new workflow: only a new one counts against the cap.
+        await check_workflow_cap(request, user.name)
+    job = BigSubmission(
+        owner=user.name,
+        body=raw,
+        decode=bodies.decode_json,
+        check=ExecutorCheck.of(request, user),
+        idempotency_key=key,
+    )
+    record, replayed = await node.submit_detached(job)
+    return await _created(request, record, replayed)
 
 
 @routes.get(PREFIX + "/workflows", name="list_workflows")
@@ -329,6 +437,20 @@ def force_targets(body: Any) -> tuple[int | str, ...]:
 async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -> WorkflowRecord:
     """Submit `record`'s document again as a new workflow, forcing what `body` names."""
     force = force_targets(body)
+    node = runtime.node(request)
+    if node.detaches and _is_big(record):
+        # Its stored document is decoded, checked and planned in a child (issue 13).
+        await check_workflow_cap(request, record.owner)
+        job = BigSubmission(
+            owner=record.owner,
+            body=None,
+            decode=bodies.decode_json,
+            check=ExecutorCheck.of(request, auth.current_user(request)),
+            force=tuple(force),
+            rerun_of=record.id,
+        )
+        rerun, _ = await node.submit_detached(job)
+        return rerun
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
     check_executors(request, document)

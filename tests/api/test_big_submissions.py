@@ -1,0 +1,177 @@
+"""A big submission is planned in a child process (`pingo.node.Node.submit_detached`,
+issue 13): the same workflow, the same answers, the same errors as in-process, and a
+child that dies is a clear 503 that leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pingo.api.app import create_app
+from pingo.node import BigSubmission, Node
+
+from .conftest import ADMIN_TOKEN, AiohttpClient, Api, command_workflow, make_settings
+
+#: Past the detached body size (256 KiB).
+ACTIONS = 2_600
+SEED = ["sh", "-c", 'echo seed > "$PINGO_OUTPUT"']
+
+
+def _big(*, padding: str = "") -> dict[str, Any]:
+    """Action 1 is `SEED` (reused once a small workflow stored it); 2 sleeps; a chain after."""
+    commands = {1: SEED, 2: ["sh", "-c", 'sleep 60; echo > "$PINGO_OUTPUT"']}
+    commands.update({i: ["true", f"big-{i}{padding}"] for i in range(3, ACTIONS + 1)})
+    return command_workflow(commands, {i: [i - 1] for i in range(2, ACTIONS + 1)}, name="big")
+
+
+def _body(document: dict[str, Any]) -> bytes:
+    body = json.dumps(document).encode()
+    assert len(body) > 1 << 18
+    return body
+
+
+class _Calls:
+    """Counts `Node.submit_detached` calls of one node (the path taken, not a stub)."""
+
+    def __init__(self, node: Node) -> None:
+        self.count = 0
+        detached = node.submit_detached
+
+        async def counting(job: BigSubmission) -> Any:
+            self.count += 1
+            return await detached(job)
+
+        node.submit_detached = counting  # type: ignore[method-assign]
+
+
+def _comparable(document: dict[str, Any]) -> dict[str, Any]:
+    """The document without what differs between two servers running the same workflow:
+    ids, times, and how far the sleeping action 2 got."""
+    document = {k: v for k, v in document.items() if k not in ("id", "createdAt", "counts")}
+    actions = []
+    for action in document.pop("actions"):
+        action = {k: v for k, v in action.items() if k not in ("startedAt", "finishedAt")}
+        if action["actionId"] == 2:
+            action.pop("state")
+            action.pop("attempts")
+        actions.append(action)
+    return {**document, "actions": actions}
+
+
+async def _seeded(api: Api) -> None:
+    """Action 1's dataset stored, so that the big workflow reuses it."""
+    seed = await api.submit(command_workflow({1: SEED}, name="seed"))
+    assert (await api.wait(seed["id"]))["state"] == "SUCCEEDED"
+
+
+async def _post(api: Api, body: bytes, **headers: str) -> tuple[int, bytes, Any]:
+    response = await api.client.post(
+        "/api/v1/workflows",
+        data=body,
+        headers={**api.auth("admin"), "Content-Type": "application/json", **headers},
+    )
+    return response.status, await response.read(), response.headers
+
+
+async def test_a_big_submission_in_a_child_is_the_workflow_in_process_would_be(
+    api: Api, aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    app = create_app(make_settings(tmp_path / "in-process"))
+    in_process = Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+    in_process.node.detaches = False
+    detached = _Calls(api.node)
+    not_detached = _Calls(in_process.node)
+    await _seeded(api)
+    await _seeded(in_process)
+    body = _body(_big())
+
+    status, raw, headers = await _post(api, body, **{"Idempotency-Key": "big-1"})
+    assert status == 201, raw[:500]
+    child = json.loads(raw)
+    status, raw, _ = await _post(in_process, body)
+    assert status == 201, raw[:500]
+    here = json.loads(raw)
+    assert (detached.count, not_detached.count) == (1, 0)
+
+    assert headers["Location"] == f"/api/v1/workflows/{child['id']}"
+    assert child["reuse"] == {"computed": ACTIONS - 1, "shared": 0, "reused": 1, "notNeeded": 0}
+    assert child["actions"][0]["reuse"] == "reused"
+    assert _comparable(child) == _comparable(here)
+    # What the parent does with the small result: the owner's feed, a wake-up (action 2 runs).
+    await api.wait_action(child["id"], 2, {"SUBMITTED", "RUNNING"}, timeout_s=60)
+    response = await api.client.get("/api/v1/events", headers=api.auth("admin"))
+    events = (await response.json())["items"]
+    assert any(e.get("workflowId") == child["id"] for e in events)
+
+    # The same key again: the same workflow, replayed (through the child as well).
+    status, raw, headers = await _post(api, body, **{"Idempotency-Key": "big-1"})
+    assert status == 201
+    assert headers["Idempotent-Replayed"] == "true"
+    assert json.loads(raw)["id"] == child["id"]
+    # And a different document under that key is refused, from the child.
+    status, raw, _ = await _post(api, _body(_big(padding="x")), **{"Idempotency-Key": "big-1"})
+    assert status == 422
+    assert json.loads(raw)["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert detached.count == 3
+
+
+async def test_a_big_submission_refused_in_the_child_is_refused_as_in_process(api: Api) -> None:
+    document = _big()
+    document["actions"][2000]["maxAttempts"] = 0
+    status, raw, headers = await _post(api, _body(document))
+    assert status == 422
+    assert headers["Content-Type"] == "application/problem+json"
+    problem = json.loads(raw)
+    assert problem["code"] == "VALIDATION_FAILED"
+    assert [e["pointer"] for e in problem["errors"]] == ["/actions/2000/maxAttempts"]
+
+    status, raw, _ = await _post(api, _body(_big())[:-1])
+    assert status == 400
+    assert json.loads(raw)["code"] == "MALFORMED_JSON"
+    assert not (await api.node.store.list_workflows()).items
+
+
+def _children() -> Iterator[int]:
+    """This process's children that run a multiprocessing spawn (not its resource tracker)."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and b"spawn_main" in command:
+            yield int(entry.name)
+
+
+async def test_a_killed_child_is_a_503_and_stores_nothing(api: Api) -> None:
+    before = set(_children())
+    posting = asyncio.create_task(_post(api, _body(_big())))
+    killed: set[int] = set()
+    for _ in range(600):
+        killed = set(_children()) - before
+        if killed or posting.done():
+            break
+        await asyncio.sleep(0.01)
+    assert killed, "no child process was started"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    status, raw, headers = await posting
+
+    assert status == 503
+    assert headers["Content-Type"] == "application/problem+json"
+    problem = json.loads(raw)
+    assert problem["code"] == "SUBMISSION_INTERRUPTED"
+    assert "Idempotency-Key" in problem["detail"]
+    assert not (await api.node.store.list_workflows()).items
+    # The server goes on: the next big submission is planned in a new child.
+    status, raw, _ = await _post(api, _body(_big()))
+    assert status == 201, raw[:500]
