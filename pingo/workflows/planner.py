@@ -374,8 +374,6 @@ class WorkflowManager:
         if isinstance(persisted, protocol.WorkflowRecord):
             return persisted, True
         record, plan, tally, shared = persisted
-        if tally.reused:
-            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
         # The store's sharers as it wrote them; the planner's own as planned.
         wanted = set(tally.sharing).difference(a.action_id for a in shared)
         sharing = [*shared, *(a for a in plan.actions if a.action_id in wanted)]
@@ -397,8 +395,6 @@ class WorkflowManager:
         if isinstance(persisted, protocol.WorkflowRecord):
             return StoredSubmission(persisted.id, replayed=True)
         record, _, tally, _ = persisted
-        if tally.reused:
-            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
         return tally.counted(record.id)
 
     async def adopt(
@@ -428,9 +424,9 @@ class WorkflowManager:
         force: ForceTargets,
         rerun_of: str | None,
     ) -> protocol.WorkflowRecord | _Stored:
-        """Identify, plan, claim and store: the record, its plan, its tally and the actions
-        the store made share (`Store.persist_plan`), or the earlier workflow a repeated
-        key replays."""
+        """Identify, plan, claim and store, and record the use of the datasets reused: the
+        record, its plan, its tally and the actions the store made share
+        (`Store.persist_plan`), or the earlier workflow a repeated key replays."""
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -472,6 +468,8 @@ class WorkflowManager:
             planning.decisions.values(),
             identified.definition.actions.values(),
         )
+        if tally.reused:
+            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
         return record, plan, tally, persisted.shared
 
     async def _announce(
