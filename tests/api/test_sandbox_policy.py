@@ -8,7 +8,9 @@ fail here).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,23 @@ def _unsandboxed(settings: Settings, reporter: base.Reporter) -> LocalExecutor:
     return LocalExecutor(reporter, slots=2, node_id=settings.node_id, box=None)
 
 
+@contextlib.asynccontextmanager
+async def _node_without_sandbox(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> AsyncIterator[tuple[Node, Api]]:
+    """A node under `auto` whose local executor got no sandbox (no user namespaces), and
+    its API as the admin."""
+    settings = make_settings(tmp_path, sandbox="auto")
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
+        node = Node(settings, store, executors={"command-line": _unsandboxed})
+        await node.start()
+        try:
+            app = create_app(settings, node=node)
+            yield node, Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+        finally:
+            await node.stop()
+
+
 async def _readyz(api: Api) -> dict[str, str]:
     response = await api.client.get("/readyz")
     assert response.status == 200
@@ -47,30 +66,22 @@ async def test_readyz_shows_the_sandbox_on(api: Api) -> None:
 async def test_auto_without_namespaces_refuses_users_but_not_admins(
     aiohttp_client: AiohttpClient, tmp_path: Path
 ) -> None:
-    settings = make_settings(tmp_path, sandbox="auto")
-    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
-        node = Node(settings, store, executors={"command-line": _unsandboxed})
-        await node.start()
-        try:
-            app = create_app(settings, node=node)
-            api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
-            assert await _readyz(api) == {"status": "ready", "sandbox": "unavailable"}
-            await api.add_user("alice")
-            for query in ("", "?dryRun=true"):
-                refused = await api.client.post(
-                    f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
-                )
-                assert refused.status == 403, await refused.text()
-                assert refused.content_type == "application/problem+json"
-                problem = await refused.json()
-                assert problem["code"] == "SANDBOX_UNAVAILABLE"
-                assert "sandbox" in problem["detail"]
-            listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
-            assert (await listing.json())["items"] == []  # nothing was stored
-            done = await api.wait((await api.submit(chain("admin")))["id"])
-            assert done["state"] == "SUCCEEDED"
-        finally:
-            await node.stop()
+    async with _node_without_sandbox(aiohttp_client, tmp_path) as (_node, api):
+        assert await _readyz(api) == {"status": "ready", "sandbox": "unavailable"}
+        await api.add_user("alice")
+        for query in ("", "?dryRun=true"):
+            refused = await api.client.post(
+                f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
+            )
+            assert refused.status == 403, await refused.text()
+            assert refused.content_type == "application/problem+json"
+            problem = await refused.json()
+            assert problem["code"] == "SANDBOX_UNAVAILABLE"
+            assert "sandbox" in problem["detail"]
+        listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
+        assert (await listing.json())["items"] == []  # nothing was stored
+        done = await api.wait((await api.submit(chain("admin")))["id"])
+        assert done["state"] == "SUCCEEDED"
 
 
 async def test_off_is_explicit_and_shown(
@@ -106,35 +117,27 @@ async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_
     The workflow is stored as a tick stores it (`WorkflowManager.submit` with the
     schedule's owner); the node must not run Alice's command unsandboxed.
     """
-    settings = make_settings(tmp_path, sandbox="auto")
-    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}") as store:
-        node = Node(settings, store, executors={"command-line": _unsandboxed})
-        await node.start()
-        try:
-            app = create_app(settings, node=node)
-            api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
-            await api.add_user("alice")
-            marker = tmp_path / "ran"
-            document = chain("tick", n=1)
-            document["actions"][0]["command"] = ["sh", "-c", f"touch {marker}"]
-            document["actions"][0]["maxAttempts"] = 1
-            stored = await node.workflows.submit(document, owner="alice")
-            done = await api.wait(stored.id)
-            assert done["state"] == "FAILED"
-            action = await api.wait_action(stored.id, 1, {"FAILED"})
-            assert sandbox.UNAVAILABLE_DETAIL in action["error"]
-            assert not marker.exists()
-            # Re-running it over the API is refused like a submission.
-            rerun = await api.client.post(
-                f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
-            )
-            assert rerun.status == 403, await rerun.text()
-            assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
-            # An admin's workflow reaching the node the same way still runs.
-            admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
-            assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
-        finally:
-            await node.stop()
+    async with _node_without_sandbox(aiohttp_client, tmp_path) as (node, api):
+        await api.add_user("alice")
+        marker = tmp_path / "ran"
+        document = chain("tick", n=1)
+        document["actions"][0]["command"] = ["sh", "-c", f"touch {marker}"]
+        document["actions"][0]["maxAttempts"] = 1
+        stored = await node.workflows.submit(document, owner="alice")
+        done = await api.wait(stored.id)
+        assert done["state"] == "FAILED"
+        action = await api.wait_action(stored.id, 1, {"FAILED"})
+        assert sandbox.UNAVAILABLE_DETAIL in action["error"]
+        assert not marker.exists()
+        # Re-running it over the API is refused like a submission.
+        rerun = await api.client.post(
+            f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
+        )
+        assert rerun.status == 403, await rerun.text()
+        assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
+        # An admin's workflow reaching the node the same way still runs.
+        admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
+        assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
 
 
 @pytest.mark.parametrize(
