@@ -8,7 +8,14 @@ resident memory stays near its peak long after the workflow is gone.
 `malloc_trim(0)` hands every whole free page of every arena back with
 `madvise`; bench/README.md ("Stall") measures what it changes.
 
-Elsewhere (musl, macOS) there is no `malloc_trim`, and trimming does nothing.
+Big buffers (a 30 MB document, a request body) are another matter: glibc maps
+them apart and unmaps them when freed, but only below a threshold that it raises
+to the size of every mapped buffer freed, up to 32 MiB. After one big document,
+the next ones came from the arenas, where a small long-lived neighbour keeps
+their pages. `keep_big_buffers_mapped` fixes the threshold at glibc's own
+starting value, which turns that raising off.
+
+Elsewhere (musl, macOS) there is no `malloc_trim` nor `mallopt`, and both do nothing.
 
 While such a workflow is alive, Python's full garbage collections are the other
 cost: `full_collections_deferred` holds them off.
@@ -25,7 +32,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -129,14 +136,37 @@ async def burying() -> AsyncIterator[None]:
         await dismantled(grave)
 
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _libc_function(name: str) -> Any | None:
+    """glibc's function `name`, or None where there is none."""
+    library = ctypes.util.find_library("c")
+    if library is None:
         return None
     try:
-        libc = ctypes.CDLL(name)
-        function = libc.malloc_trim
+        return getattr(ctypes.CDLL(library), name)
     except (OSError, AttributeError):
+        return None
+
+
+#: `mallopt`'s parameter, and glibc's default starting value for it.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def keep_big_buffers_mapped() -> bool:
+    """Have every allocation of `MMAP_THRESHOLD_BYTES` or more mapped apart, and so
+    unmapped as soon as it is freed, for the rest of the process (see the module's
+    docstring); False where the C library cannot."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    function = _libc_function("malloc_trim")
+    if function is None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
@@ -164,10 +194,19 @@ def trim() -> bool:
 
 
 class Trimmer:
-    """Trims the heap once, `delay_s` after the last of a burst of `soon()` calls."""
+    """Trims the heap once, `delay_s` after the last of a burst of `soon()` calls.
 
-    def __init__(self, delay_s: float = TRIM_DELAY_S) -> None:
+    `release`, if set, is awaited first: caches that big work filled and that refill on
+    demand (the store's page cache) hand their memory to the heap before it is trimmed.
+    """
+
+    def __init__(
+        self,
+        delay_s: float = TRIM_DELAY_S,
+        release: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.delay_s = delay_s
+        self.release = release
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[bool] | None = None
 
@@ -180,9 +219,16 @@ class Trimmer:
     def _start(self) -> None:
         self._timer = None
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(trim), name="heap-trim"
-            )
+            self._task = asyncio.get_running_loop().create_task(self._trim(), name="heap-trim")
+
+    async def _trim(self) -> bool:
+        if self.release is not None:
+            try:
+                await self.release()
+            except Exception:
+                # Memory not given back is no reason to fail: trim what is free anyway.
+                logger.warning("releasing cached memory failed", exc_info=True)
+        return await asyncio.to_thread(trim)
 
     async def close(self) -> None:
         """Cancel a pending trim and wait for a running one (at shutdown)."""

@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from pingo import errors, loops, states, untrusted
+from pingo import errors, heap, loops, states, untrusted
 from pingo.actions.executors import base, local, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
@@ -508,6 +508,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         node = Node(settings, store)
         await node.start()
         freeze_startup_heap()
+        heap.keep_big_buffers_mapped()
         try:
             yield node
         finally:

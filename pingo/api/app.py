@@ -56,6 +56,8 @@ def _action_types() -> frozenset[str]:
 
 async def _attach(app: web.Application, node: Node) -> None:
     shared = app[runtime.STATE_KEY]
+    # Before the heap is trimmed after big work, the store's caches go back to it too.
+    shared.trimmer.release = node.store.release_memory
     shared.executor_types = frozenset(node.executors)
     shared.action_types = _action_types()
     await auth.ensure_admin(node.store, shared.settings)

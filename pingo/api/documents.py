@@ -8,7 +8,7 @@ sees what) and encodes them. The web UI reads the same documents as dicts
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,12 +209,13 @@ class DocumentEncoder:
     placed first.
     """
 
-    def __init__(self, workflow: WorkflowRecord) -> None:
+    def __init__(self, workflow: WorkflowRecord, twins: Collection[str] | None = None) -> None:
+        """`twins`: the workflow's `Store.twin_datasets`, if known."""
         self._workflow = workflow
         self._parts: list[bytes] = []
         self._counts = {state.value: 0 for state in states.ActionState}
         self._tally = dict.fromkeys(reuse.Reuse, 0)
-        self._twins = reuse.TwinFinder()
+        self._twins = reuse.TwinFinder(twins)
         self._last: int | None = None
 
     def add(self, page: Sequence[ActionRecord], views: SharedViews | None = None) -> None:

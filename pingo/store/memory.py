@@ -16,6 +16,7 @@ import bisect
 import heapq
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -184,6 +185,9 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
+
+    async def release_memory(self) -> None:
+        return None  # everything here is the store's data, not a cache
 
     # ------------------------------------------------------------------ internals
 
@@ -443,6 +447,11 @@ class MemoryStore:
             PlannedAction(a.action_id, a.dataset_id, a.reused, a.reason)
             for a in await self.list_actions(workflow_id)
         ]
+
+    async def twin_datasets(self, workflow_id: str) -> frozenset[str]:
+        actions = await self.list_actions(workflow_id)
+        computing = Counter(a.dataset_id for a in actions if not a.reused)
+        return frozenset(d for d, n in computing.items() if n > 1)
 
     async def list_actions_in_states(
         self,

@@ -777,6 +777,9 @@ class MongoStore:
     async def ping(self) -> None:
         await self._db.command("ping")
 
+    async def release_memory(self) -> None:
+        return None  # the driver caches no documents
+
     # ------------------------------------------------------------------ workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
@@ -1066,6 +1069,18 @@ class MongoStore:
             query["lease_expires_at_us"] = {"$lte": self._now()[1]}
         found = self._actions.find(query, sort=_OLDEST_ACTION).limit(limit)
         return [_action(d) for d in await found.to_list(None)]
+
+    @_translated
+    async def twin_datasets(self, workflow_id: str) -> frozenset[str]:
+        groups = await _aggregate(
+            self._actions,
+            [
+                {"$match": {"workflow_id": workflow_id, "reused": False}},
+                {"$group": {"_id": "$dataset_id", "count": {"$sum": 1}}},
+                {"$match": {"count": {"$gt": 1}}},
+            ],
+        )
+        return frozenset(str(g["_id"]) for g in groups)
 
     @_translated
     async def count_actions(self, workflow_id: str) -> dict[ActionState, int]:

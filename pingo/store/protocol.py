@@ -448,6 +448,12 @@ class Store(Protocol):
         """Return when the store answers; raise `StoreUnavailable` otherwise."""
         ...
 
+    async def release_memory(self) -> None:
+        """Give back the memory of this process's caches of the store (SQLite's page
+        cache), which refill on demand: after a big workflow, so that the server's
+        resident memory comes back down (issue 13). Nothing is lost."""
+        ...
+
     # ---- workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
@@ -534,6 +540,12 @@ class Store(Protocol):
     async def list_planned_actions(self, workflow_id: str) -> list[PlannedAction]:
         """Planning's decision for each action of the workflow, in action id order (cheap:
         none of the action's documents is read)."""
+        ...
+
+    async def twin_datasets(self, workflow_id: str) -> frozenset[str]:
+        """The datasets that more than one action of the workflow computes (reused ones
+        aside): the only ones whose actions can be twins (`reuse.TwinFinder`). Usually
+        none; a big workflow's document asks first, then keeps only these (issue 13)."""
         ...
 
     async def list_actions_in_states(

@@ -1413,6 +1413,14 @@ class SQLiteStore:
     def _ping(self) -> None:
         self._db.execute("SELECT 1").fetchone()
 
+    async def release_memory(self) -> None:
+        await self._run(self._shrink_memory)
+
+    def _shrink_memory(self) -> None:
+        # The page cache (up to `cache_mb`) was filled by whatever was read last; the
+        # pages stay in the system's file cache, so re-reading them costs little.
+        self._db.execute("PRAGMA shrink_memory")
+
     # ------------------------------------------------------------------ workflows
 
     async def create_workflow(self, plan: WorkflowPlan) -> WorkflowRecord:
@@ -1825,6 +1833,16 @@ class SQLiteStore:
             "WHERE workflow_id = ? ORDER BY action_id",
             (workflow_id,),
         )
+
+    async def twin_datasets(self, workflow_id: str) -> frozenset[str]:
+        found = await self._run(
+            self._all,
+            lambda row: str(row[0]),
+            "SELECT dataset_id FROM action_specs WHERE workflow_id = ? AND reused = 0 "
+            "GROUP BY dataset_id HAVING COUNT(*) > 1",
+            (workflow_id,),
+        )
+        return frozenset(found)
 
     async def list_actions_in_states(
         self,

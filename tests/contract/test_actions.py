@@ -53,6 +53,31 @@ async def test_list_actions_a_page_at_a_time(store: Store, make: Factory) -> Non
     assert await store.list_actions(wid, limit=0) == []
 
 
+async def test_twin_datasets_are_those_two_computing_actions_share(
+    store: Store, make: Factory
+) -> None:
+    planned = make.plan({0: (), 1: (0,), 2: (0,), 3: (0,), 4: (0,)})
+    a = planned.actions
+    twin, once = a[1].dataset_id, a[3].dataset_id
+    # 1 and 2 compute one dataset (twins); 3 and 4 name one, but 3 reuses it.
+    actions = (
+        *a[:2],
+        replace(a[2], dataset_id=twin),
+        replace(a[3], reused=True, reason="stored"),
+        replace(a[4], dataset_id=once),
+    )
+    dropped = {a[2].dataset_id, a[4].dataset_id}
+    datasets = tuple(d for d in planned.datasets if d.id not in dropped)
+    plan = replace(planned, actions=actions, datasets=datasets)
+    await store.create_workflow(plan)
+    other = make.plan()
+    await store.create_workflow(other)
+
+    assert await store.twin_datasets(plan.workflow.id) == {twin}
+    assert await store.twin_datasets(other.workflow.id) == frozenset()
+    assert await store.twin_datasets("missing") == frozenset()
+
+
 async def test_has_actions_in_agrees_with_the_counts(store: Store, make: Factory) -> None:
     plan = make.plan({0: (), 1: (0,), 2: ()})
     await store.create_workflow(plan)

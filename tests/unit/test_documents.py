@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from pingo.api import documents
 from pingo.states import ActionState, WorkflowState
 from pingo.store.protocol import ActionRecord, WorkflowRecord
+from pingo.workflows import reuse
 
 START = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -61,3 +63,16 @@ def test_sliced_encoding_is_the_whole_encoding(count: int) -> None:
     sliced = documents.encode_workflow_document(workflow, actions)
     assert sliced == whole
     assert [a["actionId"] for a in json.loads(sliced)["actions"]] == list(range(count))
+
+
+def test_twins_found_among_candidates_are_those_found_among_all() -> None:
+    """`TwinFinder` given the store's `twin_datasets` keeps only those, and finds the same
+    twins as one that keeps every dataset seen running."""
+    rng = random.Random(13)
+    actions = [(i, f"ds-{rng.randrange(40)}", rng.random() < 0.8) for i in range(200)]
+    computing = Counter(d for _, d, runs in actions if runs)
+    candidates = {d for d, n in computing.items() if n > 1}
+    every, only = reuse.TwinFinder(), reuse.TwinFinder(candidates)
+    found = [i for i, d, runs in actions if every.is_twin(d, runs=runs)]
+    assert found == [i for i, d, runs in actions if only.is_twin(d, runs=runs)]
+    assert found and only._computing <= candidates < set(computing)

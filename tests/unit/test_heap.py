@@ -1,10 +1,13 @@
-"""Trimming the heap after a big workflow: it runs on glibc, once per burst, after a delay."""
+"""Trimming the heap after a big workflow: it runs on glibc, once per burst, after a delay;
+big buffers stay mapped apart."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import platform
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -51,6 +54,61 @@ async def test_closing_cancels_a_pending_trim(monkeypatch: pytest.MonkeyPatch) -
     await trimmer.close()
     await asyncio.sleep(0.2)
     assert calls == []
+
+
+async def test_the_caches_are_released_before_the_trim_which_a_failure_does_not_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(heap, "trim", lambda: order.append("trim") or True)
+
+    async def release() -> None:
+        order.append("release")
+
+    async def broken() -> None:
+        order.append("broken")
+        raise RuntimeError("no")
+
+    for hook in (release, broken):
+        trimmer = heap.Trimmer(delay_s=0.01, release=hook)
+        trimmer.soon()
+        await asyncio.sleep(0.1)
+        await trimmer.close()
+    assert order == ["release", "trim", "broken", "trim"]
+
+
+#: Frees an 8 MiB buffer, then allocates 1 MiB: prints whether glibc mapped it apart.
+_MAPPED_AFTER_A_BIGGER_ONE = """
+import ctypes, sys
+from pingo import heap
+if sys.argv[1] == "fixed":
+    assert heap.keep_big_buffers_mapped()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+        "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+big = bytearray(8 << 20)
+del big
+mapped = libc.mallinfo2().hblkhd
+buffer = bytearray(1 << 20)
+print(libc.mallinfo2().hblkhd - mapped >= 1 << 20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.parametrize(("mode", "mapped"), [("default", "False"), ("fixed", "True")])
+def test_big_buffers_stay_mapped_after_a_bigger_one_was_freed(mode: str, mapped: str) -> None:
+    """glibc's default raises its threshold to the 8 MiB freed, so the next 1 MiB comes
+    from the heap (where it can pin pages); fixed, it is mapped apart, and unmapped when
+    freed. A process of its own: the setting is the process's."""
+    found = subprocess.run(
+        [sys.executable, "-c", _MAPPED_AFTER_A_BIGGER_ONE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.strip() == mapped
 
 
 def test_full_collections_are_deferred_until_the_last_holder_leaves() -> None:

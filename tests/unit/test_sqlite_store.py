@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import json
 import sqlite3
 import time
@@ -129,6 +131,30 @@ async def test_the_page_cache_is_bounded_by_the_setting(tmp_path: Path) -> None:
         assert size == -sqlite.DEFAULT_CACHE_MB * 1024
     with pytest.raises(errors.ConfigurationError):
         SQLiteStore("x.db", cache_mb=0)
+
+
+@pytest.mark.skipif(ctypes.util.find_library("sqlite3") is None, reason="no libsqlite3")
+async def test_releasing_memory_empties_the_page_cache(tmp_path: Path) -> None:
+    library = ctypes.util.find_library("sqlite3")
+    assert library is not None
+    used = ctypes.CDLL(library).sqlite3_memory_used  # the library the module loaded
+    used.restype = ctypes.c_int64
+    async with open_store(f"sqlite:///{tmp_path / 'm.db'}") as store:
+        assert isinstance(store, SQLiteStore)
+
+        def fill() -> None:  # 6 MB of pages, read through the cache (8 MiB)
+            store._db.execute("CREATE TABLE filler (x BLOB)")
+            store._db.executemany("INSERT INTO filler VALUES (?)", [(bytes(1000),)] * 6000)
+            store._db.execute("SELECT sum(length(x)) FROM filler").fetchone()
+
+        await store._run(fill)
+        full = used()
+        await store.release_memory()
+        assert used() < full - 4 * 2**20
+        assert (
+            await store._run(lambda: store._db.execute("SELECT count(*) FROM filler").fetchone()[0])
+            == 6000
+        )
 
 
 async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:

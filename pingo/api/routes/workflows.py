@@ -137,7 +137,7 @@ async def _paged_document(request: web.Request, record: WorkflowRecord) -> bytes
     snapshot; its counts always match the actions it lists.
     """
     store = runtime.node(request).store
-    encoder = documents.DocumentEncoder(record)
+    encoder = documents.DocumentEncoder(record, await store.twin_datasets(record.id))
     after: int | None = None
     while True:
         page = await store.list_actions(record.id, after=after, limit=DOCUMENT_PAGE)
