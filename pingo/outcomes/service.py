@@ -58,8 +58,9 @@ REPLACING_REASONS: frozenset[str] = frozenset({"forced", integrity.MISMATCH_REAS
 _CACHE_SIZE = 4096
 #: How often success polls a dataset that a deletor is removing.
 _DELETION_POLL_S = 0.05
-#: Actions killed per store call when a workflow is killed or aborted.
-_KILL_BATCH = 1000
+#: Actions killed, or read for the kill's sweep, per store call when a workflow is
+#: killed or aborted; small for the reason `routes.workflows.DOCUMENT_PAGE` is.
+_KILL_BATCH = 250
 #: Sharing actions settled per store read.
 _SETTLE_BATCH = 500
 

@@ -100,8 +100,11 @@ async def built_off_loop(request: web.Request, build: Callable[[], T], actions: 
         runtime.api_state(request).trimmer.soon()
 
 
-#: Actions per store read of a big workflow's document.
-DOCUMENT_PAGE = 1_000
+#: Actions per store read of a big workflow's document. Small, because what a page
+#: allocates (its records, rows and summaries) is the server's peak during a big
+#: workflow: at 1,000, the new pymalloc arenas it took were kept by a few long-lived
+#: objects allocated meanwhile (bench/README.md, "Stall", seventh pass).
+DOCUMENT_PAGE = 250
 
 
 async def _encoded_document(request: web.Request, record: WorkflowRecord) -> bytes:
