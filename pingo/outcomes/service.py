@@ -131,6 +131,9 @@ class OutcomeService:
         self._on_failure_cache: dict[str, str] = {}
         #: Workflow id -> (owner, name) (immutable), for the feed events of dataset stores.
         self._owner_cache: dict[str, tuple[str, str]] = {}
+        #: Dataset id -> the outcome of this node's store of it in flight (the dataset as
+        #: that store left it, or None): twins succeeding meanwhile wait for it.
+        self._storing: dict[str, asyncio.Future[protocol.DatasetRecord | None]] = {}
 
     # -------------------------------------------------------------- callbacks
 
@@ -405,6 +408,15 @@ class OutcomeService:
         # replace the stored copy; otherwise an existing copy was stored by a
         # twin of the same provenance and is kept.
         replace = action.reason in REPLACING_REASONS
+        twin = None if replace or dataset.state in _KEPT else self._storing.get(dataset.id)
+        if twin is not None:
+            # A twin of the same provenance on this node is storing it right now:
+            # wait for it rather than promote, hash and lose the compare-and-set,
+            # then read the dataset again (what twins succeeding together cost
+            # before: two store calls and a file-thread hop each). What it stored
+            # is as fresh as a read; if it stored nothing, read.
+            theirs = await asyncio.shield(twin)
+            dataset = theirs or await self._settled_dataset(action.dataset_id)
         if not replace and dataset.state in _KEPT:
             # Kept as it is, record and files (the loop below would return at once).
             # What this attempt wrote, if anything, goes: one lstat when it wrote
@@ -417,6 +429,33 @@ class OutcomeService:
                 if await self.storage.exists(staging):
                     await self.storage.promote(staging, dataset.path)
             return
+        if replace or dataset.id in self._storing:
+            await self._store_files(action, runtime_s, dataset, managed, replace)
+            return
+        done: asyncio.Future[protocol.DatasetRecord | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._storing[dataset.id] = done
+        stored: protocol.DatasetRecord | None = None
+        try:
+            stored = await self._store_files(action, runtime_s, dataset, managed, replace)
+        finally:
+            del self._storing[dataset.id]
+            done.set_result(stored)
+
+    async def _store_files(
+        self,
+        action: protocol.ActionRecord,
+        runtime_s: float | None,
+        dataset: protocol.DatasetRecord,
+        managed: bool,
+        replace: bool,
+    ) -> protocol.DatasetRecord | None:
+        """Promote the output and move the dataset to its stored state (compare-and-set).
+
+        Returns the dataset as this left it: stored by this success, or found stored by
+        another writer; None if it stored nothing (an intermediate marked for deletion).
+        """
         digest: str | None = None
         # Hashed only when this success stores the record: most successes of a
         # workflow of twins find the same provenance stored already, and keep it.
@@ -453,7 +492,7 @@ class OutcomeService:
             if target is None:
                 # STORED / LEAF / an intermediate STORED_TO_DELETE: the same
                 # provenance is on disk already (stored by someone else); keep it.
-                return
+                return dataset if dataset.state in _KEPT else None
             states.ensure_transition(dataset.state, target, T.CALLBACK)
             if unmeasured:
                 unmeasured = False
@@ -483,7 +522,7 @@ class OutcomeService:
                         digest,
                         extra={"event": "dataset_replaced", "dataset_id": dataset.id},
                     )
-                return
+                return moved
             dataset = await self._settled_dataset(action.dataset_id)
         raise errors.Conflict(f"dataset {action.dataset_id} keeps changing; retry the callback")
 

@@ -209,6 +209,41 @@ async def test_success_keeps_a_dataset_someone_else_stored(
     assert await wf_state(store, w2.id) is W.SUCCEEDED
 
 
+async def test_twins_succeeding_together_store_the_dataset_once(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: OutcomeService,
+    manager: planner.WorkflowManager,
+) -> None:
+    # Both read the dataset unstored; the second waits for the first's store on this
+    # node instead of promoting, hashing and losing the compare-and-set (issue 15).
+    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
+    w = await manager.submit(twins, owner="ann")
+    a1 = await start_attempt(store, w.id, 1)
+    a2 = await start_attempt(store, w.id, 2)
+    write_output(storage, a1, b"first")
+    staging2 = write_output(storage, a2, b"second!")
+    writes: list[str] = []
+    transition_dataset = store.transition_dataset
+
+    async def counted(dataset_id: str, *args: Any, **kwargs: Any) -> Any:
+        writes.append(dataset_id)
+        return await transition_dataset(dataset_id, *args, **kwargs)
+
+    store.transition_dataset = counted  # type: ignore[method-assign]
+
+    done = await asyncio.gather(
+        callbacks.success(a1.callback_id, 1), callbacks.success(a2.callback_id, 1)
+    )
+
+    assert [a.state for a in done] == [A.FINISHED, A.FINISHED]
+    assert writes == [a1.dataset_id]
+    d = await dataset(store, a1.dataset_id)
+    assert d.state is D.LEAF and content(d.path) == b"first" and d.size_bytes == 5
+    assert not staging2.exists()
+    assert await wf_state(store, w.id) is W.SUCCEEDED
+
+
 async def test_a_twin_that_wrote_nothing_keeps_the_stored_dataset(
     store: protocol.Store,
     storage: DatasetStorage,
