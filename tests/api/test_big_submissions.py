@@ -8,12 +8,17 @@ import asyncio
 import json
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pingo.api.app import create_app
+from pingo.api.routes import workflows as workflow_routes
 from pingo.node import BigSubmission, Node
+from tests.contract.conftest import with_database
 
 from .conftest import ADMIN_TOKEN, AiohttpClient, Api, command_workflow, make_settings
 
@@ -22,11 +27,11 @@ ACTIONS = 2_600
 SEED = ["sh", "-c", 'echo seed > "$PINGO_OUTPUT"']
 
 
-def _big(*, padding: str = "") -> dict[str, Any]:
+def _big(*, padding: str = "", actions: int = ACTIONS) -> dict[str, Any]:
     """Action 1 is `SEED` (reused once a small workflow stored it); 2 sleeps; a chain after."""
     commands = {1: SEED, 2: ["sh", "-c", 'sleep 60; echo > "$PINGO_OUTPUT"']}
-    commands.update({i: ["true", f"big-{i}{padding}"] for i in range(3, ACTIONS + 1)})
-    return command_workflow(commands, {i: [i - 1] for i in range(2, ACTIONS + 1)}, name="big")
+    commands.update({i: ["true", f"big-{i}{padding}"] for i in range(3, actions + 1)})
+    return command_workflow(commands, {i: [i - 1] for i in range(2, actions + 1)}, name="big")
 
 
 def _body(document: dict[str, Any]) -> bytes:
@@ -118,6 +123,57 @@ async def test_a_big_submission_in_a_child_is_the_workflow_in_process_would_be(
     assert status == 422
     assert json.loads(raw)["code"] == "IDEMPOTENCY_KEY_REUSED"
     assert detached.count == 3
+
+
+#: The MongoDB test's workflow: "big" made small by lowering the detached body size.
+SMALL_BIG = 40
+
+
+async def test_a_big_submission_in_a_child_on_mongodb_is_the_workflow_in_process_would_be(
+    aiohttp_client: AiohttpClient,
+    tmp_path: Path,
+    wire_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
+    servers = []
+    for name in ("child", "in-process"):
+        database = f"pingo_big_{uuid.uuid4().hex[:12]}"
+        url = with_database(wire_url, database)
+        app = create_app(make_settings(tmp_path / name, store_url=url))
+        servers.append(
+            Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+        )
+    child, in_process = servers
+    in_process.node.detaches = False
+    assert child.node.detaches
+    detached = _Calls(child.node)
+    await _seeded(child)
+    await _seeded(in_process)
+    body = json.dumps(_big(actions=SMALL_BIG)).encode()
+    assert len(body) > 4096
+
+    status, raw, headers = await _post(child, body, **{"Idempotency-Key": "big-mongo"})
+    assert status == 201, raw[:500]
+    stored = json.loads(raw)
+    status, raw, _ = await _post(in_process, body)
+    assert status == 201, raw[:500]
+    assert detached.count == 1
+    assert headers["Location"] == f"/api/v1/workflows/{stored['id']}"
+    assert stored["reuse"] == {"computed": SMALL_BIG - 1, "shared": 0, "reused": 1, "notNeeded": 0}
+    assert stored["actions"][0]["reuse"] == "reused"
+    assert _comparable(stored) == _comparable(json.loads(raw))
+    # Adopted by the server: the reused dataset's use is counted, action 2 runs.
+    seed = await child.node.store.get_dataset(stored["actions"][0]["datasetId"])
+    assert seed is not None and seed.use_count == 1
+    await child.wait_action(stored["id"], 2, {"SUBMITTED", "RUNNING"}, timeout_s=60)
+    # The same key again: replayed, through the child, from MongoDB.
+    status, raw, headers = await _post(child, body, **{"Idempotency-Key": "big-mongo"})
+    assert status == 201
+    assert headers["Idempotent-Replayed"] == "true"
+    assert json.loads(raw)["id"] == stored["id"]
+    assert detached.count == 2
+    await child.client.post(f"/api/v1/workflows/{stored['id']}/kill", headers=child.auth("admin"))
 
 
 async def test_a_big_submission_refused_in_the_child_is_refused_as_in_process(api: Api) -> None:
