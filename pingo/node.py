@@ -40,7 +40,7 @@ from pingo.schedules import rules as schedule_rules
 from pingo.schedules.loop import Scheduler
 from pingo.schedules.service import ScheduleService
 from pingo.store import open_store
-from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
+from pingo.store.protocol import ActionRecord, Store, UserLimits, WorkflowRecord
 from pingo.webhooks import hooks
 from pingo.webhooks.sender import WebhookSender
 from pingo.workflows.keep import KeepHook
@@ -423,6 +423,8 @@ class BigSubmission:
     decode: Callable[[bytes], Any]
     #: Refuses a document this node cannot run, as the API does in-process.
     check: Callable[[Any], None]
+    #: The owner's limits, whose workflow cap the planner applies (`WorkflowManager.submit`).
+    cap: UserLimits | None = None
     idempotency_key: str | None = None
     force: tuple[int | str, ...] = ()
     rerun_of: str | None = None
@@ -485,6 +487,7 @@ async def _child_submission(settings: Settings, job: BigSubmission) -> StoredSub
             idempotency_key=job.idempotency_key,
             force=force,
             rerun_of=job.rerun_of,
+            cap=job.cap,
         )
 
 

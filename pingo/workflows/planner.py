@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, events, heap, metrics, states, untrusted
+from pingo import errors, events, heap, limits, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol, rules
@@ -347,10 +347,20 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> protocol.WorkflowRecord:
-        """Plan and persist a workflow; return its record (an existing one for a repeated key)."""
+        """Plan and persist a workflow; return its record (an existing one for a repeated key).
+
+        `cap`: the owner's limits, when their workflow cap applies (the API's submissions
+        and re-runs): checked once the document is known valid (`_persist`).
+        """
         record, _ = await self.submit_once(
-            document, owner=owner, idempotency_key=idempotency_key, force=force, rerun_of=rerun_of
+            document,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            force=force,
+            rerun_of=rerun_of,
+            cap=cap,
         )
         return record
 
@@ -362,6 +372,7 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> tuple[protocol.WorkflowRecord, bool]:
         """`submit`, and whether the record is a replay of an earlier one with the same key.
 
@@ -370,7 +381,7 @@ class WorkflowManager:
         (two submissions with one key that both missed the first lookup).
         """
         started = time.perf_counter()
-        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of, cap)
         if isinstance(persisted, protocol.WorkflowRecord):
             return persisted, True
         record, plan, tally, shared = persisted
@@ -388,10 +399,11 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> StoredSubmission:
         """The first half of `submit_once`, in a process of its own (`pingo.node`): plan
         and persist, and say only what the server's process needs for `adopt`."""
-        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of, cap)
         if isinstance(persisted, protocol.WorkflowRecord):
             return StoredSubmission(persisted.id, replayed=True)
         record, _, tally, _ = persisted
@@ -423,10 +435,17 @@ class WorkflowManager:
         idempotency_key: str | None,
         force: ForceTargets,
         rerun_of: str | None,
+        cap: protocol.UserLimits | None,
     ) -> protocol.WorkflowRecord | _Stored:
         """Identify, plan, claim and store, and record the use of the datasets reused: the
         record, its plan, its tally and the actions the store made share
-        (`Store.persist_plan`), or the earlier workflow a repeated key replays."""
+        (`Store.persist_plan`), or the earlier workflow a repeated key replays.
+
+        The order of the refusals is this one, in-process and in a child alike: a
+        repeated key replays (never capped: it makes no new workflow) or is
+        `IDEMPOTENCY_KEY_REUSED`; then an invalid document is 422 whatever the owner's
+        `cap` (retrying it later could not help); then the cap is 429.
+        """
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -434,6 +453,8 @@ class WorkflowManager:
         scope = scope_for(self.settings, owner)
         identified = await self._identify(document, scope)
         forced = _forced(identified.definition, force)
+        if cap is not None:
+            await limits.check_workflow_cap(self.store, owner, cap, self.settings)
         now = self.store.clock()
         workflow_id = new_workflow_id(now)
         records = await self.store.get_datasets(identified.dataset_ids.values())

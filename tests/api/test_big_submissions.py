@@ -231,3 +231,58 @@ async def test_a_killed_child_is_a_503_and_stores_nothing(api: Api) -> None:
     # The server goes on: the next big submission is planned in a new child.
     status, raw, _ = await _post(api, _body(_big()))
     assert status == 201, raw[:500]
+
+
+async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation first, then the workflow cap: a document that can never be accepted is
+    422 (or 400) whatever the cap, in-process and in a child alike; only a valid one is 429."""
+    monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
+    monkeypatch.setattr(workflow_routes, "_INLINE_ACTIONS", SMALL_BIG // 2)
+    detached = _Calls(api.node)
+    response = await api.client.patch(
+        "/api/v1/users/admin", json={"limits": {"maxWorkflows": 1}}, headers=api.auth("admin")
+    )
+    assert response.status == 200
+    first = json.dumps(_big(actions=SMALL_BIG, padding="-first")).encode()
+    status, raw, _ = await _post(api, first, **{"Idempotency-Key": "first"})
+    assert status == 201, raw[:500]
+    running = json.loads(raw)
+    small, big = _big(actions=2), _big(actions=SMALL_BIG)
+    invalid_small, invalid_big = _big(actions=2), _big(actions=SMALL_BIG)
+    invalid_small["actions"][1]["maxAttempts"] = 0
+    invalid_big["actions"][1]["maxAttempts"] = 0
+    bodies = {
+        "small": json.dumps(small).encode(),
+        "big": json.dumps(big).encode(),
+        "invalid small": json.dumps(invalid_small).encode(),
+        "invalid big": json.dumps(invalid_big).encode(),
+        "malformed small": json.dumps(small).encode()[:-1],
+        "malformed big": json.dumps(big).encode()[:-1],
+    }
+    codes = {}
+    for name, body in bodies.items():
+        status, raw, _ = await _post(api, body)
+        codes[name] = (status, json.loads(raw)["code"])
+    rerun = f"/api/v1/workflows/{running['id']}/rerun"
+    for name, body in {"big rerun": {}, "invalid big rerun": {"force": ["nope"]}}.items():
+        response = await api.client.post(rerun, json=body, headers=api.auth("admin"))
+        codes[name] = (response.status, (await response.json())["code"])
+    assert codes == {
+        "small": (429, "TOO_MANY_WORKFLOWS"),
+        "big": (429, "TOO_MANY_WORKFLOWS"),
+        "invalid small": (422, "VALIDATION_FAILED"),
+        "invalid big": (422, "VALIDATION_FAILED"),
+        "malformed small": (400, "MALFORMED_JSON"),
+        "malformed big": (400, "MALFORMED_JSON"),
+        "big rerun": (429, "TOO_MANY_WORKFLOWS"),
+        "invalid big rerun": (422, "VALIDATION_FAILED"),
+    }
+    assert detached.count == 6
+    # A replay is no new workflow: never capped, in a child as well.
+    status, raw, headers = await _post(api, first, **{"Idempotency-Key": "first"})
+    assert (status, json.loads(raw)["id"]) == (201, running["id"])
+    assert headers["Idempotent-Replayed"] == "true"
+    assert detached.count == 7
+    assert [w.id for w in (await api.node.store.list_workflows()).items] == [running["id"]]
