@@ -260,6 +260,8 @@ class MemoryStore:
         # No await below: the checks, the sharing decision and the writes are one step.
         workflow = plan.workflow
         # Check everything before writing anything: the plan is persisted whole or not at all.
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         if workflow.id in self._workflows:
             raise errors.Conflict(f"workflow {workflow.id} already exists")
         idem = (

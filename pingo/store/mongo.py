@@ -827,6 +827,11 @@ class MongoStore:
         # with missing actions (and maybe datasets planned or claimed for it), never
         # a runnable action of a workflow that does not exist. Such a workflow stays
         # RUNNING until a user kills it; its claims, if any, keep those datasets.
+        # The deadline is checked last, right before the first write: from the workflow's
+        # document on, the deletor finds the workflow and keeps its claims; before, it
+        # may release them once the deadline and a lease have passed (docs/states.md).
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         await self._workflows.insert_one(_workflow_doc(workflow))
         _, now_us = self._now()
         merged = await self._persist_datasets(plan.datasets, now_us)

@@ -1437,6 +1437,11 @@ class SQLiteStore:
         """Write the plan in the caller's write transaction; return the actions it made
         share another workflow's computation (read in that transaction: atomic)."""
         workflow = plan.workflow
+        # Read in the write transaction: the deletor, which releases the claims of a
+        # planning past its deadline whose workflow it does not find, either finds this
+        # one committed or makes its claims' release and this refusal agree.
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         if conn.execute("SELECT 1 FROM workflows WHERE id = ?", (workflow.id,)).fetchone():
             raise errors.Conflict(f"workflow {workflow.id} already exists")
         if (

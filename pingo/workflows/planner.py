@@ -31,11 +31,10 @@ import asyncio
 import dataclasses
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pingo import errors, events, heap, limits, metrics, states, untrusted
@@ -120,22 +119,6 @@ class Plan:
             "actions": [a.to_json(twin=a.action_id in twins) for a in self.actions],
             "summary": reuse.summary(a.outcome(twin=a.action_id in twins) for a in self.actions),
         }
-
-
-def new_workflow_id(now: datetime) -> str:
-    """A unique id that sorts by creation time: `wf-<ms since epoch, base36>-<random>`."""
-    ms = int(now.timestamp() * 1000)
-    return f"wf-{_base36(ms).rjust(9, '0')}-{secrets.token_hex(5)}"
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
 
 
 def scope_for(settings: Settings, owner: str) -> str:
@@ -456,7 +439,7 @@ class WorkflowManager:
         if cap is not None:
             await limits.check_workflow_cap(self.store, owner, cap, self.settings)
         now = self.store.clock()
-        workflow_id = new_workflow_id(now)
+        workflow_id = protocol.new_workflow_id(now)
         records = await self.store.get_datasets(identified.dataset_ids.values())
         planning = identified.planning(workflow_id, records)
         try:
@@ -466,6 +449,14 @@ class WorkflowManager:
             )
             try:
                 persisted = await self.store.persist_plan(plan)
+            except errors.PlanExpired:
+                logger.warning(
+                    "planning workflow %s took longer than %g s: refused, nothing stored",
+                    workflow_id,
+                    self.settings.plan_deadline_s,
+                    extra={"event": "plan_expired", "workflow_id": workflow_id},
+                )
+                raise
             except errors.Conflict:
                 if idempotency_key is None:
                     raise
@@ -562,7 +553,7 @@ class WorkflowManager:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
         identified = await self._identify(document, scope_for(self.settings, owner))
         records = await self.store.get_datasets(identified.dataset_ids.values())
-        planning = identified.planning(new_workflow_id(self.store.clock()), records)
+        planning = identified.planning(protocol.new_workflow_id(self.store.clock()), records)
         await self._plan(planning, _forced(identified.definition, force), owner, live=False)
         return _to_plan(planning)
 
@@ -904,7 +895,12 @@ class WorkflowManager:
             reused=sorted({ids[aid] for aid, d in decisions.items() if d.reason == "reused"}),
             sharing=sorted(aid for aid, d in decisions.items() if d.shared_with is not None),
         )
-        return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values())), tally
+        # Past this the deletor may release the claims this planning took (`_persist`).
+        deadline_at = now + timedelta(seconds=self.settings.plan_deadline_s)
+        plan = protocol.WorkflowPlan(
+            workflow, tuple(actions), tuple(datasets.values()), deadline_at
+        )
+        return plan, tally
 
     async def _keep_decisions(
         self, planning: _Planning, owner: str, scope: str, computing: Sequence[int]
