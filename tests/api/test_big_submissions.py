@@ -5,11 +5,14 @@ child that dies is a clear 503 that leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import pytest
 from pingo.api.app import create_app
 from pingo.api.routes import workflows as workflow_routes
 from pingo.node import BigSubmission, Node
+from pingo.store import protocol
 from tests.contract.conftest import with_database
 
 from .conftest import ADMIN_TOKEN, AiohttpClient, Api, command_workflow, make_settings
@@ -286,3 +290,61 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
     assert headers["Idempotent-Replayed"] == "true"
     assert detached.count == 7
     assert [w.id for w in (await api.node.store.list_workflows()).items] == [running["id"]]
+
+
+async def test_claims_of_a_child_killed_mid_planning_are_swept_after_its_deadline(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    """A child killed after claiming the dataset it reuses and before its workflow is
+    stored leaves that claim; the deletor's sweep releases it once the planning is older
+    than its deadline and a lease (no sooner: a slow planning is never robbed)."""
+    settings = make_settings(tmp_path, plan_deadline_s=4.0, lease_s=1.0)
+    app = create_app(settings)
+    api = Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+    seed = await api.submit(command_workflow({1: SEED}, name="seed"))
+    assert (await api.wait(seed["id"]))["state"] == "SUCCEEDED"
+    seed_id = seed["actions"][0]["datasetId"]
+    store = api.node.store
+    database = settings.store_url.removeprefix("sqlite:///")
+    body = _body(_big())
+    leaked: list[str] = []
+    for _ in range(5):
+        before = set(_children())
+        posting = asyncio.create_task(_post(api, body))
+        while not posting.done():
+            record = await store.get_dataset(seed_id)
+            assert record is not None
+            if record.claims:
+                break
+            await asyncio.sleep(0.002)
+        if posting.done():
+            continue  # planned and stored before a poll saw its claim: again
+        # The write lock, taken from here, keeps the child from committing its plan
+        # (unless it is committing it right now: then it may get its 201, and we retry).
+        lock = sqlite3.connect(database, timeout=0, isolation_level=None)
+        try:
+            with contextlib.suppress(sqlite3.OperationalError):
+                lock.execute("BEGIN IMMEDIATE")
+            for pid in set(_children()) - before:
+                os.kill(pid, signal.SIGKILL)
+            status, _, _ = await posting
+        finally:
+            lock.close()
+        if status == 503:
+            leaked = list(record.claims)
+            break
+    assert leaked, "no child was killed between its claim and its commit"
+    assert not [w for w in (await store.list_workflows()).items if w.id != seed["id"]]
+    [claim] = leaked
+    started = protocol.planning_started_at(protocol.parse_claim_key(claim)[0])
+    assert started is not None
+    deletor = api.node.deletor
+    # Before the deadline and a lease: the planning may still be under way, kept.
+    assert await deletor.release_orphan_claims() == 0
+    record = await store.get_dataset(seed_id)
+    assert record is not None and record.claims == (claim,)
+    due = started + timedelta(seconds=settings.plan_deadline_s + settings.lease_s)
+    await asyncio.sleep(max(0.0, (due - store.clock()).total_seconds()) + 0.1)
+    assert await deletor.release_orphan_claims() == 1
+    record = await store.get_dataset(seed_id)
+    assert record is not None and record.claims == ()
