@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from pingo.api.app import create_app
@@ -358,3 +359,51 @@ async def test_claims_of_a_child_killed_mid_planning_are_swept_after_its_deadlin
 async def _stored(api: Api, claim: str) -> bool:
     """Whether the workflow of `claim` is in the store."""
     return await api.node.store.get_workflow(protocol.parse_claim_key(claim)[0]) is not None
+
+
+async def test_a_client_that_leaves_mid_planning_still_gets_its_workflow_stored_and_adopted(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the body is read the server finishes the submission, whether the client waits
+    or not, in-process and in a child alike: the workflow is stored and announced (the
+    owner's feed), and a retry with the same Idempotency-Key finds it. (aiohttp's test
+    server cancels the handler of a client that left, as `serve` does not.)"""
+    monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
+    detached = _Calls(api.node)
+    await _seeded(api)
+    for key, detaches in (("left-in-process", False), ("left-child", True)):
+        api.node.detaches = detaches
+        body = json.dumps(_big(actions=SMALL_BIG, padding=key)).encode()
+        with contextlib.suppress(TimeoutError):
+            await api.client.post(
+                "/api/v1/workflows",
+                data=body,
+                headers={
+                    **api.auth("admin"),
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": key,
+                },
+                timeout=aiohttp.ClientTimeout(total=0.01),
+            )
+        found = None
+        for _ in range(500):
+            found = await api.node.store.find_workflow_by_idempotency_key("admin", key)
+            if found is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert found is not None, key
+        # Announced by the server's process: the owner's feed has it.
+        for _ in range(500):
+            response = await api.client.get("/api/v1/events", headers=api.auth("admin"))
+            events = (await response.json())["items"]
+            if any(e.get("workflowId") == found.id for e in events):
+                break
+            await asyncio.sleep(0.02)
+        assert any(e.get("workflowId") == found.id for e in events), key
+        status, raw, headers = await _post(api, body, **{"Idempotency-Key": key})
+        assert (status, json.loads(raw)["id"], headers["Idempotent-Replayed"]) == (
+            201,
+            found.id,
+            "true",
+        )
+    assert detached.count == 2

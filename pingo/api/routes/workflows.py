@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -334,10 +334,45 @@ async def _submit_workflow(request: web.Request) -> web.StreamResponse:
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
         return bodies.json_response(documents.plan_document(plan))
-    record, replayed = await node.workflows.submit_once(
-        document, owner=user.name, idempotency_key=key, cap=user.limits
+    record, replayed = await whether_the_client_waits(
+        node.workflows.submit_once(document, owner=user.name, idempotency_key=key, cap=user.limits)
     )
     return await _created(request, record, replayed)
+
+
+async def whether_the_client_waits(work: Coroutine[Any, Any, T]) -> T:
+    """`work`, a submission or a re-run, carried to its end even if the request is cancelled.
+
+    What its user expects once the body is read: the workflow is stored and announced
+    (the owner's feed, webhooks, wake-ups) like any other, answered or not, and a retry
+    with the same `Idempotency-Key` finds it. `serve` never cancels a handler whose
+    client left (aiohttp's `handler_cancellation` is off), but aiohttp's test server
+    does, and so does a shutdown past its grace: planning in-process would stop half-way
+    (nothing stored), and a child's workflow would be stored but never adopted.
+    Waiting here, rather than leaving the work behind, keeps the handler's
+    `heap.burying()` block open until it is done; a second cancellation (the shutdown's)
+    stops the waiting, and the work finishes alone.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_unanswered)
+        await asyncio.wait({task})
+        raise
+
+
+def _unanswered(task: asyncio.Future[Any]) -> None:
+    """Log how a submission whose client left ended, if it failed (nobody else will)."""
+    if task.cancelled():
+        return
+    failure = task.exception()
+    if failure is not None:
+        logger.warning(
+            "a submission whose client left failed: %s",
+            failure,
+            extra={"event": "unanswered_submission_failed"},
+        )
 
 
 async def _created(
@@ -373,7 +408,7 @@ async def _submit_detached(
         cap=user.limits,
         idempotency_key=key,
     )
-    record, replayed = await node.submit_detached(job)
+    record, replayed = await whether_the_client_waits(node.submit_detached(job))
     return await _created(request, record, replayed)
 
 
@@ -450,19 +485,18 @@ async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -
             force=tuple(force),
             rerun_of=record.id,
         )
-        rerun, _ = await node.submit_detached(job)
+        rerun, _ = await whether_the_client_waits(node.submit_detached(job))
         return rerun
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
     check_executors(request, document)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
-    return await runtime.node(request).workflows.submit(
-        document,
-        owner=record.owner,
-        force=force,
-        rerun_of=record.id,
-        cap=await owner_limits(request, record.owner),
+    cap = await owner_limits(request, record.owner)
+    return await whether_the_client_waits(
+        node.workflows.submit(
+            document, owner=record.owner, force=force, rerun_of=record.id, cap=cap
+        )
     )
 
 
