@@ -437,7 +437,11 @@ _CHILD_CONTEXT = multiprocessing.get_context("spawn")
 
 async def _in_child(settings: Settings, job: BigSubmission) -> StoredSubmission:
     """`job` planned and persisted in a new process, which exits once it answered."""
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=_CHILD_CONTEXT, max_tasks_per_child=1)
+    # Not `max_tasks_per_child=1`: the pool's manager thread would then replace the child
+    # once it exited (a whole new process, spawned for nothing) or, when the shutdown
+    # below came first, die on the pool's emptied process table (a TypeError in its
+    # thread, CPython 3.11). The shutdown alone makes the child exit after its one task.
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=_CHILD_CONTEXT)
     try:
         return await asyncio.wrap_future(pool.submit(_child_main, settings, job))
     except BrokenProcessPool as exc:
@@ -453,7 +457,8 @@ async def _in_child(settings: Settings, job: BigSubmission) -> StoredSubmission:
             "Idempotency-Key to store it once"
         ) from exc
     finally:
-        # Never wait here (the loop would): the child exits by itself after one task.
+        # Never wait here (the loop would): told to shut down, the pool's manager thread
+        # sends the child its sentinel, and the child exits.
         pool.shutdown(wait=False)
 
 

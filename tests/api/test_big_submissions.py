@@ -291,6 +291,12 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
     assert headers["Idempotent-Replayed"] == "true"
     assert detached.count == 7
     assert [w.id for w in (await api.node.store.list_workflows()).items] == [running["id"]]
+    # Every child exited once it answered, and none was spawned to replace it.
+    for _ in range(500):
+        if not list(_children()):
+            break
+        await asyncio.sleep(0.02)
+    assert not list(_children())
 
 
 async def test_claims_of_a_child_killed_mid_planning_are_swept_after_its_deadline(
