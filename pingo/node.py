@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from pingo import errors, loops, states, untrusted
+from pingo import errors, limits, loops, states, untrusted
 from pingo.actions.executors import base, local, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
@@ -406,7 +406,11 @@ class Node:
         and does what needs it (`WorkflowManager.adopt`). Only when `detaches`.
         """
         started = time.perf_counter()
-        persisted = await _in_child(self.settings, job)
+        try:
+            persisted = await _in_child(self.settings, job)
+        except errors.TooManyWorkflows:
+            limits.count_refusal(errors.TooManyWorkflows)  # the child's count died with it
+            raise
         return await self.workflows.adopt(persisted, rerun_of=job.rerun_of, started=started)
 
 

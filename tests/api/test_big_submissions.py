@@ -266,6 +266,8 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
         "malformed small": json.dumps(small).encode()[:-1],
         "malformed big": json.dumps(big).encode()[:-1],
     }
+    capped = 'pingo_workflow_submissions_total{outcome="too_many_workflows"}'
+    refused_before = await api.metric(capped)
     codes = {}
     for name, body in bodies.items():
         status, raw, _ = await _post(api, body)
@@ -285,6 +287,8 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
         "invalid big rerun": (422, "VALIDATION_FAILED"),
     }
     assert detached.count == 6
+    # Counted by the server, for the children's refusals too (small, big, big re-run).
+    assert await api.metric(capped) == refused_before + 3
     # A replay is no new workflow: never capped, in a child as well.
     status, raw, headers = await _post(api, first, **{"Idempotency-Key": "first"})
     assert (status, json.loads(raw)["id"]) == (201, running["id"])
