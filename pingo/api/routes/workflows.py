@@ -334,13 +334,13 @@ async def _submit_workflow(request: web.Request) -> web.StreamResponse:
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
         return bodies.json_response(documents.plan_document(plan))
-    record, replayed = await whether_the_client_waits(
+    record, replayed = await _whether_the_client_waits(
         node.workflows.submit_once(document, owner=user.name, idempotency_key=key, cap=user.limits)
     )
     return await _created(request, record, replayed)
 
 
-async def whether_the_client_waits(work: Coroutine[Any, Any, T]) -> T:
+async def _whether_the_client_waits(work: Coroutine[Any, Any, T]) -> T:
     """`work`, a submission or a re-run, carried to its end even if the request is cancelled.
 
     What its user expects once the body is read: the workflow is stored and announced
@@ -408,7 +408,7 @@ async def _submit_detached(
         cap=user.limits,
         idempotency_key=key,
     )
-    record, replayed = await whether_the_client_waits(node.submit_detached(job))
+    record, replayed = await _whether_the_client_waits(node.submit_detached(job))
     return await _created(request, record, replayed)
 
 
@@ -485,7 +485,7 @@ async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -
             force=tuple(force),
             rerun_of=record.id,
         )
-        rerun, _ = await whether_the_client_waits(node.submit_detached(job))
+        rerun, _ = await _whether_the_client_waits(node.submit_detached(job))
         return rerun
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
@@ -493,7 +493,7 @@ async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
     cap = await owner_limits(request, record.owner)
-    return await whether_the_client_waits(
+    return await _whether_the_client_waits(
         node.workflows.submit(
             document, owner=record.owner, force=force, rerun_of=record.id, cap=cap
         )
