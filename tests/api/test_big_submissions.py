@@ -381,10 +381,11 @@ async def test_a_client_that_leaves_mid_planning_still_gets_its_workflow_stored_
     monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
     detached = _Calls(api.node)
     await _seeded(api)
-    for key, detaches in (("left-in-process", False), ("left-child", True)):
+    # In-process, a workflow big enough to still be planning when the client leaves.
+    for key, detaches, actions in (("left-in-process", False, ACTIONS), ("left-child", True, 40)):
         api.node.detaches = detaches
-        body = json.dumps(_big(actions=SMALL_BIG, padding=key)).encode()
-        with contextlib.suppress(TimeoutError):
+        body = json.dumps(_big(actions=actions, padding=key)).encode()
+        with pytest.raises(TimeoutError):
             await api.client.post(
                 "/api/v1/workflows",
                 data=body,
@@ -393,7 +394,7 @@ async def test_a_client_that_leaves_mid_planning_still_gets_its_workflow_stored_
                     "Content-Type": "application/json",
                     "Idempotency-Key": key,
                 },
-                timeout=aiohttp.ClientTimeout(total=0.01),
+                timeout=aiohttp.ClientTimeout(total=0.15),
             )
         found = None
         for _ in range(500):
