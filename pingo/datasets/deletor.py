@@ -90,30 +90,26 @@ class Deletor(loops.Loop):
         that died at the wrong moment leaves some behind: a planning that died (killed,
         out of memory, its node killed) after claiming the datasets it reuses and before
         its workflow was stored, or a callback that died after its action ended. Left
-        alone they would block deletion and eviction forever. Every dataset a planning
-        may claim is looked at: STORED and LEAF (reused) and STORED_TO_DELETE (deleted
-        meanwhile).
+        alone they would block deletion and eviction forever. Every claimed dataset is
+        looked at, whatever its state (a planning claims STORED and LEAF ones, which may
+        be deleted meanwhile), and only those.
         """
         released = 0
         now = self.store.clock()
-        for state in (D.STORED_TO_DELETE, D.STORED, D.LEAF):
-            cursor: str | None = None
-            while True:
-                page = await self.store.list_datasets(state=state, limit=100, cursor=cursor)
-                for record in page.items:
-                    for claim in record.claims:
-                        if await self._is_orphan(claim, now):
-                            await self.store.remove_dataset_claim(record.id, claim)
-                            released += 1
-                            logger.warning(
-                                "released orphaned claim %s on dataset %s",
-                                claim,
-                                record.id,
-                                extra={"event": "orphan_claim_released", "dataset_id": record.id},
-                            )
-                if page.next_cursor is None:
-                    break
-                cursor = page.next_cursor
+        after: str | None = None
+        while page := await self.store.list_claimed_datasets(after=after, limit=100):
+            after = page[-1].id
+            for record in page:
+                for claim in record.claims:
+                    if await self._is_orphan(claim, now):
+                        await self.store.remove_dataset_claim(record.id, claim)
+                        released += 1
+                        logger.warning(
+                            "released orphaned claim %s on dataset %s",
+                            claim,
+                            record.id,
+                            extra={"event": "orphan_claim_released", "dataset_id": record.id},
+                        )
         return released
 
     async def _is_orphan(self, claim: str, now: datetime) -> bool:

@@ -835,6 +835,14 @@ class MemoryStore:
             records = (self._datasets[k] for k in self._dataset_states.keys(state))
         return self._page(records, lambda d: d.created_at, lambda d: d.id, limit, cursor)
 
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        claimed = (
+            d for d in self._datasets.values() if d.claims and (after is None or d.id > after)
+        )
+        return sorted(claimed, key=lambda d: d.id)[: max(0, limit)]
+
     async def transition_dataset(
         self,
         dataset_id: str,

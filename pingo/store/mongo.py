@@ -1727,6 +1727,21 @@ class MongoStore:
         return _make_page([_dataset(d) for d in docs], limit)
 
     @_translated
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        if limit <= 0:
+            return []
+        # $expr rather than {"claims.0": {"$exists": true}}, and under $and beside the
+        # _id range rather than next to it: nx-27017 answers both other forms wrongly.
+        # No index helps either way; the scan goes by _id (a sweep every ten leases).
+        query: Doc = {"$expr": {"$gt": [{"$size": "$claims"}, 0]}}
+        if after is not None:
+            query = {"$and": [{"_id": {"$gt": after}}, query]}
+        docs = await self._datasets.find(query).sort("_id", 1).limit(limit).to_list(limit)
+        return [_dataset(d) for d in docs]
+
+    @_translated
     async def transition_dataset(
         self,
         dataset_id: str,

@@ -812,6 +812,14 @@ class Store(Protocol):
         """Pin (never evicted by retention) or unpin the dataset; None when it does not exist."""
         ...
 
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        """Datasets holding at least one claim, whatever their state, in id order: the
+        first `limit` whose id is greater than `after` (the last one's id is the next
+        page's `after`). For the deletor's sweep of claims no one will release."""
+        ...
+
     async def list_deletable_datasets(
         self, stale_s: float, limit: int = 100
     ) -> list[DatasetRecord]:

@@ -2496,6 +2496,21 @@ class SQLiteStore:
             lambda d: (d.created_at, d.id),
         )
 
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        if limit <= 0:
+            return []
+        # By the primary key, skipping the unclaimed rows: claims are a JSON list, and
+        # no index tells the few claimed datasets apart (a sweep every ten leases).
+        sql = (
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE claims != '[]' AND id > ? "
+            "ORDER BY id LIMIT ?"
+        )
+        return await self._run(
+            self._all, self._dataset, sql, ("" if after is None else after, limit)
+        )
+
     async def transition_dataset(
         self,
         dataset_id: str,
