@@ -110,6 +110,10 @@ class Settings:
     fast_poll_s: float = 0.01
     idle_poll_s: float = 0.025
     lease_s: float = 30.0
+    #: How long planning a workflow may take, from its start to its store write (a later
+    #: write is refused, 503): a planning older than this and a lease, whose workflow was
+    #: never stored, died, and the deletor releases the claims it took (docs/states.md).
+    plan_deadline_s: float = 600.0
     queue_size: int = 256
     claim_batch: int = 64
     submitters: int = 8
@@ -237,6 +241,7 @@ _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
+           "plan_deadline_s",
            "fast_poll_s", "idle_poll_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s", "schedule_interval_s",
            "schedule_lease_s", "schedule_grace_s", "webhook_interval_s", "webhook_backoff_s",

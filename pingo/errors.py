@@ -114,6 +114,10 @@ class SubmissionInterrupted(PingoError):
     code = "SUBMISSION_INTERRUPTED"
 
 
+class PlanExpired(SubmissionInterrupted):
+    """Planning took longer than PINGO_PLAN_DEADLINE_S; nothing was stored: retry."""
+
+
 class Unsupported(PingoError):
     """The backend cannot do this (callers fall back to another way)."""
 

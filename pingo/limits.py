@@ -78,12 +78,22 @@ async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings
         return
     running = await store.count_running_workflows(owner)
     if running >= cap:
-        metrics.SUBMISSIONS.labels(outcome="too_many_workflows").inc()
+        count_refusal(errors.TooManyWorkflows)
         raise errors.TooManyWorkflows(
             f"{owner} has {running} workflows running, the most allowed ({cap}); "
             "retry when one has finished",
             WORKFLOW_CAP_RETRY_S,
         )
+
+
+def count_refusal(refused: type[errors.TooManyRequests]) -> None:
+    """Count a submission refused by a limit in `pingo_workflow_submissions_total`.
+
+    In this process: a big submission's child checks the workflow cap and counts in its
+    own registry, lost with it, so its parent counts the refusal it hears of again.
+    """
+    outcome = "too_many_workflows" if refused is errors.TooManyWorkflows else "rate_limited"
+    metrics.SUBMISSIONS.labels(outcome=outcome).inc()
 
 
 @dataclass(slots=True)
@@ -122,7 +132,7 @@ class SubmissionRate:
         if bucket.tokens >= 1:
             bucket.tokens -= 1
             return
-        metrics.SUBMISSIONS.labels(outcome="rate_limited").inc()
+        count_refusal(errors.TooManyRequests)
         raise errors.TooManyRequests(
             f"{user} may submit {per_minute} workflows a minute (bursts of {size}); slow down",
             (1 - bucket.tokens) / per_s,

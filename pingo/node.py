@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from pingo import errors, heap, loops, states, untrusted
+from pingo import errors, heap, limits, loops, states, untrusted
 from pingo.actions.executors import base, local, sandbox
 from pingo.actions.leases import HeldActions, LeaseRenewer, capacity
 from pingo.actions.reaper import Reaper
@@ -40,7 +40,7 @@ from pingo.schedules import rules as schedule_rules
 from pingo.schedules.loop import Scheduler
 from pingo.schedules.service import ScheduleService
 from pingo.store import open_store
-from pingo.store.protocol import ActionRecord, Store, WorkflowRecord
+from pingo.store.protocol import ActionRecord, Store, UserLimits, WorkflowRecord
 from pingo.webhooks import hooks
 from pingo.webhooks.sender import WebhookSender
 from pingo.workflows.keep import KeepHook
@@ -406,7 +406,11 @@ class Node:
         and does what needs it (`WorkflowManager.adopt`). Only when `detaches`.
         """
         started = time.perf_counter()
-        persisted = await _in_child(self.settings, job)
+        try:
+            persisted = await _in_child(self.settings, job)
+        except errors.TooManyWorkflows:
+            limits.count_refusal(errors.TooManyWorkflows)  # the child's count died with it
+            raise
         return await self.workflows.adopt(persisted, rerun_of=job.rerun_of, started=started)
 
 
@@ -423,6 +427,8 @@ class BigSubmission:
     decode: Callable[[bytes], Any]
     #: Refuses a document this node cannot run, as the API does in-process.
     check: Callable[[Any], None]
+    #: The owner's limits, whose workflow cap the planner applies (`WorkflowManager.submit`).
+    cap: UserLimits | None = None
     idempotency_key: str | None = None
     force: tuple[int | str, ...] = ()
     rerun_of: str | None = None
@@ -435,7 +441,11 @@ _CHILD_CONTEXT = multiprocessing.get_context("spawn")
 
 async def _in_child(settings: Settings, job: BigSubmission) -> StoredSubmission:
     """`job` planned and persisted in a new process, which exits once it answered."""
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=_CHILD_CONTEXT, max_tasks_per_child=1)
+    # Not `max_tasks_per_child=1`: the pool's manager thread would then replace the child
+    # once it exited (a whole new process, spawned for nothing) or, when the shutdown
+    # below came first, die on the pool's emptied process table (a TypeError in its
+    # thread, CPython 3.11). The shutdown alone makes the child exit after its one task.
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=_CHILD_CONTEXT)
     try:
         return await asyncio.wrap_future(pool.submit(_child_main, settings, job))
     except BrokenProcessPool as exc:
@@ -451,7 +461,8 @@ async def _in_child(settings: Settings, job: BigSubmission) -> StoredSubmission:
             "Idempotency-Key to store it once"
         ) from exc
     finally:
-        # Never wait here (the loop would): the child exits by itself after one task.
+        # Never wait here (the loop would): told to shut down, the pool's manager thread
+        # sends the child its sentinel, and the child exits.
         pool.shutdown(wait=False)
 
 
@@ -485,6 +496,7 @@ async def _child_submission(settings: Settings, job: BigSubmission) -> StoredSub
             idempotency_key=job.idempotency_key,
             force=force,
             rerun_of=job.rerun_of,
+            cap=job.cap,
         )
 
 

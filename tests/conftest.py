@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,16 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} is not present")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A MongoDB wire server for the session: `PINGO_TEST_MONGODB_URI`, or nx-27017."""
+    external = os.environ.get("PINGO_TEST_MONGODB_URI")
+    if external:
+        yield external
+        return
+    from pingo import testing
+
+    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
+        yield server.url

@@ -359,7 +359,8 @@ _COMMON_ERRORS = {
 
 #: A big workflow is planned in a process of its own (`pingo.node.BigSubmission`).
 _INTERRUPTED = _problem(
-    "A big workflow's planning process ended before it answered (SUBMISSION_INTERRUPTED); "
+    "A big workflow's planning process ended before it answered, or planning took longer "
+    "than its deadline (SUBMISSION_INTERRUPTED); "
     "retry, with an Idempotency-Key so that it is stored once."
 )
 

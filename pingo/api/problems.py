@@ -125,7 +125,9 @@ DOCUMENTED_CODES: dict[str, str] = {
     "TOO_MANY_WORKFLOWS": "The user has their limit of RUNNING workflows; see Retry-After (429).",
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",
-    "SUBMISSION_INTERRUPTED": "The process planning a big workflow ended first (503).",
+    "SUBMISSION_INTERRUPTED": (
+        "The process planning a big workflow ended first, or planning passed its deadline (503)."
+    ),
 }
 
 

@@ -41,6 +41,7 @@ class Deletor(loops.Loop):
         self.store = store
         self.storage = storage
         self.stale_s = settings.lease_s
+        self.plan_deadline_s = settings.plan_deadline_s
         self._janitor_due: datetime | None = None
 
     async def run_once(self) -> bool:
@@ -85,44 +86,56 @@ class Deletor(loops.Loop):
     async def release_orphan_claims(self) -> int:
         """Drop claims that no one will ever release; return how many.
 
-        Claims are released by the actions holding them when they end, but a node
-        that crashed at the wrong moment leaves some behind: a planner that died
-        between claiming and persisting its workflow (the claim's action does not
-        exist, long after the claim was made), or a callback that died after its
-        action ended. Left alone they would block deletion and eviction forever.
+        Claims are released by the actions holding them when they end, but a process
+        that died at the wrong moment leaves some behind: a planning that died (killed,
+        out of memory, its node killed) after claiming the datasets it reuses and before
+        its workflow was stored, or a callback that died after its action ended. Left
+        alone they would block deletion and eviction forever. Every claimed dataset is
+        looked at, whatever its state (a planning claims STORED and LEAF ones, which may
+        be deleted meanwhile), and only those.
         """
         released = 0
         now = self.store.clock()
-        for state in (D.STORED_TO_DELETE, D.STORED):
-            cursor: str | None = None
-            while True:
-                page = await self.store.list_datasets(state=state, limit=100, cursor=cursor)
-                for record in page.items:
-                    for claim in record.claims:
-                        if await self._is_orphan(record, claim, now):
-                            await self.store.remove_dataset_claim(record.id, claim)
-                            released += 1
-                            logger.warning(
-                                "released orphaned claim %s on dataset %s",
-                                claim,
-                                record.id,
-                                extra={"event": "orphan_claim_released", "dataset_id": record.id},
-                            )
-                if page.next_cursor is None:
-                    break
-                cursor = page.next_cursor
+        after: str | None = None
+        while page := await self.store.list_claimed_datasets(after=after, limit=100):
+            after = page[-1].id
+            for record in page:
+                for claim in record.claims:
+                    if await self._is_orphan(claim, now):
+                        await self.store.remove_dataset_claim(record.id, claim)
+                        released += 1
+                        logger.warning(
+                            "released orphaned claim %s on dataset %s",
+                            claim,
+                            record.id,
+                            extra={"event": "orphan_claim_released", "dataset_id": record.id},
+                        )
         return released
 
-    async def _is_orphan(self, record: protocol.DatasetRecord, claim: str, now: datetime) -> bool:
+    async def _is_orphan(self, claim: str, now: datetime) -> bool:
+        """Whether no one will release `claim`: its action ended, or its planning died.
+
+        A planning writes its workflow after claiming, and the store refuses that write
+        once the planning is `plan_deadline_s` old (`WorkflowPlan.deadline_at`). So a
+        claim whose workflow is not in the store, taken by a planning older than the
+        deadline and a lease (the margin for the clocks of several nodes, as leases
+        assume), is one whose workflow will never be: a planning still under way is
+        never robbed, however slow (docs/states.md, "Claims").
+        """
         workflow_id, _, action_id = claim.rpartition("/")
         try:
             action = await self.store.get_action(workflow_id, int(action_id))
         except ValueError:
             return False  # not a claim key Pingo makes: leave it to whoever did
-        if action is None:
-            # Planning claims before it persists: only a claim older than a lease is orphaned.
-            return (now - record.updated_at).total_seconds() > self.stale_s
-        return action.state in states.ACTION_TERMINAL
+        if action is not None:
+            return action.state in states.ACTION_TERMINAL
+        started = protocol.planning_started_at(workflow_id)
+        if started is None:
+            return False  # not a workflow id Pingo makes: its age is unknown
+        if (now - started).total_seconds() <= self.plan_deadline_s + self.stale_s:
+            return False
+        # Written (its actions still being written, on MongoDB), or never will be.
+        return workflow_id not in await self.store.find_workflow_ids(workflow_id, limit=1)
 
     async def _to_deleting(self, record: protocol.DatasetRecord) -> protocol.DatasetRecord | None:
         """PROCESSING → DELETING while unclaimed; back to STORED_TO_DELETE if a claim arrived."""

@@ -264,6 +264,8 @@ class MemoryStore:
         # No await below: the checks, the sharing decision and the writes are one step.
         workflow = plan.workflow
         # Check everything before writing anything: the plan is persisted whole or not at all.
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         if workflow.id in self._workflows:
             raise errors.Conflict(f"workflow {workflow.id} already exists")
         idem = (
@@ -841,6 +843,14 @@ class MemoryStore:
         else:
             records = (self._datasets[k] for k in self._dataset_states.keys(state))
         return self._page(records, lambda d: d.created_at, lambda d: d.id, limit, cursor)
+
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        claimed = (
+            d for d in self._datasets.values() if d.claims and (after is None or d.id > after)
+        )
+        return sorted(claimed, key=lambda d: d.id)[: max(0, limit)]
 
     async def transition_dataset(
         self,

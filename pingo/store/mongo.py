@@ -830,6 +830,11 @@ class MongoStore:
         # with missing actions (and maybe datasets planned or claimed for it), never
         # a runnable action of a workflow that does not exist. Such a workflow stays
         # RUNNING until a user kills it; its claims, if any, keep those datasets.
+        # The deadline is checked last, right before the first write: from the workflow's
+        # document on, the deletor finds the workflow and keeps its claims; before, it
+        # may release them once the deadline and a lease have passed (docs/states.md).
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         await self._workflows.insert_one(_workflow_doc(workflow))
         _, now_us = self._now()
         merged = await self._persist_datasets(plan.datasets, now_us)
@@ -1735,6 +1740,21 @@ class MongoStore:
         query: Doc = {} if state is None else {"state": state.value}
         docs = await self._page(self._datasets, query, limit, cursor)
         return _make_page([_dataset(d) for d in docs], limit)
+
+    @_translated
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        if limit <= 0:
+            return []
+        # $expr rather than {"claims.0": {"$exists": true}}, and under $and beside the
+        # _id range rather than next to it: nx-27017 answers both other forms wrongly.
+        # No index helps either way; the scan goes by _id (a sweep every ten leases).
+        query: Doc = {"$expr": {"$gt": [{"$size": "$claims"}, 0]}}
+        if after is not None:
+            query = {"$and": [{"_id": {"$gt": after}}, query]}
+        docs = await self._datasets.find(query).sort("_id", 1).limit(limit).to_list(limit)
+        return [_dataset(d) for d in docs]
 
     @_translated
     async def transition_dataset(

@@ -13,9 +13,10 @@ components on a virtual clock.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Generic, NamedTuple, Protocol, Self, TypeVar
 
@@ -45,6 +46,42 @@ def parse_claim_key(key: str) -> tuple[str, int]:
     """`claim_key`'s inverse: (workflow id, action id). Workflow ids hold no `/`."""
     workflow_id, _, action_id = key.rpartition("/")
     return workflow_id, int(action_id)
+
+
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+#: Base-36 digits of the milliseconds in a workflow id: fixed, so ids sort by time.
+_ID_TIME_DIGITS = 9
+
+
+def new_workflow_id(now: datetime) -> str:
+    """A unique id that sorts by creation time: `wf-<ms since epoch, base36>-<random>`.
+
+    `now` is when its planning started: `planning_started_at` reads it back, so a claim
+    (`claim_key`) tells how old the planning that took it is, even if its workflow was
+    never stored.
+    """
+    n = int(now.timestamp() * 1000)
+    digits = ""
+    while True:
+        n, r = divmod(n, 36)
+        digits = _BASE36[r] + digits
+        if n == 0:
+            break
+    return f"wf-{digits.rjust(_ID_TIME_DIGITS, '0')}-{secrets.token_hex(5)}"
+
+
+def planning_started_at(workflow_id: str) -> datetime | None:
+    """When the planning of `workflow_id` started (`new_workflow_id`'s `now`, to the
+    millisecond); None for an id not made by `new_workflow_id`."""
+    prefix, _, rest = workflow_id.partition("-")
+    stamp, _, random = rest.partition("-")
+    if prefix != "wf" or len(stamp) != _ID_TIME_DIGITS or not random:
+        return None
+    try:
+        ms = int(stamp, 36)
+    except ValueError:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 # --------------------------------------------------------------------------- records
@@ -354,6 +391,10 @@ class WorkflowPlan:
     workflow: WorkflowRecord
     actions: tuple[ActionRecord, ...]
     datasets: tuple[DatasetPlan, ...]
+    #: `persist_plan` refuses the plan (`errors.PlanExpired`) once the store's clock is
+    #: past this: its planning took so long that the deletor may have released the
+    #: claims it took as orphans (`Settings.plan_deadline_s`). None: no deadline.
+    deadline_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +512,10 @@ class Store(Protocol):
         one node or several, leave exactly one computing it. The caller settles the
         shared actions it gets back (their producer may end at any time).
 
-        Raises `Conflict` when the owner already has a workflow with the same idempotency key.
+        Raises `Conflict` when the owner already has a workflow with the same idempotency
+        key, `PlanExpired` (writing nothing) when the clock is past the plan's
+        `deadline_at`: in the write transaction (SQLite), the same step of the event loop
+        (memory), or right before the workflow's document is written (MongoDB).
         """
         ...
 
@@ -778,6 +822,14 @@ class Store(Protocol):
 
     async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
         """Pin (never evicted by retention) or unpin the dataset; None when it does not exist."""
+        ...
+
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        """Datasets holding at least one claim, whatever their state, in id order: the
+        first `limit` whose id is greater than `after` (the last one's id is the next
+        page's `after`). For the deletor's sweep of claims no one will release."""
         ...
 
     async def list_deletable_datasets(

@@ -1445,6 +1445,11 @@ class SQLiteStore:
         """Write the plan in the caller's write transaction; return the actions it made
         share another workflow's computation (read in that transaction: atomic)."""
         workflow = plan.workflow
+        # Read in the write transaction: the deletor, which releases the claims of a
+        # planning past its deadline whose workflow it does not find, either finds this
+        # one committed or makes its claims' release and this refusal agree.
+        if plan.deadline_at is not None and self.clock() > plan.deadline_at:
+            raise errors.PlanExpired()
         if conn.execute("SELECT 1 FROM workflows WHERE id = ?", (workflow.id,)).fetchone():
             raise errors.Conflict(f"workflow {workflow.id} already exists")
         if (
@@ -2507,6 +2512,21 @@ class SQLiteStore:
             limit,
             cursor,
             lambda d: (d.created_at, d.id),
+        )
+
+    async def list_claimed_datasets(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> list[DatasetRecord]:
+        if limit <= 0:
+            return []
+        # By the primary key, skipping the unclaimed rows: claims are a JSON list, and
+        # no index tells the few claimed datasets apart (a sweep every ten leases).
+        sql = (
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE claims != '[]' AND id > ? "
+            "ORDER BY id LIMIT ?"
+        )
+        return await self._run(
+            self._all, self._dataset, sql, ("" if after is None else after, limit)
         )
 
     async def transition_dataset(

@@ -31,14 +31,13 @@ import asyncio
 import dataclasses
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pingo import errors, events, heap, metrics, states, untrusted
+from pingo import errors, events, heap, limits, metrics, states, untrusted
 from pingo.datasets import integrity
 from pingo.outcomes.service import OutcomeService
 from pingo.store import protocol, rules
@@ -120,22 +119,6 @@ class Plan:
             "actions": [a.to_json(twin=a.action_id in twins) for a in self.actions],
             "summary": reuse.summary(a.outcome(twin=a.action_id in twins) for a in self.actions),
         }
-
-
-def new_workflow_id(now: datetime) -> str:
-    """A unique id that sorts by creation time: `wf-<ms since epoch, base36>-<random>`."""
-    ms = int(now.timestamp() * 1000)
-    return f"wf-{_base36(ms).rjust(9, '0')}-{secrets.token_hex(5)}"
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
 
 
 def scope_for(settings: Settings, owner: str) -> str:
@@ -347,10 +330,20 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> protocol.WorkflowRecord:
-        """Plan and persist a workflow; return its record (an existing one for a repeated key)."""
+        """Plan and persist a workflow; return its record (an existing one for a repeated key).
+
+        `cap`: the owner's limits, when their workflow cap applies (the API's submissions
+        and re-runs): checked once the document is known valid (`_persist`).
+        """
         record, _ = await self.submit_once(
-            document, owner=owner, idempotency_key=idempotency_key, force=force, rerun_of=rerun_of
+            document,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            force=force,
+            rerun_of=rerun_of,
+            cap=cap,
         )
         return record
 
@@ -362,6 +355,7 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> tuple[protocol.WorkflowRecord, bool]:
         """`submit`, and whether the record is a replay of an earlier one with the same key.
 
@@ -370,7 +364,7 @@ class WorkflowManager:
         (two submissions with one key that both missed the first lookup).
         """
         started = time.perf_counter()
-        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of, cap)
         if isinstance(persisted, protocol.WorkflowRecord):
             return persisted, True
         record, plan, tally, shared = persisted
@@ -388,10 +382,11 @@ class WorkflowManager:
         idempotency_key: str | None = None,
         force: ForceTargets = (),
         rerun_of: str | None = None,
+        cap: protocol.UserLimits | None = None,
     ) -> StoredSubmission:
         """The first half of `submit_once`, in a process of its own (`pingo.node`): plan
         and persist, and say only what the server's process needs for `adopt`."""
-        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of)
+        persisted = await self._persist(document, owner, idempotency_key, force, rerun_of, cap)
         if isinstance(persisted, protocol.WorkflowRecord):
             return StoredSubmission(persisted.id, replayed=True)
         record, _, tally, _ = persisted
@@ -423,10 +418,17 @@ class WorkflowManager:
         idempotency_key: str | None,
         force: ForceTargets,
         rerun_of: str | None,
+        cap: protocol.UserLimits | None,
     ) -> protocol.WorkflowRecord | _Stored:
         """Identify, plan, claim and store, and record the use of the datasets reused: the
         record, its plan, its tally and the actions the store made share
-        (`Store.persist_plan`), or the earlier workflow a repeated key replays."""
+        (`Store.persist_plan`), or the earlier workflow a repeated key replays.
+
+        The order of the refusals is this one, in-process and in a child alike: a
+        repeated key replays (never capped: it makes no new workflow) or is
+        `IDEMPOTENCY_KEY_REUSED`; then an invalid document is 422 whatever the owner's
+        `cap` (retrying it later could not help); then the cap is 429.
+        """
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -434,8 +436,10 @@ class WorkflowManager:
         scope = scope_for(self.settings, owner)
         identified = await self._identify(document, scope)
         forced = _forced(identified.definition, force)
+        if cap is not None:
+            await limits.check_workflow_cap(self.store, owner, cap, self.settings)
         now = self.store.clock()
-        workflow_id = new_workflow_id(now)
+        workflow_id = protocol.new_workflow_id(now)
         records = await self.store.get_datasets(identified.dataset_ids.values())
         planning = identified.planning(workflow_id, records)
         try:
@@ -445,6 +449,14 @@ class WorkflowManager:
             )
             try:
                 persisted = await self.store.persist_plan(plan)
+            except errors.PlanExpired:
+                logger.warning(
+                    "planning workflow %s took longer than %g s: refused, nothing stored",
+                    workflow_id,
+                    self.settings.plan_deadline_s,
+                    extra={"event": "plan_expired", "workflow_id": workflow_id},
+                )
+                raise
             except errors.Conflict:
                 if idempotency_key is None:
                     raise
@@ -541,7 +553,7 @@ class WorkflowManager:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
         identified = await self._identify(document, scope_for(self.settings, owner))
         records = await self.store.get_datasets(identified.dataset_ids.values())
-        planning = identified.planning(new_workflow_id(self.store.clock()), records)
+        planning = identified.planning(protocol.new_workflow_id(self.store.clock()), records)
         await self._plan(planning, _forced(identified.definition, force), owner, live=False)
         return _to_plan(planning)
 
@@ -883,7 +895,12 @@ class WorkflowManager:
             reused=sorted({ids[aid] for aid, d in decisions.items() if d.reason == "reused"}),
             sharing=sorted(aid for aid, d in decisions.items() if d.shared_with is not None),
         )
-        return protocol.WorkflowPlan(workflow, tuple(actions), tuple(datasets.values())), tally
+        # Past this the deletor may release the claims this planning took (`_persist`).
+        deadline_at = now + timedelta(seconds=self.settings.plan_deadline_s)
+        plan = protocol.WorkflowPlan(
+            workflow, tuple(actions), tuple(datasets.values()), deadline_at
+        )
+        return plan, tally
 
     async def _keep_decisions(
         self, planning: _Planning, owner: str, scope: str, computing: Sequence[int]

@@ -14,9 +14,8 @@ Times are whole milliseconds so that any backend may store them at that precisio
 from __future__ import annotations
 
 import itertools
-import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,19 +68,6 @@ def with_database(url: str, database: str) -> str:
     hosts, _, query = rest.partition("?")
     hosts = hosts.split("/", 1)[0]
     return f"{scheme}://{hosts}/{database}" + (f"?{query}" if query else "")
-
-
-@pytest.fixture(scope="session")
-def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A MongoDB wire server for the session: `PINGO_TEST_MONGODB_URI`, or nx-27017."""
-    external = os.environ.get("PINGO_TEST_MONGODB_URI")
-    if external:
-        yield external
-        return
-    from pingo import testing
-
-    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
-        yield server.url
 
 
 @dataclass

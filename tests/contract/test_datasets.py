@@ -238,6 +238,36 @@ async def test_dataset_claims_are_conditional_on_state(
     assert await store.remove_dataset_claim("missing", "w/1") is None
 
 
+async def test_list_claimed_datasets_pages_by_id_in_every_state(
+    store: Store, make: Factory
+) -> None:
+    claimed = [
+        await seed_dataset(store, make, state, claims=(f"w/{i}",))
+        for i, state in enumerate((D.STORED, D.LEAF, D.STORED_TO_DELETE, D.TO_STORE, D.STORED))
+    ]
+    unclaimed = await seed_dataset(store, make, D.STORED)
+    released = claimed.pop()
+    await store.remove_dataset_claim(released, "w/4")
+    assert await store.list_claimed_datasets(limit=0) == []
+
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(len(claimed)):
+        page = await store.list_claimed_datasets(after=after, limit=3)
+        if not page:
+            break
+        assert len(page) <= 3 and (after is None or page[0].id > after)
+        seen.extend(d.id for d in page)
+        after = page[-1].id
+    assert seen == sorted(claimed)
+    assert unclaimed not in seen and released not in seen
+    everything = await store.list_claimed_datasets()
+    assert [(d.id, d.claims) for d in everything] == [
+        (d, (await store.get_dataset(d)).claims)  # type: ignore[union-attr]
+        for d in sorted(claimed)
+    ]
+
+
 async def test_record_use_and_pinning(store: Store, make: Factory, clock: FakeClock) -> None:
     dataset_id = await seed_dataset(store, make, D.STORED)
     first_use = clock.advance(1)

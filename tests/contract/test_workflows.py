@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from pingo import errors
 from pingo.states import WorkflowState
-from pingo.store.protocol import Store, WorkflowChanges
+from pingo.store.protocol import (
+    Store,
+    WorkflowChanges,
+    new_workflow_id,
+    planning_started_at,
+)
 from tests.contract.conftest import Factory, FakeClock
 
 
@@ -117,6 +123,34 @@ async def test_idempotency_key_lookup_and_conflict(store: Store, make: Factory) 
     assert await store.find_workflow_by_idempotency_key("bob", "submit-1") == other.workflow
     await store.create_workflow(make.plan())
     await store.create_workflow(make.plan())
+
+
+async def test_a_plan_past_its_deadline_is_refused_whole(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    """The deletor releases the claims of a planning past its deadline whose workflow it
+    does not find: the store must never write such a plan after that."""
+    deadline = clock.advance(0) + timedelta(seconds=10)
+    on_time = replace(make.plan(), deadline_at=deadline)
+    clock.advance(10)
+    await store.persist_plan(on_time)
+    late = replace(make.plan(), deadline_at=deadline)
+    clock.advance(0.001)
+    with pytest.raises(errors.PlanExpired):
+        await store.persist_plan(late)
+    assert isinstance(errors.PlanExpired(), errors.SubmissionInterrupted)
+    assert await store.get_workflow(late.workflow.id) is None
+    assert await store.list_actions(late.workflow.id) == []
+    assert await store.get_datasets([d.id for d in late.datasets]) == {}
+    assert await store.get_workflow(on_time.workflow.id) == on_time.workflow
+
+
+async def test_planning_started_at_reads_a_new_workflow_id_back(clock: FakeClock) -> None:
+    workflow_id = new_workflow_id(clock())
+    assert planning_started_at(workflow_id) == clock()
+    assert sorted([new_workflow_id(clock.advance(0.001)), workflow_id])[0] == workflow_id
+    for other in ("wf-never", "wf-zzzzzzzzz", "x-000000001-ab", "wf-00000000!-ab", "wf"):
+        assert planning_started_at(other) is None
 
 
 async def test_duplicate_workflow_id_conflicts(store: Store, make: Factory) -> None:

@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def wire_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A MongoDB wire server for the session: `PINGO_TEST_MONGODB_URI`, or nx-27017."""
-    external = os.environ.get("PINGO_TEST_MONGODB_URI")
-    if external:
-        yield external
-        return
-    from pingo import testing
-
-    with testing.wire_server(tmp_path_factory.mktemp("wire")) as server:
-        yield server.url
 
 
 def database_url(base: str, database: str) -> str:

@@ -179,13 +179,37 @@ async def test_orphaned_claims_are_released(
     record, d1 = await stored_intermediate(store, storage, settings)
     await DatasetService(store, storage).mark_for_deletion(d1.id)
     # A planner that died between claiming and persisting its workflow.
-    await store.add_dataset_claim(d1.id, protocol.claim_key("wf-never", 7), {D.STORED_TO_DELETE})
+    dead = protocol.claim_key(protocol.new_workflow_id(clock()), 7)
+    await store.add_dataset_claim(d1.id, dead, {D.STORED_TO_DELETE})
     # Action 2 ended (KILLED) but died before releasing its claim.
     await store.transition_action(record.id, 2, {A.READY}, A.KILLED)
     deletor = Deletor(store, storage, settings)
-    assert await deletor.release_orphan_claims() == 1  # the unknown claim is too fresh
-    assert (await dataset(store, d1.id)).claims == (protocol.claim_key("wf-never", 7),)
-    clock.advance(settings.lease_s + 1)
+    assert await deletor.release_orphan_claims() == 1  # the planning may still be under way
+    assert (await dataset(store, d1.id)).claims == (dead,)
+    clock.advance(settings.plan_deadline_s + settings.lease_s + 1)
     assert await deletor.release_orphan_claims() == 1
     await deletor.run_once()
     assert (await dataset(store, d1.id)).state is D.DELETED
+
+
+async def test_a_slow_planning_keeps_its_claims_until_its_deadline_and_a_lease(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
+) -> None:
+    """A planning still under way is never robbed of a claim, however long the dataset
+    stayed unchanged: only its deadline, after which its workflow can no longer be
+    stored, makes its claims orphans; and a reused LEAF is swept too."""
+    _, d1 = await stored_intermediate(store, storage, settings)
+    _, d2 = await stored_intermediate(store, storage, settings, tag="leaf")
+    assert await store.transition_dataset(d2.id, {D.STORED}, D.LEAF) is not None
+    planning = protocol.claim_key(protocol.new_workflow_id(clock()), 2)
+    await store.add_dataset_claim(d1.id, planning, {D.STORED})
+    await store.add_dataset_claim(d2.id, planning, {D.LEAF})
+    deletor = Deletor(store, storage, settings)
+    for _ in range(3):
+        clock.advance(settings.lease_s + 1)
+        assert await deletor.release_orphan_claims() == 0
+        assert planning in (await dataset(store, d1.id)).claims
+    clock.advance(settings.plan_deadline_s)
+    assert await deletor.release_orphan_claims() == 2
+    for record in (d1, d2):
+        assert planning not in (await dataset(store, record.id)).claims

@@ -447,6 +447,34 @@ async def test_racing_duplicates_release_their_claims(
     assert {c.split("/")[0] for c in d1.claims} == {results[0].id}
 
 
+async def test_a_planning_past_its_deadline_stores_nothing_and_releases_its_claims(
+    store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
+) -> None:
+    """The store refuses a plan written after its deadline (the deletor may have released
+    its claims as a dead planning's by then): 503, nothing stored, its claims released."""
+    seed = await planner.WorkflowManager(store, storage, settings).submit(
+        workflow({1: []}), owner="ann"
+    )
+    await store_all(store, seed.id)
+    d1 = await dataset(store, (await store.list_actions(seed.id))[0].dataset_id)
+
+    async def slow(info: planner.NewDatasetInfo) -> bool:
+        # Asked after the reused dataset was claimed and before the plan is written.
+        assert (await dataset(store, d1.id)).claims
+        clock.advance(settings.plan_deadline_s + 0.01)
+        return True
+
+    manager = planner.WorkflowManager(store, storage, settings, keep_hook=slow)
+    with pytest.raises(errors.PlanExpired) as refused:
+        await manager.submit(workflow(DIAMOND), owner="ann")
+    assert refused.value.code == "SUBMISSION_INTERRUPTED"
+    assert [w.id for w in (await store.list_workflows()).items] == [seed.id]
+    assert (await dataset(store, d1.id)).claims == ()
+    # On time, the same planning is stored.
+    await planner.WorkflowManager(store, storage, settings).submit(workflow(DIAMOND), owner="ann")
+    assert (await dataset(store, d1.id)).claims
+
+
 async def test_racing_submissions_of_different_documents_with_one_key(
     store: protocol.Store, manager: planner.WorkflowManager
 ) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +20,13 @@ from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.config import Settings
 from pingo.node import BigSubmission
 from pingo.store import lookup
-from pingo.store.protocol import NO_LIMITS, ActionRecord, UserRecord, WorkflowRecord
+from pingo.store.protocol import (
+    NO_LIMITS,
+    ActionRecord,
+    UserLimits,
+    UserRecord,
+    WorkflowRecord,
+)
 from pingo.webhooks import hooks
 from pingo.workflows import planner
 
@@ -294,13 +300,13 @@ def take_submission(request: web.Request, user: UserRecord) -> None:
     shared.submission_rate.take(user.name, per_minute)
 
 
-async def check_workflow_cap(request: web.Request, owner: str) -> None:
-    """Refuse (429 TOO_MANY_WORKFLOWS) a new workflow of `owner` beyond their cap."""
-    store = runtime.node(request).store
+async def owner_limits(request: web.Request, owner: str) -> UserLimits:
+    """`owner`'s own limits, for the planner to apply their workflow cap (429
+    TOO_MANY_WORKFLOWS) once it knows the document is valid: a re-run's owner may not be
+    the caller."""
     caller = auth.current_user(request)
-    record = caller if caller.name == owner else await store.get_user(owner)
-    own = record.limits if record is not None else NO_LIMITS
-    await limits.check_workflow_cap(store, owner, own, runtime.settings(request))
+    record = caller if caller.name == owner else await runtime.node(request).store.get_user(owner)
+    return record.limits if record is not None else NO_LIMITS
 
 
 @routes.post(PREFIX + "/workflows", name="submit_workflow")
@@ -331,13 +337,45 @@ async def _submit_workflow(request: web.Request) -> web.StreamResponse:
     if dry_run:
         plan = await node.workflows.dry_run(document, owner=user.name)
         return bodies.json_response(documents.plan_document(plan))
-    if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
-        # A replay makes no new workflow: only a new one counts against the cap.
-        await check_workflow_cap(request, user.name)
-    record, replayed = await node.workflows.submit_once(
-        document, owner=user.name, idempotency_key=key
+    record, replayed = await _whether_the_client_waits(
+        node.workflows.submit_once(document, owner=user.name, idempotency_key=key, cap=user.limits)
     )
     return await _created(request, record, replayed)
+
+
+async def _whether_the_client_waits(work: Coroutine[Any, Any, T]) -> T:
+    """`work`, a submission or a re-run, carried to its end even if the request is cancelled.
+
+    What its user expects once the body is read: the workflow is stored and announced
+    (the owner's feed, webhooks, wake-ups) like any other, answered or not, and a retry
+    with the same `Idempotency-Key` finds it. `serve` never cancels a handler whose
+    client left (aiohttp's `handler_cancellation` is off), but aiohttp's test server
+    does, and so does a shutdown past its grace: planning in-process would stop half-way
+    (nothing stored), and a child's workflow would be stored but never adopted.
+    Waiting here, rather than leaving the work behind, keeps the handler's
+    `heap.burying()` block open until it is done; a second cancellation (the shutdown's)
+    stops the waiting, and the work finishes alone.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_unanswered)
+        await asyncio.wait({task})
+        raise
+
+
+def _unanswered(task: asyncio.Future[Any]) -> None:
+    """Log how a submission whose client left ended, if it failed (nobody else will)."""
+    if task.cancelled():
+        return
+    failure = task.exception()
+    if failure is not None:
+        logger.warning(
+            "a submission whose client left failed: %s",
+            failure,
+            extra={"event": "unanswered_submission_failed"},
+        )
 
 
 async def _created(
@@ -365,17 +403,15 @@ async def _submit_detached(
     node = runtime.node(request)
     raw = await bodies.read_json_bytes(request)
     assert raw is not None
-    if key is None or await node.store.find_workflow_by_idempotency_key(user.name, key) is None:
-        # A replay makes no new workflow: only a new one counts against the cap.
-        await check_workflow_cap(request, user.name)
     job = BigSubmission(
         owner=user.name,
         body=raw,
         decode=bodies.decode_json,
         check=ExecutorCheck.of(request, user),
+        cap=user.limits,
         idempotency_key=key,
     )
-    record, replayed = await node.submit_detached(job)
+    record, replayed = await _whether_the_client_waits(node.submit_detached(job))
     return await _created(request, record, replayed)
 
 
@@ -443,25 +479,27 @@ async def start_rerun(request: web.Request, record: WorkflowRecord, body: Any) -
     node = runtime.node(request)
     if node.detaches and _is_big(record):
         # Its stored document is decoded, checked and planned in a child (issue 13).
-        await check_workflow_cap(request, record.owner)
         job = BigSubmission(
             owner=record.owner,
             body=None,
             decode=bodies.decode_json,
             check=ExecutorCheck.of(request, auth.current_user(request)),
+            cap=await owner_limits(request, record.owner),
             force=tuple(force),
             rerun_of=record.id,
         )
-        rerun, _ = await node.submit_detached(job)
+        rerun, _ = await _whether_the_client_waits(node.submit_detached(job))
         return rerun
     # A big workflow's stored document is decoded only now, and off the loop.
     document = await asyncio.to_thread(untrusted.plain, record.document)
     check_executors(request, document)
-    await check_workflow_cap(request, record.owner)
     # The re-run belongs to the original owner: in per-user sharing scopes the
     # owner is part of every dataset id, so this keeps the same provenance.
-    return await runtime.node(request).workflows.submit(
-        document, owner=record.owner, force=force, rerun_of=record.id
+    cap = await owner_limits(request, record.owner)
+    return await _whether_the_client_waits(
+        node.workflows.submit(
+            document, owner=record.owner, force=force, rerun_of=record.id, cap=cap
+        )
     )
 
 
