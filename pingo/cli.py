@@ -1079,7 +1079,9 @@ def simulate(
     plot: Path | None = _SIM_PLOT,
     jobs: int = typer.Option(1, "--jobs", min=1, help="Replays run in this many processes."),
     high_water: float = typer.Option(0.90, "--high-water", help="Retention's high water mark."),
-    low_water: float = typer.Option(0.75, "--low-water", help="Retention's low water mark."),
+    low_water: float = typer.Option(
+        0.75, "--low-water", help="Retention's low water mark: the furthest one pass evicts to."
+    ),
 ) -> None:
     """Replay workflow traces through the real engine under storage budgets, per policy.
 

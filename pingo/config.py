@@ -99,7 +99,9 @@ class Settings:
     #: Storage budget in bytes for retention; None means unlimited.
     storage_capacity_bytes: int | None = None
     retention_policy: str = "cost-benefit"
+    #: Retention passes when the bytes on disk exceed this share of the capacity.
     high_water: float = 0.90
+    #: The furthest one pass may evict to (`pingo.retention.loop.pass_bytes_to_free`).
     low_water: float = 0.75
     retention_interval_s: float = 5.0
     #: This node's identity in leases and claims.

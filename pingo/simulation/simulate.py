@@ -225,6 +225,8 @@ class RunResult:
     compute_s: float
     executed_actions: int
     evictions: int
+    #: Bytes of the datasets retention evicted.
+    evicted_bytes: int
     peak_bytes: int
     #: New intermediates the policy's keep hook declined.
     dropped_new: int
@@ -277,18 +279,20 @@ async def run_engine(
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
         executor = SimulatedExecutor(store, storage, outcomes, clock)
-        evictions = 0
+        evictions = evicted_bytes = 0
         boundary: list[int] = []
         next_pass = clock()
         high = None if capacity_bytes is None else high_water * capacity_bytes
 
         async def maintain() -> None:
-            nonlocal evictions, next_pass
+            nonlocal evictions, evicted_bytes, next_pass
             # The physical bytes present equal the store's bytes on disk between
             # steps, so this is the loop's own first test, without a store scan.
             if high is not None and storage.used_bytes > high and clock() >= next_pass:
                 next_pass = clock() + timedelta(seconds=retention_interval_s)
-                evictions += len(await retention.enforce())
+                evicted = await retention.enforce()
+                evictions += len(evicted)
+                evicted_bytes += sum(e.size_bytes for e in evicted)
             while await deletor.run_once():
                 pass
 
@@ -318,6 +322,7 @@ async def run_engine(
         compute_s=executor.compute_s,
         executed_actions=executor.executed,
         evictions=evictions,
+        evicted_bytes=evicted_bytes,
         peak_bytes=storage.peak_bytes,
         dropped_new=dropped,
         wall_s=time.perf_counter() - started,

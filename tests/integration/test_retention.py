@@ -169,6 +169,37 @@ async def test_live_node_keeps_storage_under_its_budget(node: Node) -> None:
     assert finished.state is W.SUCCEEDED, finished.error
 
 
+def private(i: int) -> dict[str, Any]:
+    """own-i → leaf-i: 1,010 bytes more on disk per workflow, nothing shared."""
+    return {
+        "name": f"private-{i}",
+        "startActionId": 1,
+        "endActionId": 2,
+        "actions": [action(1, f"own-{i}", BIG), action(2, f"leaf-{i}", SMALL, 1)],
+    }
+
+
+async def test_a_live_pass_evicts_what_is_over_the_high_mark_not_down_to_the_low_one(
+    node: Node,
+) -> None:
+    # Five workflows fill 5,050 bytes (high mark 5,400, low 3,600); the sixth's
+    # intermediate takes it to 6,050. A pass down to the low mark would evict
+    # three of the 1,000-byte intermediates; sized to need it evicts the 650 over
+    # the mark plus room for one interval's writes at the rate it measured (at
+    # most the 1,000 just written): two at most, and what fits under the budget stays.
+    for i in range(6):
+        record = await node.workflows.submit(private(i), owner="alice")
+        finished = await node.wait_workflow(record.id, timeout_s=60)
+        assert finished.state is W.SUCCEEDED, finished.error
+    await settle(node, timeout_s=20)
+    evicted = await recent_decisions(node.store, limit=100)
+    assert 1 <= len(evicted) <= 2, [d["datasetId"] for d in evicted]
+    by_state = await node.store.bytes_by_state()
+    staying = by_state.get(D.STORED, 0) + by_state.get(D.LEAF, 0)
+    assert 0.6 * CAPACITY < staying <= 0.9 * CAPACITY
+    assert bytes_in(Path(node.storage.root)) == staying
+
+
 DROP_NEW_PLUGIN = '''
 class DropNew:
     """Keeps nothing new: every intermediate is deleted once its readers finished."""

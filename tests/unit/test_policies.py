@@ -426,10 +426,11 @@ async def test_loop_does_nothing_under_the_high_water_mark(
     assert await RetentionLoop(store, settings(None), builtin.LRU()).enforce() == []
 
 
-async def test_loop_evicts_to_the_low_mark_sparing_leaf_pinned_and_claimed(
+async def test_loop_evicts_what_is_over_the_high_mark_sparing_leaf_pinned_and_claimed(
     store: MemoryStore, make_dataset: MakeDataset, clock: Clock
 ) -> None:
-    # 1200 bytes on disk for a capacity of 1000: 600 must go to reach 600.
+    # 1200 bytes on disk for a capacity of 1000, high mark 900: 300 must go. The
+    # low mark (600) is not where a pass goes: data that fits under the budget stays.
     await make_dataset("leaf", state=D.LEAF, size=300)
     await make_dataset("pinned", size=100)
     await store.set_dataset_pinned("pinned", True)
@@ -440,19 +441,51 @@ async def test_loop_evicts_to_the_low_mark_sparing_leaf_pinned_and_claimed(
     before = metrics.RETENTION_EVICTIONS.labels(policy="lru")._value.get()
     loop = RetentionLoop(store, settings(1000, low_water=0.6), builtin.LRU())
     evicted = await loop.enforce()
-    assert [e.dataset_id for e in evicted] == ["d0", "d1", "d2", "d3", "d4", "d5"]
+    assert [e.dataset_id for e in evicted] == ["d0", "d1", "d2"]
     by_state = await store.bytes_by_state()
-    assert by_state[D.STORED] + by_state[D.LEAF] <= 600
-    for kept in ("leaf", "pinned", "claimed", "d6"):
+    assert by_state[D.STORED] + by_state[D.LEAF] == 900
+    for kept in ("leaf", "pinned", "claimed", "d3", "d6"):
         record = await store.get_dataset(kept)
         assert record is not None and record.state is not D.STORED_TO_DELETE
-    assert metrics.RETENTION_EVICTIONS.labels(policy="lru")._value.get() == before + 6
+    assert metrics.RETENTION_EVICTIONS.labels(policy="lru")._value.get() == before + 3
     decisions = await policy_api.recent_decisions(store, limit=3)
-    assert [d["datasetId"] for d in decisions] == ["d5", "d4", "d3"]
+    assert [d["datasetId"] for d in decisions] == ["d2", "d1", "d0"]
     assert decisions[0]["policy"] == "lru" and decisions[0]["sizeBytes"] == 100
     assert decisions[0]["reason"].startswith("lru:")
     # The evicted bytes are on their way out: the next pass evicts nothing more.
     assert await loop.enforce() == []
+
+
+async def test_a_pass_keeps_room_for_the_growth_it_measured_down_to_the_low_mark_at_most(
+    store: MemoryStore, make_dataset: MakeDataset, clock: Clock
+) -> None:
+    for i in range(9):
+        clock.advance(1)
+        await make_dataset(f"d{i}", size=100)
+    loop = RetentionLoop(store, settings(1000, low_water=0.6), builtin.LRU())
+    assert await loop.enforce() == []  # 900: at the high mark, not over it
+    # 200 written over one interval (5 s): the pass frees the 200 over the mark
+    # and 200 more, the room the next interval's writes will need.
+    clock.advance(5)
+    for i in (9, 10):
+        await make_dataset(f"d{i}", size=100)
+    evicted = await loop.enforce()
+    assert [e.dataset_id for e in evicted] == ["d0", "d1", "d2", "d3"]
+    # 400 written over ten intervals: 40 B of room (200 over the mark, 240 to free).
+    clock.advance(50)
+    for i in (11, 12, 13, 14):
+        await make_dataset(f"d{i}", size=100)
+    evicted = await loop.enforce()
+    assert [e.dataset_id for e in evicted] == ["d4", "d5", "d6"]
+    # A burst of 600 in one interval: 500 over the mark, and the room is capped
+    # at 300 (900 - 600): the pass stops at the low mark.
+    clock.advance(5)
+    for i in range(15, 21):
+        await make_dataset(f"d{i}", size=100)
+    evicted = await loop.enforce()
+    assert len(evicted) == 8
+    by_state = await store.bytes_by_state()
+    assert by_state[D.STORED] == 600
 
 
 async def test_loop_ignores_bad_decisions_and_survives_a_failing_policy(

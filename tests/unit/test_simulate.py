@@ -183,6 +183,23 @@ async def test_engine_replay_agrees_with_the_model_and_full_capacity_is_unlimite
     assert tight.peak_bytes < ws.bytes
 
 
+async def test_a_budget_just_under_the_working_set_evicts_only_its_excess(
+    small_traces: list[Path],
+) -> None:
+    # The high mark 3% under the working set: a pass frees what is over it (and
+    # room for the writes it measured), not 15% of the capacity down to the low
+    # mark, which here threw reusable data away (lru recomputed 11% more).
+    families = traces.load_families(small_traces)
+    subs = sequence.generate(families, 30, seed=5)
+    models, catalog = oracle.build_models(subs)
+    ws = oracle.working_set(models, catalog)
+    capacity = int(ws.bytes * 0.97 / 0.9)
+    for policy in ("lru", "gdsf"):
+        run = await simulate.run_engine(subs, policy, capacity)
+        assert 0 < run.evicted_bytes < (0.90 - 0.75) * capacity, policy
+        assert run.compute_s <= ws.unlimited_compute_s * 1.001, policy
+
+
 def _without_timings(document: dict[str, Any]) -> dict[str, Any]:
     for row in document["results"]:
         row.pop("wallSeconds")
