@@ -184,6 +184,15 @@ async def test_success_without_output_stores_an_empty_dataset(
     assert await wf_state(store, record.id) is W.SUCCEEDED
 
 
+async def started_twins(
+    store: protocol.Store, manager: planner.WorkflowManager
+) -> tuple[protocol.WorkflowRecord, protocol.ActionRecord, protocol.ActionRecord]:
+    """A workflow of two actions computing the same leaf, both attempts started."""
+    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
+    w = await manager.submit(twins, owner="ann")
+    return w, await start_attempt(store, w.id, 1), await start_attempt(store, w.id, 2)
+
+
 async def test_success_keeps_a_dataset_someone_else_stored(
     store: protocol.Store,
     storage: DatasetStorage,
@@ -192,10 +201,8 @@ async def test_success_keeps_a_dataset_someone_else_stored(
 ) -> None:
     # Twins of one workflow compute the same leaf at once (another workflow would
     # share the computation instead: tests/contract/test_sharing.py).
-    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
-    w1 = w2 = await manager.submit(twins, owner="ann")
-    a1 = await start_attempt(store, w1.id, 1)
-    a2 = await start_attempt(store, w2.id, 2)
+    w1, a1, a2 = await started_twins(store, manager)
+    w2 = w1
     assert a1.dataset_id == a2.dataset_id
     write_output(storage, a1, b"first")
     staging2 = write_output(storage, a2, b"second!")
@@ -217,10 +224,7 @@ async def test_twins_succeeding_together_store_the_dataset_once(
 ) -> None:
     # Both read the dataset unstored; the second waits for the first's store on this
     # node instead of promoting, hashing and losing the compare-and-set (issue 15).
-    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
-    w = await manager.submit(twins, owner="ann")
-    a1 = await start_attempt(store, w.id, 1)
-    a2 = await start_attempt(store, w.id, 2)
+    w, a1, a2 = await started_twins(store, manager)
     write_output(storage, a1, b"first")
     staging2 = write_output(storage, a2, b"second!")
     writes: list[str] = []
@@ -250,10 +254,7 @@ async def test_a_twin_that_wrote_nothing_keeps_the_stored_dataset(
     callbacks: OutcomeService,
     manager: planner.WorkflowManager,
 ) -> None:
-    twins = workflow({1: [], 2: []}, end=1, extra={2: {"command": ["step", "1", ""]}})
-    w = await manager.submit(twins, owner="ann")
-    a1 = await start_attempt(store, w.id, 1)
-    a2 = await start_attempt(store, w.id, 2)
+    w, a1, a2 = await started_twins(store, manager)
     write_output(storage, a1, b"first")
     await callbacks.success(a1.callback_id, 1)
     stored = await dataset(store, a1.dataset_id)

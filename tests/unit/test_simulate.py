@@ -157,13 +157,19 @@ async def test_simulated_storage_keeps_promotion_semantics() -> None:
     assert storage.used_bytes == 0 and not await storage.exists(final)
 
 
+def thirty_submissions(
+    small_traces: list[Path],
+) -> tuple[list[sequence.Submission], oracle.WorkingSet]:
+    """30 submissions of the small traces (seed 5) and their working set."""
+    subs = sequence.generate(traces.load_families(small_traces), 30, seed=5)
+    models, catalog = oracle.build_models(subs)
+    return subs, oracle.working_set(models, catalog)
+
+
 async def test_engine_replay_agrees_with_the_model_and_full_capacity_is_unlimited(
     small_traces: list[Path],
 ) -> None:
-    families = traces.load_families(small_traces)
-    subs = sequence.generate(families, 30, seed=5)
-    models, catalog = oracle.build_models(subs)
-    ws = oracle.working_set(models, catalog)
+    subs, ws = thirty_submissions(small_traces)
     unlimited = await simulate.run_engine(subs, "keep-all", None)
     # The real planner and the oracle's model agree on what reuse saves.
     assert unlimited.compute_s == pytest.approx(ws.unlimited_compute_s)
@@ -189,10 +195,7 @@ async def test_a_budget_just_under_the_working_set_evicts_only_its_excess(
     # The high mark 3% under the working set: a pass frees what is over it (and
     # room for the writes it measured), not 15% of the capacity down to the low
     # mark, which here threw reusable data away (lru recomputed 11% more).
-    families = traces.load_families(small_traces)
-    subs = sequence.generate(families, 30, seed=5)
-    models, catalog = oracle.build_models(subs)
-    ws = oracle.working_set(models, catalog)
+    subs, ws = thirty_submissions(small_traces)
     capacity = int(ws.bytes * 0.97 / 0.9)
     for policy in ("lru", "gdsf"):
         run = await simulate.run_engine(subs, policy, capacity)
