@@ -1280,10 +1280,16 @@ class MongoStore:
         wanted = open_quotas(quotas, limit)
         claimed: list[ActionRecord] = []
         # MongoDB has no transaction here: nodes that claim at the same instant may
-        # each see the same room and overshoot a user's cap by their batches.
-        room = await self._in_flight_room(max_in_flight) if wanted != {} else None
+        # each see the same room and overshoot a user's cap by their batches. Without a
+        # server-wide cap the users' own caps are read beside the first batch's
+        # candidates (None: not read yet), a round trip fewer when nobody has one.
+        room = None
+        if wanted != {} and max_in_flight is not None:
+            room = await self._in_flight_room(max_in_flight)
         while len(claimed) < limit and wanted != {}:
-            batch = await self._claim_batch(node_id, limit - len(claimed), lease_s, wanted, room)
+            batch, room = await self._claim_batch(
+                node_id, limit - len(claimed), lease_s, wanted, room
+            )
             if batch is None:
                 break
             claimed.extend(batch)
@@ -1301,12 +1307,19 @@ class MongoStore:
             )
         return claimed
 
-    async def _in_flight_room(self, default: int | None) -> _room.InFlightRoom:
+    async def _caps(self) -> dict[str, int]:
+        """The users' own in-flight caps (`UserLimits.max_in_flight_actions`)."""
         capped = self._users.find(
             {"max_in_flight_actions": {"$ne": None}}, {"max_in_flight_actions": 1}
         )
-        caps = {d["_id"]: d["max_in_flight_actions"] for d in await capped.to_list(None)}
-        room = _room.InFlightRoom(caps, default)
+        return {d["_id"]: d["max_in_flight_actions"] for d in await capped.to_list(None)}
+
+    async def _in_flight_room(
+        self, default: int | None, caps: Mapping[str, int] | None = None
+    ) -> _room.InFlightRoom:
+        """Who has room for more in flight: `caps` (read when None), and when anyone is
+        capped, every owner's actions in flight now."""
+        room = _room.InFlightRoom(await self._caps() if caps is None else caps, default)
         if room.capped:
             # Counted in the server: one document per workflow, not per action.
             counted = await _aggregate(
@@ -1373,14 +1386,16 @@ class MongoStore:
         now_us: int,
         limit: int,
         wanted: Mapping[str, int] | None,
-        room: _room.InFlightRoom | None = None,
-    ) -> list[Doc]:
-        """The `limit` oldest actions READY past their backoff or PROCESSING past their lease.
+        room: _room.InFlightRoom | None,
+    ) -> tuple[list[Doc], _room.InFlightRoom]:
+        """The `limit` oldest actions READY past their backoff or PROCESSING past their
+        lease, within `room`, and the room (read here when None: no server-wide cap).
 
         Index-served queries at once (expired leases; READY by state, or by state and
         type for each of `wanted`'s types), merged oldest first, rather than one $or:
         nx-27017 serves neither branch of an $or from an index and took 25 ms per query
-        over 1,000 READY actions.
+        over 1,000 READY actions. With `room` None the users' caps are read with them,
+        and the READY ones read without a cap stand unless some user has a cap.
         """
         ready_queries = (
             [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
@@ -1396,28 +1411,35 @@ class MongoStore:
             .limit(limit)
             .to_list(None)
         )
-        if room is not None and room.capped:
+        uncapped_ready = (
+            self._actions.find(
+                {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by},
+                sort=_CLAIMABLE_READY,
+            )
+            .limit(count)
+            .to_list(None)
+            for by, count in ready_queries
+        )
+        if room is None:
+            caps, (expired, *ready_lists) = await asyncio.gather(
+                self._caps(), asyncio.gather(expired_docs, *uncapped_ready)
+            )
+            room = await self._in_flight_room(None, caps)
+            if room.capped:
+                ready = await self._ready_within_room(room, now_us, limit, wanted)
+            else:
+                ready = [doc for docs in ready_lists for doc in docs]
+        elif room.capped:
             expired, ready = await asyncio.gather(
                 expired_docs, self._ready_within_room(room, now_us, limit, wanted)
             )
         else:
-            expired, *ready_lists = await asyncio.gather(
-                expired_docs,
-                *(
-                    self._actions.find(
-                        {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by},
-                        sort=_CLAIMABLE_READY,
-                    )
-                    .limit(count)
-                    .to_list(None)
-                    for by, count in ready_queries
-                ),
-            )
+            expired, *ready_lists = await asyncio.gather(expired_docs, *uncapped_ready)
             ready = [doc for docs in ready_lists for doc in docs]
         oldest = sorted([*ready, *expired], key=_oldest_action)
         if wanted is None:
-            return oldest[:limit]
-        return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"]))
+            return oldest[:limit], room
+        return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"])), room
 
     async def _claim_batch(
         self,
@@ -1425,9 +1447,10 @@ class MongoStore:
         limit: int,
         lease_s: float,
         wanted: Mapping[str, int] | None,
-        room: _room.InFlightRoom | None = None,
-    ) -> list[ActionRecord] | None:
+        room: _room.InFlightRoom | None,
+    ) -> tuple[list[ActionRecord] | None, _room.InFlightRoom]:
         """Up to `limit` claimable actions, in two round trips; None when none is claimable.
+        Returned with the in-flight room (`_claimable`), for the next batch.
 
         Reads the oldest candidates, then claims them all with ONE update_many whose filter
         names each candidate with the version it was read at: each document is still its
@@ -1438,9 +1461,9 @@ class MongoStore:
         """
         now, now_us = self._now()
         lease_us = _us(now + timedelta(seconds=lease_s))
-        candidates = await self._claimable(now_us, limit, wanted, room)
+        candidates, room = await self._claimable(now_us, limit, wanted, room)
         if not candidates:
-            return None
+            return None, room
         claim = {
             "state": ActionState.PROCESSING.value,
             "owner": node_id,
@@ -1471,12 +1494,12 @@ class MongoStore:
                 if doc["state"] == ActionState.READY.value
                 else a
                 for doc, a in zip(candidates, claimed, strict=True)
-            ]
+            ], room
         order = {doc["_id"]: i for i, doc in enumerate(candidates)}
         won = self._actions.find({"_id": {"$in": list(order)}, "claim_token": claim["claim_token"]})
         return [
             _action(doc) for doc in sorted(await won.to_list(None), key=lambda d: order[d["_id"]])
-        ]
+        ], room
 
     @_translated
     async def watch_ready(self, on_ready: Callable[[], None]) -> None:
