@@ -644,6 +644,9 @@ class MongoStore:
         self._schedules: AsyncCollection[Doc] = self._db["schedules"]
         self._schedule_runs: AsyncCollection[Doc] = self._db["schedule_runs"]
         self._deliveries: AsyncCollection[Doc] = self._db["webhook_deliveries"]
+        #: Whether a claim reads its candidates and the users' caps in one aggregation
+        #: (`_claim_reads`); False once the server refused `$unionWith`.
+        self._union_claim_reads = True
 
     @classmethod
     def from_url(
@@ -1309,10 +1312,8 @@ class MongoStore:
 
     async def _caps(self) -> dict[str, int]:
         """The users' own in-flight caps (`UserLimits.max_in_flight_actions`)."""
-        capped = self._users.find(
-            {"max_in_flight_actions": {"$ne": None}}, {"max_in_flight_actions": 1}
-        )
-        return {d["_id"]: d["max_in_flight_actions"] for d in await capped.to_list(None)}
+        capped = self._users.find(_CAPPED_USERS, {_CAP: 1})
+        return {d["_id"]: d[_CAP] for d in await capped.to_list(None)}
 
     async def _in_flight_room(
         self, default: int | None, caps: Mapping[str, int] | None = None
@@ -1391,39 +1392,40 @@ class MongoStore:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their
         lease, within `room`, and the room (read here when None: no server-wide cap).
 
-        Index-served queries at once (expired leases; READY by state, or by state and
-        type for each of `wanted`'s types), merged oldest first, rather than one $or:
-        nx-27017 serves neither branch of an $or from an index and took 25 ms per query
-        over 1,000 READY actions. With `room` None the users' caps are read with them,
-        and the READY ones read without a cap stand unless some user has a cap.
+        Index-served queries (expired leases; READY by state, or by state and type for
+        each of `wanted`'s types), merged oldest first, rather than one $or: nx-27017
+        serves neither branch of an $or from an index and took 25 ms per query over
+        1,000 READY actions. With `room` None the users' caps are read with them, all in
+        one `$unionWith` aggregation (`_claim_reads`), and the READY ones read without a
+        cap stand unless some user has a cap.
         """
-        ready_queries = (
-            [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
-        )
-        expired_docs = (
-            self._actions.find(
-                {
-                    "state": ActionState.PROCESSING.value,
-                    "lease_expires_at_us": {"$lte": now_us},
-                },
-                sort=_LEASE_EXPIRY,
+        expired_query: Doc = {
+            "state": ActionState.PROCESSING.value,
+            "lease_expires_at_us": {"$lte": now_us},
+        }
+        ready_queries = [
+            ({"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by}, count)
+            for by, count in (
+                [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
             )
-            .limit(limit)
-            .to_list(None)
-        )
-        uncapped_ready = (
-            self._actions.find(
-                {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}, **by},
-                sort=_CLAIMABLE_READY,
-            )
-            .limit(count)
-            .to_list(None)
-            for by, count in ready_queries
-        )
+        ]
+
+        def expired_docs() -> Coroutine[Any, Any, list[Doc]]:
+            found = self._actions.find(expired_query, sort=_LEASE_EXPIRY).limit(limit)
+            return found.to_list(None)
+
+        def uncapped_ready() -> Iterator[Coroutine[Any, Any, list[Doc]]]:
+            for query, count in ready_queries:
+                yield self._actions.find(query, sort=_CLAIMABLE_READY).limit(count).to_list(None)
+
         if room is None:
-            caps, (expired, *ready_lists) = await asyncio.gather(
-                self._caps(), asyncio.gather(expired_docs, *uncapped_ready)
-            )
+            read = await self._claim_reads(expired_query, limit, ready_queries)
+            if read is None:
+                caps, (expired, *ready_lists) = await asyncio.gather(
+                    self._caps(), asyncio.gather(expired_docs(), *uncapped_ready())
+                )
+            else:
+                caps, expired, ready_lists = read
             room = await self._in_flight_room(None, caps)
             if room.capped:
                 ready = await self._ready_within_room(room, now_us, limit, wanted)
@@ -1431,15 +1433,68 @@ class MongoStore:
                 ready = [doc for docs in ready_lists for doc in docs]
         elif room.capped:
             expired, ready = await asyncio.gather(
-                expired_docs, self._ready_within_room(room, now_us, limit, wanted)
+                expired_docs(), self._ready_within_room(room, now_us, limit, wanted)
             )
         else:
-            expired, *ready_lists = await asyncio.gather(expired_docs, *uncapped_ready)
+            expired, *ready_lists = await asyncio.gather(expired_docs(), *uncapped_ready())
             ready = [doc for docs in ready_lists for doc in docs]
         oldest = sorted([*ready, *expired], key=_oldest_action)
         if wanted is None:
             return oldest[:limit], room
         return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"])), room
+
+    async def _claim_reads(
+        self, expired_query: Doc, limit: int, ready_queries: Sequence[tuple[Doc, int]]
+    ) -> tuple[dict[str, int], list[Doc], list[list[Doc]]] | None:
+        """The users' caps, the expired leases and each READY query's actions in ONE
+        round trip: an aggregation that appends the others with `$unionWith`, each part
+        still served by its index in its order (2 ms on nx-27017 against 3-5 ms for the
+        three reads, even sent at once: the server runs one command at a time).
+
+        None when the server has no `$unionWith` (MongoDB before 4.4, mongomock): the
+        caller reads them apart, as every later claim of this store does.
+        """
+        if not self._union_claim_reads:
+            return None
+        pipeline: list[Doc] = [
+            {"$match": expired_query},
+            {"$sort": dict(_LEASE_EXPIRY)},
+            {"$limit": limit},
+            *(
+                {
+                    "$unionWith": {
+                        "coll": self._actions.name,
+                        "pipeline": [
+                            {"$match": query},
+                            {"$sort": dict(_CLAIMABLE_READY)},
+                            {"$limit": count},
+                        ],
+                    }
+                }
+                for query, count in ready_queries
+            ),
+            {
+                "$unionWith": {
+                    "coll": self._users.name,
+                    "pipeline": [{"$match": _CAPPED_USERS}, {"$project": {_CAP: 1}}],
+                }
+            },
+        ]
+        try:
+            found = await _aggregate(self._actions, pipeline)
+        except NotImplementedError:
+            self._union_claim_reads = False
+            return None
+        except OperationFailure as exc:
+            if exc.code == _UNKNOWN_PIPELINE_STAGE:
+                self._union_claim_reads = False
+            return None
+        # Users have no `workflow_id`; every action has one, READY or PROCESSING.
+        caps = {d["_id"]: d[_CAP] for d in found if "workflow_id" not in d}
+        actions = [d for d in found if "workflow_id" in d]
+        expired = [d for d in actions if d["state"] != ActionState.READY.value]
+        ready = [d for d in actions if d["state"] == ActionState.READY.value]
+        return caps, expired, [ready]
 
     async def _claim_batch(
         self,
@@ -2206,6 +2261,11 @@ _READY_EVENTS: list[Doc] = [
 ]
 #: Expired leases, soonest expiry first (the `lease_expiry` index after its pinned `state`).
 _LEASE_EXPIRY = [("lease_expires_at_us", 1)]
+#: The users with an in-flight cap of their own, and the field that holds it.
+_CAP = "max_in_flight_actions"
+_CAPPED_USERS: Doc = {_CAP: {"$ne": None}}
+#: MongoDB's error for a pipeline stage it does not know (`$unionWith` before 4.4).
+_UNKNOWN_PIPELINE_STAGE = 40324
 #: Oldest update first, then by id.
 _OLDEST_DATASET = [("updated_at_us", 1), ("id", 1)]
 

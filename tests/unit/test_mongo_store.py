@@ -182,15 +182,15 @@ async def test_indexes_on_the_wire_server_are_idempotent(wire_url: str) -> None:
             await store.ping()
 
 
-class _Finds(monitoring.CommandListener):
-    """The filter and sort of every `find` a client sends to the actions collection."""
+class _Commands(monitoring.CommandListener):
+    """Every command a client sends (its name and body)."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self.sent: list[tuple[str, dict[str, Any]]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "find" and event.command["find"] == "actions":
-            self.sent.append((dict(event.command["filter"]), dict(event.command.get("sort", {}))))
+        if event.command_name != "endSessions":
+            self.sent.append((event.command_name, dict(event.command)))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -198,34 +198,92 @@ class _Finds(monitoring.CommandListener):
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
 
+    def sorted_reads(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(filter, sort) of every read of the actions: finds, and aggregation parts."""
+        reads = []
 
-@pytest.mark.parametrize(
+        def parts(pipeline: list[dict[str, Any]], collection: str) -> None:
+            query: dict[str, Any] = {}
+            for stage in pipeline:
+                if "$match" in stage:
+                    query = stage["$match"]
+                elif "$sort" in stage and collection == "actions":
+                    reads.append((dict(query), dict(stage["$sort"])))
+                elif "$unionWith" in stage:
+                    union = stage["$unionWith"]
+                    parts(union.get("pipeline", []), union["coll"])
+
+        for name, command in self.sent:
+            if name == "find" and command["find"] == "actions":
+                reads.append((dict(command["filter"]), dict(command.get("sort", {}))))
+            elif name == "aggregate" and command["aggregate"] == "actions":
+                parts(command["pipeline"], "actions")
+        return reads
+
+
+async def _claim_with(
+    wire_url: str, database: str, options: dict[str, Any]
+) -> tuple[list[ActionRecord], _Commands]:
+    """Claim the one READY action of `_plan()`, recording the claim's commands."""
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        wire_url, tz_aware=True, event_listeners=[commands]
+    )
+    async with MongoStore(client, database, clock=lambda: T0, owns_client=True) as store:
+        await store.create_workflow(_plan())
+        store.clock = lambda: T0 + timedelta(seconds=1)
+        commands.sent.clear()
+        claimed = await store.claim_actions("n1", 10, 30, **options)
+    return claimed, commands
+
+
+_CLAIM_OPTIONS = pytest.mark.parametrize(
     "options",
     [{}, {"quotas": {"command-line": 5}}, {"max_in_flight": 5}],
     ids=["plain", "quotas", "capped"],
 )
+
+
+@_CLAIM_OPTIONS
 async def test_claim_reads_never_sort_by_a_field_their_filter_pins(
     wire_url: str, options: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
     # nx-27017's SQLite cannot serve `ORDER BY state, updated_at, ...` from the
     # `claimable` index when the WHERE pins `state`: it reads and sorts every READY action
     # (8 ms at 3,000 instead of 0.05 ms). The index order after the pinned fields is the same.
-    finds = _Finds()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        wire_url, tz_aware=True, event_listeners=[finds]
+    claimed, commands = await _claim_with(
+        wire_url, f"unit_sort_{request.node.callspec.id}", options
     )
-    database = f"unit_sort_{request.node.callspec.id}"
-    async with MongoStore(client, database, clock=lambda: T0, owns_client=True) as store:
-        await store.create_workflow(_plan())
-        store.clock = lambda: T0 + timedelta(seconds=1)
-        finds.sent.clear()
-        claimed = await store.claim_actions("n1", 10, 30, **options)
-        assert [a.action_id for a in claimed] == [7]
-    assert finds.sent, "the claim read nothing"
-    for query, sort in finds.sent:
+    assert [a.action_id for a in claimed] == [7]
+    reads = commands.sorted_reads()
+    assert reads, commands.sent
+    for query, sort in reads:
         pinned = {k for k, v in query.items() if not isinstance(v, dict)}
         assert sort, query
         assert not pinned & sort.keys(), (query, sort)
+
+
+@pytest.mark.parametrize("options", [{}, {"quotas": {"command-line": 5}}], ids=["plain", "quotas"])
+async def test_an_uncapped_claim_reads_in_one_round_trip(
+    wire_url: str, options: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    # The users' caps, the expired leases and the READY actions: one aggregation.
+    claimed, commands = await _claim_with(
+        wire_url, f"unit_trips_{request.node.callspec.id}", options
+    )
+    assert [a.action_id for a in claimed] == [7]
+    assert [name for name, _ in commands.sent][:2] == ["aggregate", "update"]
+
+
+async def test_a_server_without_union_with_gets_the_claim_reads_apart() -> None:
+    # mongomock has no $unionWith: the claim reads apart, and keeps doing so.
+    async with MongoStore(AsyncMongoMockClient(), "nounion", clock=lambda: T0) as store:
+        await store.create_workflow(_plan())
+        store.clock = lambda: T0 + timedelta(seconds=1)
+        assert [a.action_id for a in await store.claim_actions("n1", 10, 30)] == [7]
+        assert store._union_claim_reads is False
+        store.clock = lambda: T0 + timedelta(seconds=60)  # the lease expired
+        assert [a.owner for a in await store.claim_actions("n2", 10, 30)] == ["n2"]
 
 
 # ------------------------------------------------------------------ document layout
