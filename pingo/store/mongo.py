@@ -254,9 +254,15 @@ def _entry_doc(state: ActionState, at_us: int) -> Doc:
     return {"state": state.value, "at_us": at_us}
 
 
-def _entered(state: ActionState, at_us: int) -> Doc:
+def _entered(state: ActionState, at_us: int, *, bounded: bool = True) -> Doc:
     """The `$push` of an update that moves an action to `state`: one history entry,
-    the oldest dropped past `HISTORY_LIMIT`, in the update that changes the state."""
+    the oldest dropped past `HISTORY_LIMIT`, in the update that changes the state.
+
+    `bounded=False` when every updated history is known to be shorter than the limit:
+    a plain `$push` (nx-27017 trims with a sort of the array's elements in SQL).
+    """
+    if not bounded:
+        return {"$push": {"history": _entry_doc(state, at_us)}}
     entry = {"$each": [_entry_doc(state, at_us)], "$slice": -HISTORY_LIMIT}
     return {"$push": {"history": entry}}
 
@@ -1531,7 +1537,9 @@ class MongoStore:
         # its history (its state does not change): one update_many for each kind.
         ready = [d for d in candidates if d["state"] == ActionState.READY.value]
         reclaimed = [d for d in candidates if d["state"] != ActionState.READY.value]
-        entered = _entered(ActionState.PROCESSING, now_us)
+        # Versions pinned, so the histories read are the ones updated.
+        full = any(len(d.get("history", ())) >= HISTORY_LIMIT - 1 for d in ready)
+        entered = _entered(ActionState.PROCESSING, now_us, bounded=full)
         modified = 0
         for docs, pushed in ((ready, entered), (reclaimed, {})):
             if docs:
