@@ -1296,12 +1296,15 @@ class MongoStore:
         if wanted != {} and max_in_flight is not None:
             room = await self._in_flight_room(max_in_flight)
         while len(claimed) < limit and wanted != {}:
-            batch, room = await self._claim_batch(
+            batch, read, room = await self._claim_batch(
                 node_id, limit - len(claimed), lease_s, wanted, room
             )
-            if batch is None:
-                break
             claimed.extend(batch)
+            if len(batch) == read:
+                # Won all it read, and it read all that was claimable (within the caps
+                # and quotas): reading again would find nothing (or only what became
+                # claimable since, which the next claim gets).
+                break
             if wanted is not None:
                 # What another node won meanwhile is retried within what is left.
                 for record in batch:
@@ -1509,9 +1512,10 @@ class MongoStore:
         lease_s: float,
         wanted: Mapping[str, int] | None,
         room: _room.InFlightRoom | None,
-    ) -> tuple[list[ActionRecord] | None, _room.InFlightRoom]:
-        """Up to `limit` claimable actions, in two round trips; None when none is claimable.
-        Returned with the in-flight room (`_claimable`), for the next batch.
+    ) -> tuple[list[ActionRecord], int, _room.InFlightRoom]:
+        """Up to `limit` claimable actions, in two round trips, with how many were read
+        (candidates: more than the actions won when another node won some meanwhile)
+        and the in-flight room (`_claimable`), for the next batch.
 
         Reads the oldest candidates, then claims them all with ONE update_many whose filter
         names each candidate with the version it was read at: each document is still its
@@ -1524,7 +1528,7 @@ class MongoStore:
         lease_us = _us(now + timedelta(seconds=lease_s))
         candidates, room = await self._claimable(now_us, limit, wanted, room)
         if not candidates:
-            return None, room
+            return [], 0, room
         claim = {
             "state": ActionState.PROCESSING.value,
             "owner": node_id,
@@ -1552,17 +1556,26 @@ class MongoStore:
             claimed = [
                 _action({**doc, **claim, "version": doc["version"] + 1}) for doc in candidates
             ]
-            return [
-                replace(a, history=rules.entered(a.history, ActionState.PROCESSING, now))
-                if doc["state"] == ActionState.READY.value
-                else a
-                for doc, a in zip(candidates, claimed, strict=True)
-            ], room
+            return (
+                [
+                    replace(a, history=rules.entered(a.history, ActionState.PROCESSING, now))
+                    if doc["state"] == ActionState.READY.value
+                    else a
+                    for doc, a in zip(candidates, claimed, strict=True)
+                ],
+                len(candidates),
+                room,
+            )
         order = {doc["_id"]: i for i, doc in enumerate(candidates)}
         won = self._actions.find({"_id": {"$in": list(order)}, "claim_token": claim["claim_token"]})
-        return [
-            _action(doc) for doc in sorted(await won.to_list(None), key=lambda d: order[d["_id"]])
-        ], room
+        return (
+            [
+                _action(doc)
+                for doc in sorted(await won.to_list(None), key=lambda d: order[d["_id"]])
+            ],
+            len(candidates),
+            room,
+        )
 
     @_translated
     async def watch_ready(self, on_ready: Callable[[], None]) -> None:

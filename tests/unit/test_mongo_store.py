@@ -267,12 +267,20 @@ async def test_claim_reads_never_sort_by_a_field_their_filter_pins(
 async def test_an_uncapped_claim_reads_in_one_round_trip(
     wire_url: str, options: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
-    # The users' caps, the expired leases and the READY actions: one aggregation.
+    # The users' caps, the expired leases and the READY actions: one aggregation. It
+    # found fewer than asked for and won them all: nothing is read again after the claim.
     claimed, commands = await _claim_with(
         wire_url, f"unit_trips_{request.node.callspec.id}", options
     )
     assert [a.action_id for a in claimed] == [7]
-    assert [name for name, _ in commands.sent][:2] == ["aggregate", "update"]
+    assert [name for name, _ in commands.sent] == ["aggregate", "update"]
+
+
+async def test_a_capped_claim_that_won_all_it_read_reads_no_more(wire_url: str) -> None:
+    claimed, commands = await _claim_with(wire_url, "unit_trips_capped", {"max_in_flight": 5})
+    assert [a.action_id for a in claimed] == [7]
+    names = [name for name, _ in commands.sent]
+    assert names[-1] == "update" and names.count("update") == 1, names
 
 
 async def test_a_server_without_union_with_gets_the_claim_reads_apart() -> None:
