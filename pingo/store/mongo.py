@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -132,6 +133,16 @@ _AFTER = ReturnDocument.AFTER
 
 
 # ----------------------------------------------------------------------- encoding
+
+
+@dataclasses.dataclass(slots=True)
+class _OwnedRoom(_room.InFlightRoom):
+    """An in-flight room with the owners of the workflows it looked up: the in-flight
+    counts' workflows are mostly those of the READY candidates, so a claim call asks
+    for each workflow's owner once."""
+
+    #: Workflow id → owner (a workflow's owner never changes).
+    owners: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _us(at: datetime) -> int:
@@ -1326,10 +1337,10 @@ class MongoStore:
 
     async def _in_flight_room(
         self, default: int | None, caps: Mapping[str, int] | None = None
-    ) -> _room.InFlightRoom:
+    ) -> _OwnedRoom:
         """Who has room for more in flight: `caps` (read when None), and when anyone is
         capped, every owner's actions in flight now."""
-        room = _room.InFlightRoom(await self._caps() if caps is None else caps, default)
+        room = _OwnedRoom(await self._caps() if caps is None else caps, default)
         if room.capped:
             # Counted in the server: one document per workflow, not per action.
             counted = await _aggregate(
@@ -1340,9 +1351,9 @@ class MongoStore:
                 ],
             )
             per_workflow = {d["_id"]: d["count"] for d in counted}
-            owners = await self._owners(per_workflow)
+            room.owners.update(await self._owners(per_workflow))
             for workflow_id, count in per_workflow.items():
-                room.in_flight[owners.get(workflow_id, "")] += count
+                room.in_flight[room.owners.get(workflow_id, "")] += count
         return room
 
     async def _owners(self, workflow_ids: Collection[str]) -> dict[str, str]:
@@ -1354,7 +1365,7 @@ class MongoStore:
         return owners
 
     async def _ready_within_room(
-        self, room: _room.InFlightRoom, now_us: int, limit: int, wanted: Mapping[str, int] | None
+        self, room: _OwnedRoom, now_us: int, limit: int, wanted: Mapping[str, int] | None
     ) -> list[Doc]:
         """The oldest claimable READY actions whose owners have room and whose type has
         quota left (`wanted`, None: any type), using both up.
@@ -1363,7 +1374,7 @@ class MongoStore:
         actions already chosen, so it ends after at most one round per owner.
         """
         chosen: list[Doc] = []
-        owners: dict[str, str] = {}
+        owners = room.owners
         left = None if wanted is None else dict(wanted)
         while len(chosen) < limit and (left is None or any(n > 0 for n in left.values())):
             query: Doc = {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}}
@@ -1396,8 +1407,8 @@ class MongoStore:
         now_us: int,
         limit: int,
         wanted: Mapping[str, int] | None,
-        room: _room.InFlightRoom | None,
-    ) -> tuple[list[Doc], _room.InFlightRoom]:
+        room: _OwnedRoom | None,
+    ) -> tuple[list[Doc], _OwnedRoom]:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their
         lease, within `room`, and the room (read here when None: no server-wide cap).
 
@@ -1511,8 +1522,8 @@ class MongoStore:
         limit: int,
         lease_s: float,
         wanted: Mapping[str, int] | None,
-        room: _room.InFlightRoom | None,
-    ) -> tuple[list[ActionRecord], int, _room.InFlightRoom]:
+        room: _OwnedRoom | None,
+    ) -> tuple[list[ActionRecord], int, _OwnedRoom]:
         """Up to `limit` claimable actions, in two round trips, with how many were read
         (candidates: more than the actions won when another node won some meanwhile)
         and the in-flight room (`_claimable`), for the next batch.

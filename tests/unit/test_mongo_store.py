@@ -283,6 +283,24 @@ async def test_a_capped_claim_that_won_all_it_read_reads_no_more(wire_url: str) 
     assert names[-1] == "update" and names.count("update") == 1, names
 
 
+async def test_a_capped_claim_looks_up_each_workflows_owner_once(wire_url: str) -> None:
+    # The in-flight counts name the workflow of the READY candidates too: one lookup.
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        wire_url, tz_aware=True, event_listeners=[commands]
+    )
+    plan = _plan()
+    second = replace(plan.actions[0], action_id=8, callback_id="cb-wf-8")
+    async with MongoStore(client, "unit_owners_once", clock=lambda: T0, owns_client=True) as store:
+        await store.create_workflow(replace(plan, actions=(*plan.actions, second)))
+        store.clock = lambda: T0 + timedelta(seconds=1)
+        assert [a.action_id for a in await store.claim_actions("n1", 1, 30, max_in_flight=5)] == [7]
+        commands.sent.clear()
+        assert [a.action_id for a in await store.claim_actions("n1", 1, 30, max_in_flight=5)] == [8]
+    lookups = [c for name, c in commands.sent if name == "find" and c["find"] == "workflows"]
+    assert len(lookups) == 1, lookups
+
+
 async def test_a_server_without_union_with_gets_the_claim_reads_apart() -> None:
     # mongomock has no $unionWith: the claim reads apart, and keeps doing so.
     async with MongoStore(AsyncMongoMockClient(), "nounion", clock=lambda: T0) as store:
