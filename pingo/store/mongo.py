@@ -1300,15 +1300,12 @@ class MongoStore:
         wanted = open_quotas(quotas, limit)
         claimed: list[ActionRecord] = []
         # MongoDB has no transaction here: nodes that claim at the same instant may
-        # each see the same room and overshoot a user's cap by their batches. Without a
-        # server-wide cap the users' own caps are read beside the first batch's
-        # candidates (None: not read yet), a round trip fewer when nobody has one.
-        room = None
-        if wanted != {} and max_in_flight is not None:
-            room = await self._in_flight_room(max_in_flight)
+        # each see the same room and overshoot a user's cap by their batches. The room
+        # is read with the first batch's candidates (None: not read yet).
+        room: _OwnedRoom | None = None
         while len(claimed) < limit and wanted != {}:
             batch, read, room = await self._claim_batch(
-                node_id, limit - len(claimed), lease_s, wanted, room
+                node_id, limit - len(claimed), lease_s, wanted, room, max_in_flight
             )
             claimed.extend(batch)
             if len(batch) == read:
@@ -1336,20 +1333,18 @@ class MongoStore:
         return {d["_id"]: d[_CAP] for d in await capped.to_list(None)}
 
     async def _in_flight_room(
-        self, default: int | None, caps: Mapping[str, int] | None = None
+        self,
+        default: int | None,
+        caps: Mapping[str, int] | None = None,
+        counted: list[Doc] | None = None,
     ) -> _OwnedRoom:
         """Who has room for more in flight: `caps` (read when None), and when anyone is
-        capped, every owner's actions in flight now."""
+        capped, every owner's actions in flight now (`counted` per workflow by
+        `_IN_FLIGHT_PER_WORKFLOW`, read when None)."""
         room = _OwnedRoom(await self._caps() if caps is None else caps, default)
         if room.capped:
-            # Counted in the server: one document per workflow, not per action.
-            counted = await _aggregate(
-                self._actions,
-                [
-                    {"$match": {"state": {"$in": _values(states.ACTION_ACTIVE)}}},
-                    {"$group": {"_id": "$workflow_id", "count": {"$sum": 1}}},
-                ],
-            )
+            if counted is None:
+                counted = await _aggregate(self._actions, _IN_FLIGHT_PER_WORKFLOW)
             per_workflow = {d["_id"]: d["count"] for d in counted}
             room.owners.update(await self._owners(per_workflow))
             for workflow_id, count in per_workflow.items():
@@ -1408,16 +1403,19 @@ class MongoStore:
         limit: int,
         wanted: Mapping[str, int] | None,
         room: _OwnedRoom | None,
+        default: int | None = None,
     ) -> tuple[list[Doc], _OwnedRoom]:
         """The `limit` oldest actions READY past their backoff or PROCESSING past their
-        lease, within `room`, and the room (read here when None: no server-wide cap).
+        lease, within `room`, and the room (read here when None, with the server-wide
+        cap `default`).
 
         Index-served queries (expired leases; READY by state, or by state and type for
         each of `wanted`'s types), merged oldest first, rather than one $or: nx-27017
         serves neither branch of an $or from an index and took 25 ms per query over
         1,000 READY actions. With `room` None the users' caps are read with them, all in
-        one `$unionWith` aggregation (`_claim_reads`), and the READY ones read without a
-        cap stand unless some user has a cap.
+        one `$unionWith` aggregation (`_union_reads`): without a server-wide cap, with
+        the READY ones, which stand unless some user has a cap; with one, with the
+        in-flight counts, and the READY ones are read next, within the room.
         """
         expired_query: Doc = {
             "state": ActionState.PROCESSING.value,
@@ -1438,7 +1436,18 @@ class MongoStore:
             for query, count in ready_queries:
                 yield self._actions.find(query, sort=_CLAIMABLE_READY).limit(count).to_list(None)
 
-        if room is None:
+        if room is None and default is not None:
+            capped = await self._capped_claim_reads(expired_query, limit)
+            if capped is None:
+                room = await self._in_flight_room(default)
+                expired, ready = await asyncio.gather(
+                    expired_docs(), self._ready_within_room(room, now_us, limit, wanted)
+                )
+            else:
+                caps, counted, expired = capped
+                room = await self._in_flight_room(default, caps, counted)
+                ready = await self._ready_within_room(room, now_us, limit, wanted)
+        elif room is None:
             read = await self._claim_reads(expired_query, limit, ready_queries)
             if read is None:
                 caps, (expired, *ready_lists) = await asyncio.gather(
@@ -1467,47 +1476,24 @@ class MongoStore:
         self, expired_query: Doc, limit: int, ready_queries: Sequence[tuple[Doc, int]]
     ) -> tuple[dict[str, int], list[Doc], list[list[Doc]]] | None:
         """The users' caps, the expired leases and each READY query's actions in ONE
-        round trip: an aggregation that appends the others with `$unionWith`, each part
-        still served by its index in its order (2 ms on nx-27017 against 3-5 ms for the
-        three reads, even sent at once: the server runs one command at a time).
-
-        None when the server has no `$unionWith` (MongoDB before 4.4, mongomock): the
-        caller reads them apart, as every later claim of this store does.
-        """
-        if not self._union_claim_reads:
-            return None
-        pipeline: list[Doc] = [
-            {"$match": expired_query},
-            {"$sort": dict(_LEASE_EXPIRY)},
-            {"$limit": limit},
-            *(
-                {
-                    "$unionWith": {
-                        "coll": self._actions.name,
-                        "pipeline": [
-                            {"$match": query},
-                            {"$sort": dict(_CLAIMABLE_READY)},
-                            {"$limit": count},
-                        ],
-                    }
-                }
-                for query, count in ready_queries
-            ),
-            {
-                "$unionWith": {
-                    "coll": self._users.name,
-                    "pipeline": [{"$match": _CAPPED_USERS}, {"$project": {_CAP: 1}}],
-                }
-            },
+        round trip (`_union_reads`; 2 ms on nx-27017 against 3-5 ms for the three reads,
+        even sent at once: the server runs one command at a time). None when the server
+        has no `$unionWith`."""
+        ready_parts: list[tuple[str, list[Doc]]] = [
+            (
+                self._actions.name,
+                [{"$match": query}, {"$sort": dict(_CLAIMABLE_READY)}, {"$limit": count}],
+            )
+            for query, count in ready_queries
         ]
-        try:
-            found = await _aggregate(self._actions, pipeline)
-        except NotImplementedError:
-            self._union_claim_reads = False
-            return None
-        except OperationFailure as exc:
-            if exc.code == _UNKNOWN_PIPELINE_STAGE:
-                self._union_claim_reads = False
+        found = await self._union_reads(
+            [
+                (self._actions.name, _expired_leases(expired_query, limit)),
+                *ready_parts,
+                (self._users.name, _USERS_CAPS),
+            ]
+        )
+        if found is None:
             return None
         # Users have no `workflow_id`; every action has one, READY or PROCESSING.
         caps = {d["_id"]: d[_CAP] for d in found if "workflow_id" not in d}
@@ -1516,6 +1502,50 @@ class MongoStore:
         ready = [d for d in actions if d["state"] == ActionState.READY.value]
         return caps, expired, [ready]
 
+    async def _capped_claim_reads(
+        self, expired_query: Doc, limit: int
+    ) -> tuple[dict[str, int], list[Doc], list[Doc]] | None:
+        """The users' caps, the in-flight counts per workflow and the expired leases in
+        ONE round trip (`_union_reads`); None when the server has no `$unionWith`."""
+        found = await self._union_reads(
+            [
+                (self._actions.name, _IN_FLIGHT_PER_WORKFLOW),
+                (self._users.name, _USERS_CAPS),
+                (self._actions.name, _expired_leases(expired_query, limit)),
+            ]
+        )
+        if found is None:
+            return None
+        # Actions have a `workflow_id`, the counts a `count`, the users neither.
+        expired = [d for d in found if "workflow_id" in d]
+        counted = [d for d in found if "workflow_id" not in d and "count" in d]
+        caps = {d["_id"]: d[_CAP] for d in found if "workflow_id" not in d and "count" not in d}
+        return caps, counted, expired
+
+    async def _union_reads(self, parts: Sequence[tuple[str, list[Doc]]]) -> list[Doc] | None:
+        """Several reads in one aggregation: the first part's pipeline on the actions
+        (its collection is always that one), each other part's appended with
+        `$unionWith` (each still served by its index, in its order). None when the
+        server has no `$unionWith` (MongoDB before 4.4, mongomock): the caller reads them
+        apart, as every later claim of this store does.
+        """
+        if not self._union_claim_reads:
+            return None
+        (_, first), *others = parts
+        pipeline = [
+            *first,
+            *({"$unionWith": {"coll": coll, "pipeline": part}} for coll, part in others),
+        ]
+        try:
+            return await _aggregate(self._actions, pipeline)
+        except NotImplementedError:
+            self._union_claim_reads = False
+            return None
+        except OperationFailure as exc:
+            if exc.code == _UNKNOWN_PIPELINE_STAGE:
+                self._union_claim_reads = False
+            return None
+
     async def _claim_batch(
         self,
         node_id: str,
@@ -1523,6 +1553,7 @@ class MongoStore:
         lease_s: float,
         wanted: Mapping[str, int] | None,
         room: _OwnedRoom | None,
+        default: int | None = None,
     ) -> tuple[list[ActionRecord], int, _OwnedRoom]:
         """Up to `limit` claimable actions, in two round trips, with how many were read
         (candidates: more than the actions won when another node won some meanwhile)
@@ -1537,7 +1568,7 @@ class MongoStore:
         """
         now, now_us = self._now()
         lease_us = _us(now + timedelta(seconds=lease_s))
-        candidates, room = await self._claimable(now_us, limit, wanted, room)
+        candidates, room = await self._claimable(now_us, limit, wanted, room, default)
         if not candidates:
             return [], 0, room
         claim = {
@@ -2296,6 +2327,14 @@ _LEASE_EXPIRY = [("lease_expires_at_us", 1)]
 #: The users with an in-flight cap of their own, and the field that holds it.
 _CAP = "max_in_flight_actions"
 _CAPPED_USERS: Doc = {_CAP: {"$ne": None}}
+#: The users' own caps, as a pipeline (`_union_reads`).
+_USERS_CAPS: list[Doc] = [{"$match": _CAPPED_USERS}, {"$project": {_CAP: 1}}]
+#: `{_id: workflow id, count}` of the actions in flight: counted in the server, one
+#: document per workflow, not per action.
+_IN_FLIGHT_PER_WORKFLOW: list[Doc] = [
+    {"$match": {"state": {"$in": _values(states.ACTION_ACTIVE)}}},
+    {"$group": {"_id": "$workflow_id", "count": {"$sum": 1}}},
+]
 #: MongoDB's error for a pipeline stage it does not know (`$unionWith` before 4.4).
 _UNKNOWN_PIPELINE_STAGE = 40324
 #: Oldest update first, then by id.
@@ -2311,6 +2350,11 @@ async def _aggregate(collection: AsyncCollection[Doc], pipeline: list[Doc]) -> l
         cursor = await cursor
     results: list[Doc] = await cursor.to_list(None)
     return results
+
+
+def _expired_leases(query: Doc, limit: int) -> list[Doc]:
+    """The pipeline of the expired-leases read (`query`), soonest expiry first."""
+    return [{"$match": query}, {"$sort": dict(_LEASE_EXPIRY)}, {"$limit": limit}]
 
 
 def _oldest_action(doc: Doc) -> tuple[int, str, int]:

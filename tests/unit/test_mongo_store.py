@@ -276,11 +276,20 @@ async def test_an_uncapped_claim_reads_in_one_round_trip(
     assert [name for name, _ in commands.sent] == ["aggregate", "update"]
 
 
-async def test_a_capped_claim_that_won_all_it_read_reads_no_more(wire_url: str) -> None:
+async def test_a_capped_claim_reads_the_room_in_one_round_trip(wire_url: str) -> None:
+    # The caps, the in-flight counts and the expired leases: one aggregation; then the
+    # READY actions within the room, their workflows' owners, the claim, and no more.
     claimed, commands = await _claim_with(wire_url, "unit_trips_capped", {"max_in_flight": 5})
     assert [a.action_id for a in claimed] == [7]
-    names = [name for name, _ in commands.sent]
-    assert names[-1] == "update" and names.count("update") == 1, names
+    names = [(name, command[name]) for name, command in commands.sent]
+    assert names == [
+        ("aggregate", "actions"),
+        ("find", "actions"),
+        ("find", "workflows"),
+        ("update", "actions"),
+    ]
+    stages = [next(iter(stage)) for stage in commands.sent[0][1]["pipeline"]]
+    assert stages == ["$match", "$group", "$unionWith", "$unionWith"]
 
 
 async def test_a_capped_claim_looks_up_each_workflows_owner_once(wire_url: str) -> None:
