@@ -243,3 +243,25 @@ async def test_the_history_keeps_the_latest_entries_up_to_its_limit(
     assert action.history[0].state is A.PROCESSING  # the oldest went first
     times = [at for _, at in steps(action)]
     assert times == sorted(times) and len(set(times)) == HISTORY_LIMIT
+
+
+async def test_a_claim_keeps_the_history_within_its_limit(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    plan = make.plan({0: (), 1: ()})
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    for _ in range(HISTORY_LIMIT // 2):  # action 0's history fills up; action 1's stays short
+        clock.advance(1)
+        assert await store.transition_action(wid, 0, {A.READY}, A.PROCESSING) is not None
+        clock.advance(1)
+        assert await store.transition_action(wid, 0, {A.PROCESSING}, A.READY) is not None
+    assert len((await get(store, wid, 0)).history) == HISTORY_LIMIT
+    clock.advance(1)
+    claimed = {a.action_id: a for a in await store.claim_actions("node-a", 10, lease_s=30)}
+    assert sorted(claimed) == [0, 1]
+    for action_id, length in ((0, HISTORY_LIMIT), (1, 2)):
+        stored = await get(store, wid, action_id)
+        assert stored.history == claimed[action_id].history
+        assert len(stored.history) == length
+        assert stored.history[-1] == StateEntry(A.PROCESSING, clock())
