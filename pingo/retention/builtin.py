@@ -623,6 +623,7 @@ class Lineage:
         the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
+        self._offered = total
         if total >= bytes_to_free or self.room is None:
             evictions, frontier = self._take(list(self._cascading(ranked)), bytes_to_free)
             plain, plain_frontier = self._take(ranked, bytes_to_free)
@@ -655,6 +656,9 @@ class Lineage:
 
     #: How many big candidates in a row a cover may itself replace by smaller ones.
     COVER_DEPTH = 16
+    #: A cover spares only a candidate at most this share of the candidates' bytes.
+    COVER_MAX_SHARE = 0.1
+    _offered = 0
 
     def _take_items(
         self, items: Sequence[tuple[int, float, Candidate]], bytes_to_free: int, depth: int = 0
@@ -674,7 +678,12 @@ class Lineage:
             if rest <= 0:
                 break
             frontier = max(frontier, h)
-            if tier == 1 and c.size_bytes > rest and depth < self.COVER_DEPTH:
+            if (
+                tier == 1
+                and c.size_bytes > rest
+                and depth < self.COVER_DEPTH
+                and c.size_bytes <= self.COVER_MAX_SHARE * self._offered
+            ):
                 cover = self._cover(items[n + 1 :], rest, c.size_bytes, depth + 1)
                 if cover is not None and self._expected(cover) < self._expected([(tier, h, c)]):
                     taken.extend(cover)
