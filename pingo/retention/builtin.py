@@ -420,8 +420,9 @@ class Lineage:
     dataset's own reuses, the share being a prior worth `prior` submissions),
     times the recompute cost with missing ancestors, over the size. As in
     GDSF, an L anchored at the dataset's creation or last reuse is added, and
-    L rises to the value of each evicted dataset, so what was valuable long
-    ago but is not read falls behind.
+    L rises to the value of each dataset evicted in order (not of those taken
+    out of order to spare a big one), so what was valuable long ago but is not
+    read falls behind.
 
     *Within a pass.* A child's value rises as soon as the pass takes one of its
     parents (`_cascading`); a pass does not overshoot on a big dataset when
@@ -459,6 +460,8 @@ class Lineage:
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
+        #: Bytes of the candidates the current pass may evict (for `COVER_MAX_SHARE`).
+        self._offered = 0
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
         self._anchors: dict[str, tuple[int, float]] = {}
@@ -656,9 +659,10 @@ class Lineage:
 
     #: How many big candidates in a row a cover may itself replace by smaller ones.
     COVER_DEPTH = 16
-    #: A cover spares only a candidate at most this share of the candidates' bytes.
-    COVER_MAX_SHARE = 0.1
-    _offered = 0
+    #: A cover spares only a candidate at most this share of the candidates' bytes: at a
+    #: tight budget a bigger one's surplus is needed by the next passes, and sparing it
+    #: pass after pass evicts small, dear datasets one pass at a time.
+    COVER_MAX_SHARE = 0.3
 
     def _take_items(
         self, items: Sequence[tuple[int, float, Candidate]], bytes_to_free: int, depth: int = 0
