@@ -703,7 +703,7 @@ class Lineage:
         smaller_than: int,
         depth: int,
     ) -> list[tuple[int, float, Candidate]] | None:
-        """Later candidates smaller than `smaller_than` covering `rest` bytes, taken as `_take` does.
+        """Later candidates smaller than `smaller_than` covering `rest`, taken as `_take` does.
 
         Among them a candidate larger than what is still to cover may itself be
         replaced by smaller later ones that lose less.
