@@ -420,8 +420,9 @@ class Lineage:
     dataset's own reuses, the share being a prior worth `prior` submissions),
     times the recompute cost with missing ancestors, over the size. As in
     GDSF, an L anchored at the dataset's creation or last reuse is added, and
-    L rises to the value of each evicted dataset, so what was valuable long
-    ago but is not read falls behind.
+    L rises to the value of each dataset evicted in order (not of those taken
+    out of order to spare a big one), so what was valuable long ago but is not
+    read falls behind.
 
     *Within a pass.* A child's value rises as soon as the pass takes one of its
     parents (`_cascading`); a pass does not overshoot on a big dataset when
@@ -459,6 +460,8 @@ class Lineage:
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
+        #: Bytes of the candidates the current pass may evict (for `COVER_MAX_SHARE`).
+        self._offered = 0
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
         self._anchors: dict[str, tuple[int, float]] = {}
@@ -589,7 +592,7 @@ class Lineage:
         self._forget(present)
         if bytes_to_free <= 0:
             return []
-        evictions = self._choose(ranked, bytes_to_free)
+        evictions, frontier = self._choose(ranked, bytes_to_free)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:
             if c.dataset_id not in chosen:
@@ -598,14 +601,18 @@ class Lineage:
                 self.superseded_evicted += 1
                 del self._superseded[c.dataset_id]
             else:
-                self.inflation = max(self.inflation, h)
+                # L rises as far as the order went, not to the value of the
+                # smaller datasets taken out of order to spare a big one.
+                self.inflation = max(self.inflation, min(h, frontier))
             self._anchors.pop(c.dataset_id, None)
         return evictions
 
     def _choose(
         self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int
-    ) -> list[Eviction]:
+    ) -> tuple[list[Eviction], float]:
         """Evictions for the pass: the cheaper of two orders, no flush while claims hold the excess.
+
+        With them, how far the order went (`_take`): L rises no further.
 
         The order with the cascade charge (`_cascading`) spares a child whose
         parent the pass takes, which makes the pass reach further down the
@@ -619,62 +626,91 @@ class Lineage:
         the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
+        self._offered = total
         if total >= bytes_to_free or self.room is None:
-            evictions = self._take(list(self._cascading(ranked)), bytes_to_free)
-            plain = self._take(ranked, bytes_to_free)
+            evictions, frontier = self._take(list(self._cascading(ranked)), bytes_to_free)
+            plain, plain_frontier = self._take(ranked, bytes_to_free)
             if self._loss(plain, ranked) < self._loss(evictions, ranked):
-                evictions = plain
+                evictions, frontier = plain, plain_frontier
             if total >= bytes_to_free:
                 chosen = {e.dataset_id for e in evictions}
                 self.room = sum(
                     max(c.size_bytes, 0) for _, _, c in ranked if c.dataset_id not in chosen
                 )
-            return evictions
+            return evictions, frontier
         superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
         reasons = ((c, self._reason(tier, h, c)) for tier, h, c in self._cascading(ranked))
-        return take_until_freed(reasons, max(total - self.room, superseded))
+        return take_until_freed(reasons, max(total - self.room, superseded)), math.inf
 
     def _take(
         self, ordered: Sequence[tuple[int, float, Candidate]], bytes_to_free: int
-    ) -> list[Eviction]:
+    ) -> tuple[list[Eviction], float]:
         """Evictions in order until enough is freed, without overshooting on a big one.
 
         When the next candidate is larger than what is still to free, the later
         (more valuable per byte) candidates smaller than it may cover the rest
         for less: their expected recompute costs are compared with its own.
+        Also returns how far the order went: the value of the last candidate
+        taken in order, or of the big one a cover spared.
         """
         items = [(t, h, c) for t, h, c in ordered if c.evictable and c.size_bytes > 0]
-        evictions: list[Eviction] = []
+        taken, frontier = self._take_items(items, bytes_to_free)
+        return [Eviction(c.dataset_id, self._reason(t, h, c)) for t, h, c in taken], frontier
+
+    #: How many big candidates in a row a cover may itself replace by smaller ones.
+    COVER_DEPTH = 16
+    #: A cover spares only a candidate at most this share of the candidates' bytes: at a
+    #: tight budget a bigger one's surplus is needed by the next passes, and sparing it
+    #: pass after pass evicts small, dear datasets one pass at a time.
+    COVER_MAX_SHARE = 0.3
+
+    def _take_items(
+        self, items: Sequence[tuple[int, float, Candidate]], bytes_to_free: int, depth: int = 0
+    ) -> tuple[list[tuple[int, float, Candidate]], float]:
+        """`_take` on items already filtered: the chosen items, in order, and the frontier.
+
+        The cover of a big candidate is chosen by the same rule (`_cover`): when
+        several big candidates come first (the outputs of one costly step, a
+        little apart in value), the cover of the first does not simply take the
+        next big one, which would overshoot as much.
+        """
+        taken: list[tuple[int, float, Candidate]] = []
         freed = 0
+        frontier = -math.inf
         for n, (tier, h, c) in enumerate(items):
             rest = bytes_to_free - freed
             if rest <= 0:
                 break
-            if tier == 1 and c.size_bytes > rest:
-                cover = self._cover(items[n + 1 :], rest, c.size_bytes)
+            frontier = max(frontier, h)
+            if (
+                tier == 1
+                and c.size_bytes > rest
+                and depth < self.COVER_DEPTH
+                and c.size_bytes <= self.COVER_MAX_SHARE * self._offered
+            ):
+                cover = self._cover(items[n + 1 :], rest, c.size_bytes, depth + 1)
                 if cover is not None and self._expected(cover) < self._expected([(tier, h, c)]):
-                    evictions.extend(
-                        Eviction(x.dataset_id, self._reason(t, v, x)) for t, v, x in cover
-                    )
+                    taken.extend(cover)
                     break
-            evictions.append(Eviction(c.dataset_id, self._reason(tier, h, c)))
+            taken.append((tier, h, c))
             freed += c.size_bytes
-        return evictions
+        return taken, frontier
 
-    @staticmethod
     def _cover(
-        later: Sequence[tuple[int, float, Candidate]], rest: int, smaller_than: int
+        self,
+        later: Sequence[tuple[int, float, Candidate]],
+        rest: int,
+        smaller_than: int,
+        depth: int,
     ) -> list[tuple[int, float, Candidate]] | None:
-        """The next candidates smaller than `smaller_than`, in order, covering `rest` bytes."""
-        cover: list[tuple[int, float, Candidate]] = []
-        covered = 0
-        for item in later:
-            if covered >= rest:
-                break
-            if item[2].size_bytes < smaller_than:
-                cover.append(item)
-                covered += item[2].size_bytes
-        return cover if covered >= rest else None
+        """Later candidates smaller than `smaller_than` covering `rest`, taken as `_take` does.
+
+        Among them a candidate larger than what is still to cover may itself be
+        replaced by smaller later ones that lose less.
+        """
+        smaller = [item for item in later if item[2].size_bytes < smaller_than]
+        cover, _ = self._take_items(smaller, rest, depth)
+        return cover if sum(x[2].size_bytes for x in cover) >= rest else None
 
     def _expected(self, items: Sequence[tuple[int, float, Candidate]]) -> float:
         """Expected recompute seconds per submission of evicting `items` (each on its own)."""
