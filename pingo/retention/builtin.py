@@ -460,8 +460,6 @@ class Lineage:
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
-        #: Bytes of the candidates the current pass may evict (for `COVER_MAX_SHARE`).
-        self._offered = 0
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
         self._anchors: dict[str, tuple[int, float]] = {}
@@ -626,7 +624,6 @@ class Lineage:
         the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
-        self._offered = total
         if total >= bytes_to_free or self.room is None:
             evictions, frontier = self._take(list(self._cascading(ranked)), bytes_to_free)
             plain, plain_frontier = self._take(ranked, bytes_to_free)
@@ -654,7 +651,8 @@ class Lineage:
         taken in order, or of the big one a cover spared.
         """
         items = [(t, h, c) for t, h, c in ordered if c.evictable and c.size_bytes > 0]
-        taken, frontier = self._take_items(items, bytes_to_free)
+        largest_spared = self.COVER_MAX_SHARE * sum(c.size_bytes for _, _, c in items)
+        taken, frontier = self._take_items(items, bytes_to_free, largest_spared)
         return [Eviction(c.dataset_id, self._reason(t, h, c)) for t, h, c in taken], frontier
 
     #: How many big candidates in a row a cover may itself replace by smaller ones.
@@ -665,9 +663,16 @@ class Lineage:
     COVER_MAX_SHARE = 0.3
 
     def _take_items(
-        self, items: Sequence[tuple[int, float, Candidate]], bytes_to_free: int, depth: int = 0
+        self,
+        items: Sequence[tuple[int, float, Candidate]],
+        bytes_to_free: int,
+        largest_spared: float,
+        depth: int = 0,
     ) -> tuple[list[tuple[int, float, Candidate]], float]:
         """`_take` on items already filtered: the chosen items, in order, and the frontier.
+
+        A cover spares no candidate larger than `largest_spared` bytes (`COVER_MAX_SHARE`
+        of all the pass's candidates).
 
         The cover of a big candidate is chosen by the same rule (`_cover`): when
         several big candidates come first (the outputs of one costly step, a
@@ -686,9 +691,9 @@ class Lineage:
                 tier == 1
                 and c.size_bytes > rest
                 and depth < self.COVER_DEPTH
-                and c.size_bytes <= self.COVER_MAX_SHARE * self._offered
+                and c.size_bytes <= largest_spared
             ):
-                cover = self._cover(items[n + 1 :], rest, c.size_bytes, depth + 1)
+                cover = self._cover(items[n + 1 :], rest, c.size_bytes, largest_spared, depth + 1)
                 if cover is not None and self._expected(cover) < self._expected([(tier, h, c)]):
                     taken.extend(cover)
                     break
@@ -701,6 +706,7 @@ class Lineage:
         later: Sequence[tuple[int, float, Candidate]],
         rest: int,
         smaller_than: int,
+        largest_spared: float,
         depth: int,
     ) -> list[tuple[int, float, Candidate]] | None:
         """Later candidates smaller than `smaller_than` covering `rest`, taken as `_take` does.
@@ -709,7 +715,7 @@ class Lineage:
         replaced by smaller later ones that lose less.
         """
         smaller = [item for item in later if item[2].size_bytes < smaller_than]
-        cover, _ = self._take_items(smaller, rest, depth)
+        cover, _ = self._take_items(smaller, rest, largest_spared, depth)
         return cover if sum(x[2].size_bytes for x in cover) >= rest else None
 
     def _expected(self, items: Sequence[tuple[int, float, Candidate]]) -> float:
