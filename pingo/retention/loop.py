@@ -51,7 +51,7 @@ class Evicted:
 
 @dataclass(frozen=True, slots=True)
 class Look:
-    """What a pass saw: when, and the bytes that stayed on disk after it."""
+    """What a pass saw: when (its read's start), and the bytes that stayed on disk after it."""
 
     at: datetime
     staying_bytes: int
@@ -120,6 +120,10 @@ class RetentionLoop(Loop):
         capacity = self.settings.storage_capacity_bytes
         if capacity is None:
             return []
+        # A look is dated when its read starts and measured up to when it ends: a
+        # read answered late then cannot make the writes seen between two looks
+        # seem to have taken less time than they did.
+        looked_at = self.store.clock()
         by_state = await self.store.bytes_by_state()
         on_disk = sum(by_state.get(s, 0) for s in states.DATASET_ON_DISK)
         # What is already STORED_TO_DELETE is on its way out (its claims keep it a
@@ -127,7 +131,7 @@ class RetentionLoop(Loop):
         staying = by_state.get(D.STORED, 0) + by_state.get(D.LEAF, 0)
         now = self.store.clock()
         growth = expected_growth(self.last_look, staying, now, self.settings.retention_interval_s)
-        self.last_look = Look(now, staying)
+        self.last_look = Look(looked_at, staying)
         if on_disk <= self.settings.high_water * capacity:
             return []
         to_free = pass_bytes_to_free(staying, capacity, self.settings, growth)
@@ -162,7 +166,7 @@ class RetentionLoop(Loop):
             if await self._evict(candidate, decision.reason):
                 evicted.append(Evicted(candidate.dataset_id, candidate.size_bytes, decision.reason))
                 freed += candidate.size_bytes
-        self.last_look = Look(now, staying - freed)
+        self.last_look = Look(looked_at, staying - freed)
         if evicted or decisions:
             logger.info(
                 "retention: %s evicted %d datasets (%d bytes) of %d bytes to free "

@@ -488,6 +488,36 @@ async def test_a_pass_keeps_room_for_the_growth_it_measured_down_to_the_low_mark
     assert by_state[D.STORED] == 600
 
 
+async def test_a_look_answered_late_does_not_make_its_writes_a_burst(
+    store: MemoryStore,
+    make_dataset: MakeDataset,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for i in range(9):
+        await make_dataset(f"d{i}", size=100)
+    loop = RetentionLoop(store, settings(1000, low_water=0.6), builtin.LRU())
+    read = store.bytes_by_state
+
+    async def answered_late() -> dict[D, int]:
+        # The store reads 900 bytes, then answers 50 s later; 600 are written meanwhile.
+        seen = await read()
+        clock.advance(50)
+        for i in range(9, 15):
+            await make_dataset(f"d{i}", size=100)
+        return seen
+
+    monkeypatch.setattr(store, "bytes_by_state", answered_late)
+    assert await loop.enforce() == []  # 900: at the high mark, not over it
+    monkeypatch.setattr(store, "bytes_by_state", read)
+    # One interval (5 s) after that answer: the 600 took 55 s to write, not 5. The
+    # pass frees the 600 over the mark and 54 of room (600 * 5 / 55), not the 300
+    # of room a burst within one interval would get (which ends at the low mark).
+    clock.advance(5)
+    evicted = await loop.enforce()
+    assert [e.dataset_id for e in evicted] == [f"d{i}" for i in range(7)]
+
+
 async def test_loop_ignores_bad_decisions_and_survives_a_failing_policy(
     store: MemoryStore, make_dataset: MakeDataset
 ) -> None:
