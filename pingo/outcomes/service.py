@@ -499,14 +499,15 @@ class OutcomeService:
                 measured = await self.storage.measure(path)
                 if measured is not None:
                     size, digest = measured.size_bytes, measured.digest
+            producer_workflow_id, producer_action_id = _producer_of_record(dataset, action)
             changes = protocol.DatasetChanges(
                 size_bytes=size,
                 digest=digest,
                 compute_s=runtime_s,
                 stored_at=now,
                 path=path,
-                producer_workflow_id=action.workflow_id,
-                producer_action_id=action.action_id,
+                producer_workflow_id=producer_workflow_id,
+                producer_action_id=producer_action_id,
             )
             moved = await self.store.transition_dataset(
                 dataset.id, {dataset.state}, target, changes
@@ -1167,3 +1168,19 @@ def _descendants(
         seen.add(aid)
         frontier.extend(by_id[aid].children)
     return [by_id[aid] for aid in sorted(seen) if by_id[aid].state in _NOT_STARTED]
+
+
+def _producer_of_record(
+    dataset: protocol.DatasetRecord, action: protocol.ActionRecord
+) -> tuple[str, int]:
+    """Who the stored dataset names as its producer: the action that stored it, except
+    that a lower twin of the same workflow stays. Planning makes the lowest twin the
+    producer, and the workflow's document calls it the one that computed and the others
+    shared, whichever finishes first; an action's detail reads twins from this record.
+    """
+    if (
+        dataset.producer_workflow_id == action.workflow_id
+        and dataset.producer_action_id < action.action_id
+    ):
+        return dataset.producer_workflow_id, dataset.producer_action_id
+    return action.workflow_id, action.action_id

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pingo import errors, states
+from pingo.api import documents
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import OutcomeService, StaleCallback
@@ -246,6 +247,27 @@ async def test_twins_succeeding_together_store_the_dataset_once(
     assert d.state is D.LEAF and content(d.path) == b"first" and d.size_bytes == 5
     assert not staging2.exists()
     assert await wf_state(store, w.id) is W.SUCCEEDED
+
+
+async def test_twins_stored_by_the_higher_one_still_name_the_lower_as_producer(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: OutcomeService,
+    manager: planner.WorkflowManager,
+) -> None:
+    # The higher twin finishes first and stores the dataset: the workflow's document
+    # still says action 1 computed and action 2 shared, and so must each action's
+    # detail, which reads twins from the dataset's producer of record.
+    w, a1, a2 = await started_twins(store, manager)
+    write_output(storage, a1, b"first")
+    write_output(storage, a2, b"second!")
+    await callbacks.success(a2.callback_id, 1)
+    await callbacks.success(a1.callback_id, 1)
+    d = await dataset(store, a1.dataset_id)
+    assert d.state is D.LEAF and content(d.path) == b"second!"
+    assert (d.producer_workflow_id, d.producer_action_id) == (w.id, 1)
+    finished = {a.action_id: a for a in await store.list_actions(w.id)}
+    assert [documents.is_twin(finished[i], d) for i in (1, 2)] == [False, True]
 
 
 async def test_a_twin_that_wrote_nothing_keeps_the_stored_dataset(
