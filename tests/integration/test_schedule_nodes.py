@@ -31,6 +31,8 @@ pytestmark = pytest.mark.timeout(240)
 TOKEN = "schedule-nodes-admin-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 NODES = 3
+#: SIGKILLs the test sends: a node dies mid-write at most once each.
+KILLS = 4
 
 
 @pytest.fixture(params=["sqlite", pytest.param("wire", marks=pytest.mark.slow)])
@@ -115,7 +117,7 @@ async def get(http: aiohttp.ClientSession, server: Server, path: str) -> Any:
 
 @pytest.mark.parametrize("catch_up", ["all", "latest"])
 async def test_each_tick_runs_exactly_once_while_nodes_are_killed(
-    servers: list[Server], http: aiohttp.ClientSession, catch_up: str
+    servers: list[Server], http: aiohttp.ClientSession, catch_up: str, store_url: str
 ) -> None:
     a, b, c = servers
     for server in servers:
@@ -201,7 +203,19 @@ async def test_each_tick_runs_exactly_once_while_nodes_are_killed(
     # One workflow per run, and it is that tick's: no tick doubled under another id.
     listed = (await get(http, b, "/api/v1/workflows?name=every-second&limit=1000"))["items"]
     assert sorted(w["id"] for w in listed) == sorted(r["workflowId"] for r in submitted)
+    half_written = []
     for run in submitted:
-        action = await get(http, b, f"/api/v1/workflows/{run['workflowId']}/actions/1")
+        path = f"/api/v1/workflows/{run['workflowId']}/actions/1"
+        async with http.get(url(b) + path) as response:
+            if response.status == 404 and store_url.startswith("mongodb"):
+                # MongoDB's documented crash window (`MongoStore.persist_plan`, no
+                # transaction): a node killed between a workflow's write and its
+                # actions' leaves that workflow RUNNING with no action at all.
+                half_written.append(await get(http, b, f"/api/v1/workflows/{run['workflowId']}"))
+                continue
+            assert response.status == 200, await response.text()
+            action = await response.json()
         stamped = parse(action["definition"]["command"][-1])
         assert stamped == parse(run["tickAt"])
+    assert len(half_written) <= KILLS, half_written
+    assert all(w["state"] == "RUNNING" and w["actions"] == [] for w in half_written), half_written
