@@ -27,8 +27,9 @@ single-effect.
 
 Every lease it also settles the actions sharing another workflow's computation
 whose producer ended without their settlement (a node died in between:
-`OutcomeService.settle_stranded`). It also sweeps the local data root's staging
-directory, on its first run and every lease after (`sweep_staging`): an entry
+`OutcomeService.settle_stranded`), and fails the workflows whose plan a node died
+writing on MongoDB (`OutcomeService.abandon_unwritten`). It also sweeps the local
+data root's staging directory, on its first run and every lease after (`sweep_staging`): an entry
 (a staging output, or a sandbox box) belongs to an attempt, named in its file
 name; once that attempt is no longer its action's current one (its action moved
 on, another attempt started), or its lease expired while it was only claimed,
@@ -82,6 +83,8 @@ class Resolver(Protocol):
 
     async def settle_stranded(self) -> int: ...
 
+    async def abandon_unwritten(self) -> int: ...
+
 
 class Reaper(loops.Loop):
     """Resolves actions whose node or callback went missing."""
@@ -121,6 +124,8 @@ class Reaper(loops.Loop):
             # A node that died between a producer's outcome and settling the actions
             # sharing its computation left them waiting: settle them here.
             await self.outcomes.settle_stranded()
+            # A node that died writing a plan (MongoDB) left its workflow half-written.
+            await self.outcomes.abandon_unwritten()
         expired = await self.store.list_actions_in_states(
             {A.SUBMITTED, A.RUNNING}, lease_expired=True, limit=self.batch
         )

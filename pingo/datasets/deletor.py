@@ -117,10 +117,11 @@ class Deletor(loops.Loop):
 
         A planning writes its workflow after claiming, and the store refuses that write
         once the planning is `plan_deadline_s` old (`WorkflowPlan.deadline_at`). So a
-        claim whose workflow is not in the store, taken by a planning older than the
+        claim of an action not in the store, taken by a planning older than the
         deadline and a lease (the margin for the clocks of several nodes, as leases
-        assume), is one whose workflow will never be: a planning still under way is
-        never robbed, however slow (docs/states.md, "Claims").
+        assume), whose workflow is not in the store either or has ended, is one whose
+        action will never be: a planning still under way is never robbed, however
+        slow (docs/states.md, "Claims").
         """
         workflow_id, _, action_id = claim.rpartition("/")
         try:
@@ -134,8 +135,11 @@ class Deletor(loops.Loop):
             return False  # not a workflow id Pingo makes: its age is unknown
         if (now - started).total_seconds() <= self.plan_deadline_s + self.stale_s:
             return False
-        # Written (its actions still being written, on MongoDB), or never will be.
-        return workflow_id not in await self.store.find_workflow_ids(workflow_id, limit=1)
+        # Never written; or written in part (MongoDB) and failed by the reaper since
+        # (`OutcomeService.abandon_unwritten`): the action will never come. A RUNNING
+        # one may still be being written, or waits for the reaper: not yet.
+        workflow = await self.store.get_workflow(workflow_id)
+        return workflow is None or workflow.state in states.WORKFLOW_TERMINAL
 
     async def _to_deleting(self, record: protocol.DatasetRecord) -> protocol.DatasetRecord | None:
         """PROCESSING → DELETING while unclaimed; back to STORED_TO_DELETE if a claim arrived."""

@@ -61,6 +61,11 @@ _DELETION_POLL_S = 0.05
 #: Actions killed, or read for the kill's sweep, per store call when a workflow is
 #: killed or aborted; small for the reason `routes.workflows.DOCUMENT_PAGE` is.
 _KILL_BATCH = 250
+#: Why a workflow whose plan was never written whole failed (`abandon_unwritten`).
+UNWRITTEN_ERROR = (
+    "its submission was interrupted: the node writing it stopped before all its actions "
+    "were stored; submit it again"
+)
 #: Sharing actions settled per store read.
 _SETTLE_BATCH = 500
 
@@ -277,6 +282,42 @@ class OutcomeService:
             extra={"event": "workflow_killed", "workflow_id": workflow_id},
         )
         return workflow
+
+    async def abandon_unwritten(self) -> int:
+        """The reaper's backstop for a plan half-written on MongoDB: FAILED, with the
+        reason, for every workflow whose planning passed the deadline and a lease with
+        its plan still not written whole (`Store.list_unwritten_workflows`); returns
+        how many. Its writer is gone (or would be refused by now: docs/states.md), so
+        the workflow would otherwise stay RUNNING for ever with actions that never come.
+        What was written is killed like an abort's; the deletor then drops the claims
+        its missing actions' planning took."""
+        now = self.store.clock()
+        margin = timedelta(seconds=self.settings.plan_deadline_s + self.settings.lease_s)
+        abandoned = 0
+        for workflow_id in await self.store.list_unwritten_workflows(limit=_SETTLE_BATCH):
+            started = protocol.planning_started_at(workflow_id)
+            if started is None or now - started <= margin:
+                continue
+            states.ensure_transition(W.RUNNING, W.FAILED, T.REAPER)
+            moved = await self.store.transition_workflow(
+                workflow_id,
+                {W.RUNNING},
+                W.FAILED,
+                protocol.WorkflowChanges(finished_at=now, error=UNWRITTEN_ERROR),
+            )
+            if moved is None:
+                continue  # ended meanwhile (a user's kill, another reaper)
+            abandoned += 1
+            logger.error(
+                "workflow %s failed: %s",
+                workflow_id,
+                UNWRITTEN_ERROR,
+                extra={"event": "workflow_unwritten", "workflow_id": workflow_id},
+            )
+            await self._ended(moved)
+            # What was written is aborted as a failure's abort would (`recover_workflow`).
+            await self._sweep(workflow_id, "workflow failed", T.CALLBACK)
+        return abandoned
 
     async def recover_workflow(self, workflow_id: str) -> protocol.WorkflowRecord:
         """Redo the follow-up steps a crashed node may have left undone (idempotent).

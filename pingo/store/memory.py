@@ -373,6 +373,9 @@ class MemoryStore:
         workflow_id = self._idempotency.get((owner, key))
         return None if workflow_id is None else self._workflows[workflow_id]
 
+    async def list_unwritten_workflows(self, *, limit: int = 100) -> list[str]:
+        return []  # a plan lands in one step of the event loop
+
     async def find_workflow_ids(
         self, prefix: str, *, owner: str | None = None, limit: int = 2
     ) -> list[str]:

@@ -123,6 +123,13 @@ _NO_WORKFLOW_CHANGES = WorkflowChanges()
 #: parameter, and SQLite caps those (32,766); MongoDB caps a command at 16 MB.
 _IN_CHUNK = 1000
 
+#: A workflow document's mark while `persist_plan` writes its plan (see there): how
+#: many actions the plan has.
+_WRITING = "writing"
+#: The states a plan writes actions in, before anything claimed them: what
+#: `_end_writing` kills in a workflow that ended while they were being written.
+_UNSTARTED = frozenset({ActionState.WAITING, ActionState.READY})
+
 #: The server's error code for a unique index violation.
 _DUPLICATE_KEY = 11000
 
@@ -773,6 +780,8 @@ class MongoStore:
         await workflows.create_index(
             [("idempotency", asc)], name="idempotency", unique=True, sparse=True
         )
+        # The few workflows whose plan is being written (or was left half-written).
+        await workflows.create_index([(_WRITING, asc)], name="writing", sparse=True)
         await self._users.create_index([("token_hash", asc)], name="token_hash", unique=True)
         await self._events.create_index([("kind", asc), ("seq", desc)], name="kind")
         await self._events.create_index([("dataset_id", asc), ("seq", desc)], name="dataset")
@@ -848,14 +857,19 @@ class MongoStore:
         # `rules.producer_to_share` shares with a producer not found.
         # The crash window: a node dying between 1 and 3 leaves a RUNNING workflow
         # with missing actions (and maybe datasets planned or claimed for it), never
-        # a runnable action of a workflow that does not exist. Such a workflow stays
-        # RUNNING until a user kills it; its claims, if any, keep those datasets.
+        # a runnable action of a workflow that does not exist. So the workflow's record
+        # is written marked `writing` (with the plan's number of actions), and the mark
+        # is dropped once its last action is in. The reaper fails a workflow still
+        # missing actions once its planning is past the deadline and a lease
+        # (`list_unwritten_workflows`, `OutcomeService.abandon_unwritten`), and the
+        # deletor then drops the claims of the actions that never came.
         # The deadline is checked last, right before the first write: from the workflow's
-        # document on, the deletor finds the workflow and keeps its claims; before, it
-        # may release them once the deadline and a lease have passed (docs/states.md).
+        # document on, the deletor finds the workflow and keeps its claims (until the
+        # reaper fails it); before, it may release them once the deadline and a lease
+        # have passed (docs/states.md).
         if plan.deadline_at is not None and self.clock() > plan.deadline_at:
             raise errors.PlanExpired()
-        await self._workflows.insert_one(_workflow_doc(workflow))
+        await self._workflows.insert_one({**_workflow_doc(workflow), _WRITING: len(plan.actions)})
         _, now_us = self._now()
         merged = await self._persist_datasets(plan.datasets, now_us)
         shared = rules.shared_actions(
@@ -867,6 +881,7 @@ class MongoStore:
                 for a in sorted(plan.actions, key=lambda a: a.action_id)
             ]
             await self._actions.insert_many(docs, ordered=True)
+        await self._end_writing(workflow)
         logger.info(
             "workflow %s created with %d actions",
             workflow.id,
@@ -874,6 +889,33 @@ class MongoStore:
             extra={"event": "workflow_created", "workflow_id": workflow.id},
         )
         return Persisted(workflow, tuple(shared.values()))
+
+    async def _end_writing(self, workflow: WorkflowRecord) -> None:
+        """Drop the workflow's `writing` mark now that its plan is written whole.
+
+        The workflow may have ended while its actions were being written (its user
+        killed it, or the reaper gave up on a write that outlived the planning deadline
+        and a lease): the actions written after that ending, not yet started, are killed
+        here, since the sweep that ended it could not see them.
+        """
+        before = await self._workflows.find_one_and_update(
+            {"_id": workflow.id}, {"$unset": {_WRITING: ""}}, projection={"state": 1}
+        )
+        if before is None or workflow.state is not WorkflowState.RUNNING:
+            return
+        if before["state"] == WorkflowState.RUNNING.value:
+            return
+        changes = ActionChanges(
+            finished_at=self.clock(),
+            error=f"workflow {before['state'].lower()} while its actions were being written",
+            owner=None,
+            lease_expires_at=None,
+        )
+        while (
+            len(await self.kill_actions(workflow.id, _UNSTARTED, changes, limit=_IN_CHUNK))
+            == _IN_CHUNK
+        ):
+            pass
 
     async def _producers_to_share(
         self, workflow_id: str, merged: Mapping[str, DatasetRecord]
@@ -965,6 +1007,24 @@ class MongoStore:
         self, prefix: str, *, owner: str | None = None, limit: int = 2
     ) -> list[str]:
         return await _find_ids(self._workflows, "owner", prefix, owner, limit)
+
+    @_translated
+    async def list_unwritten_workflows(self, *, limit: int = 100) -> list[str]:
+        marked = await self._workflows.find(
+            {_WRITING: {"$exists": True}, "state": WorkflowState.RUNNING.value},
+            {_WRITING: 1},
+            sort=[("_id", 1)],
+            limit=limit,
+        ).to_list(None)
+        unwritten = []
+        for doc in marked:
+            # The mark holds how many actions the plan has: a writer that died after its
+            # last action and before dropping the mark wrote its plan whole.
+            if await self._actions.count_documents({"workflow_id": doc["_id"]}) < doc[_WRITING]:
+                unwritten.append(doc["_id"])
+            else:
+                await self._workflows.update_one({"_id": doc["_id"]}, {"$unset": {_WRITING: ""}})
+        return unwritten
 
     @_translated
     async def find_workflow_by_idempotency_key(self, owner: str, key: str) -> WorkflowRecord | None:

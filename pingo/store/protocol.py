@@ -534,6 +534,13 @@ class Store(Protocol):
         at most `limit` (see `pingo.store.lookup`)."""
         ...
 
+    async def list_unwritten_workflows(self, *, limit: int = 100) -> list[str]:
+        """Ids of RUNNING workflows whose plan was not written whole, lowest first, at
+        most `limit`: `persist_plan` stored the workflow's record, then stopped (its node
+        died, a write failed) before the last of its actions. Only MongoDB, which has no
+        transaction, can leave one; the other stores write a plan at once and return []."""
+        ...
+
     async def list_workflows(
         self,
         *,

@@ -1661,6 +1661,9 @@ class SQLiteStore:
     ) -> list[T]:
         return [convert(row) for row in self._db.execute(sql, params).fetchall()]
 
+    async def list_unwritten_workflows(self, *, limit: int = 100) -> list[str]:
+        return []  # a plan lands in one transaction
+
     async def find_workflow_ids(
         self, prefix: str, *, owner: str | None = None, limit: int = 2
     ) -> list[str]:
