@@ -1472,10 +1472,9 @@ class MongoStore:
         Index-served queries (expired leases; READY by state, or by state and type for
         each of `wanted`'s types), merged oldest first, rather than one $or: nx-27017
         serves neither branch of an $or from an index and took 25 ms per query over
-        1,000 READY actions. With `room` None the users' caps are read with them, all in
-        one `$unionWith` aggregation (`_union_reads`): without a server-wide cap, with
-        the READY ones, which stand unless some user has a cap; with one, with the
-        in-flight counts, and the READY ones are read next, within the room.
+        1,000 READY actions. A claim's first batch reads the room with them
+        (`_first_claimable`, `_first_claimable_capped`); its later batches reuse it
+        (`_claimable_within`).
         """
         expired_query: Doc = {
             "state": ActionState.PROCESSING.value,
@@ -1487,50 +1486,102 @@ class MongoStore:
                 [({}, limit)] if wanted is None else [({"type": t}, q) for t, q in wanted.items()]
             )
         ]
-
-        def expired_docs() -> Coroutine[Any, Any, list[Doc]]:
-            found = self._actions.find(expired_query, sort=_LEASE_EXPIRY).limit(limit)
-            return found.to_list(None)
-
-        def uncapped_ready() -> Iterator[Coroutine[Any, Any, list[Doc]]]:
-            for query, count in ready_queries:
-                yield self._actions.find(query, sort=_CLAIMABLE_READY).limit(count).to_list(None)
-
-        if room is None and default is not None:
-            capped = await self._capped_claim_reads(expired_query, limit)
-            if capped is None:
-                room = await self._in_flight_room(default)
-                expired, ready = await asyncio.gather(
-                    expired_docs(), self._ready_within_room(room, now_us, limit, wanted)
-                )
-            else:
-                caps, counted, expired = capped
-                room = await self._in_flight_room(default, caps, counted)
-                ready = await self._ready_within_room(room, now_us, limit, wanted)
-        elif room is None:
-            read = await self._claim_reads(expired_query, limit, ready_queries)
-            if read is None:
-                caps, (expired, *ready_lists) = await asyncio.gather(
-                    self._caps(), asyncio.gather(expired_docs(), *uncapped_ready())
-                )
-            else:
-                caps, expired, ready_lists = read
-            room = await self._in_flight_room(None, caps)
-            if room.capped:
-                ready = await self._ready_within_room(room, now_us, limit, wanted)
-            else:
-                ready = [doc for docs in ready_lists for doc in docs]
-        elif room.capped:
-            expired, ready = await asyncio.gather(
-                expired_docs(), self._ready_within_room(room, now_us, limit, wanted)
+        if room is not None:
+            expired, ready = await self._claimable_within(
+                room, expired_query, ready_queries, now_us, limit, wanted
+            )
+        elif default is not None:
+            expired, ready, room = await self._first_claimable_capped(
+                default, expired_query, now_us, limit, wanted
             )
         else:
-            expired, *ready_lists = await asyncio.gather(expired_docs(), *uncapped_ready())
-            ready = [doc for docs in ready_lists for doc in docs]
+            expired, ready, room = await self._first_claimable(
+                expired_query, ready_queries, now_us, limit, wanted
+            )
         oldest = sorted([*ready, *expired], key=_oldest_action)
         if wanted is None:
             return oldest[:limit], room
         return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"])), room
+
+    async def _first_claimable(
+        self,
+        expired_query: Doc,
+        ready_queries: Sequence[tuple[Doc, int]],
+        now_us: int,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+    ) -> tuple[list[Doc], list[Doc], _OwnedRoom]:
+        """The expired leases, the READY actions and the room, with no server-wide cap:
+        the users' caps are read with the READY actions, all in one `$unionWith`
+        aggregation (`_claim_reads`), and those stand unless some user has a cap."""
+        read = await self._claim_reads(expired_query, limit, ready_queries)
+        if read is None:
+            caps, (expired, *ready_lists) = await asyncio.gather(
+                self._caps(),
+                asyncio.gather(
+                    self._expired_docs(expired_query, limit), *self._ready_docs(ready_queries)
+                ),
+            )
+        else:
+            caps, expired, ready_lists = read
+        room = await self._in_flight_room(None, caps)
+        if room.capped:
+            return expired, await self._ready_within_room(room, now_us, limit, wanted), room
+        return expired, [doc for docs in ready_lists for doc in docs], room
+
+    async def _first_claimable_capped(
+        self,
+        default: int,
+        expired_query: Doc,
+        now_us: int,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+    ) -> tuple[list[Doc], list[Doc], _OwnedRoom]:
+        """The expired leases, the READY actions and the room, under the server-wide cap
+        `default`: the caps and the in-flight counts are read with the expired leases in
+        one aggregation (`_capped_claim_reads`), then the READY ones within the room."""
+        capped = await self._capped_claim_reads(expired_query, limit)
+        if capped is None:
+            room = await self._in_flight_room(default)
+            expired, ready = await asyncio.gather(
+                self._expired_docs(expired_query, limit),
+                self._ready_within_room(room, now_us, limit, wanted),
+            )
+            return expired, ready, room
+        caps, counted, expired = capped
+        room = await self._in_flight_room(default, caps, counted)
+        return expired, await self._ready_within_room(room, now_us, limit, wanted), room
+
+    async def _claimable_within(
+        self,
+        room: _OwnedRoom,
+        expired_query: Doc,
+        ready_queries: Sequence[tuple[Doc, int]],
+        now_us: int,
+        limit: int,
+        wanted: Mapping[str, int] | None,
+    ) -> tuple[list[Doc], list[Doc]]:
+        """The expired leases and the READY actions of a later batch, within the room an
+        earlier one read."""
+        expired_docs = self._expired_docs(expired_query, limit)
+        if room.capped:
+            expired, ready = await asyncio.gather(
+                expired_docs, self._ready_within_room(room, now_us, limit, wanted)
+            )
+            return expired, ready
+        expired, *ready_lists = await asyncio.gather(expired_docs, *self._ready_docs(ready_queries))
+        return expired, [doc for docs in ready_lists for doc in docs]
+
+    def _expired_docs(self, expired_query: Doc, limit: int) -> Coroutine[Any, Any, list[Doc]]:
+        """PROCESSING actions past their lease, the oldest lease first."""
+        return self._actions.find(expired_query, sort=_LEASE_EXPIRY).limit(limit).to_list(None)
+
+    def _ready_docs(
+        self, ready_queries: Sequence[tuple[Doc, int]]
+    ) -> Iterator[Coroutine[Any, Any, list[Doc]]]:
+        """Each READY query's oldest actions, up to its count."""
+        for query, count in ready_queries:
+            yield self._actions.find(query, sort=_CLAIMABLE_READY).limit(count).to_list(None)
 
     async def _claim_reads(
         self, expired_query: Doc, limit: int, ready_queries: Sequence[tuple[Doc, int]]
