@@ -22,6 +22,13 @@ from pingo.store.protocol import Store, WorkflowPlan, claim_key, new_workflow_id
 from tests.contract.conftest import Backend, Factory, FakeClock, seed_dataset
 
 
+@pytest.fixture
+def stepwise(backend: Backend) -> None:
+    """Only for the stores that write a plan in several steps."""
+    if backend.name not in ("mongomock", "wire"):
+        pytest.skip("only MongoDB writes a plan in several steps")
+
+
 class NodeDied(Exception):
     """Stands for the SIGKILL of the node writing the plan, at a chosen write."""
 
@@ -69,8 +76,8 @@ async def test_a_plan_written_whole_is_never_unwritten(
     assert workflow is not None and workflow.state is WorkflowState.RUNNING
 
 
+@pytest.mark.usefixtures("stepwise")
 async def test_a_half_written_plan_fails_after_its_deadline_and_a_lease(
-    backend: Backend,
     store: Store,
     make: Factory,
     clock: FakeClock,
@@ -78,8 +85,6 @@ async def test_a_half_written_plan_fails_after_its_deadline_and_a_lease(
     storage: DatasetStorage,
     outcomes: OutcomeService,
 ) -> None:
-    if backend.name not in ("mongomock", "wire"):
-        pytest.skip("only MongoDB writes a plan in several steps")
     plan = _plan(make, clock)
     # The planning claimed a stored dataset for action 2, which the node never wrote.
     reused = await seed_dataset(store, make, DatasetState.STORED)
@@ -122,8 +127,8 @@ async def test_a_half_written_plan_fails_after_its_deadline_and_a_lease(
     assert dataset is not None and claim not in dataset.claims
 
 
+@pytest.mark.usefixtures("stepwise")
 async def test_a_plan_whose_writer_died_after_its_last_action_is_whole(
-    backend: Backend,
     store: Store,
     make: Factory,
     clock: FakeClock,
@@ -132,8 +137,6 @@ async def test_a_plan_whose_writer_died_after_its_last_action_is_whole(
 ) -> None:
     """Dying between the last action and dropping the mark loses nothing: the workflow
     runs on, however long it takes."""
-    if backend.name not in ("mongomock", "wire"):
-        pytest.skip("only MongoDB writes a plan in several steps")
     plan = _plan(make, clock)
 
     async def die_after_all(docs: list[Any]) -> None:
@@ -153,13 +156,12 @@ async def test_a_plan_whose_writer_died_after_its_last_action_is_whole(
     assert await store.list_unwritten_workflows() == []
 
 
+@pytest.mark.usefixtures("stepwise")
 async def test_actions_written_after_their_workflow_ended_are_killed(
     backend: Backend, store: Store, make: Factory, clock: FakeClock
 ) -> None:
     """A user's kill (or the reaper) that lands while a plan's actions are being written
     cannot see them: the writer kills them once it finds the workflow ended."""
-    if backend.name not in ("mongomock", "wire"):
-        pytest.skip("only MongoDB writes a plan in several steps")
     plan = _plan(make, clock)
 
     async def killed_meanwhile(docs: list[Any]) -> None:
