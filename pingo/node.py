@@ -60,10 +60,6 @@ class _HeldReporter:
         self._outcomes = outcomes
         self._held = held
 
-    def ended(self, callback_id: str, attempt: int) -> None:
-        # The process is gone: its slot takes the next action before the report is in.
-        self._held.ended(callback_id, attempt)
-
     async def running(self, callback_id: str, attempt: int) -> ActionRecord:
         return await self._outcomes.running(callback_id, attempt)
 

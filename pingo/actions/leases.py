@@ -55,9 +55,6 @@ class Held:
     submitted_at: float | None = None
     #: Reconciliation asks the executor about it again no earlier than this.
     check_at: float = 0.0
-    #: Its process ended and its report is under way: still held (its lease is
-    #: renewed until the outcome is stored), but it takes no slot of its type.
-    ended: bool = False
 
 
 class HeldActions:
@@ -87,8 +84,7 @@ class HeldActions:
         return self._held.get(key)
 
     def count(self, action_type: str) -> int:
-        """How many actions of `action_type` take a slot here (queued, submitted or running;
-        not those whose work ended and is reporting)."""
+        """How many actions of `action_type` this node holds (queued, submitted or running)."""
         return self._by_type[action_type]
 
     def quotas(self, capacities: Mapping[str, int]) -> dict[str, int]:
@@ -142,31 +138,10 @@ class HeldActions:
             return
         del self._held[key]
         self._by_callback.pop(held.callback_id, None)
-        if not held.ended:
-            self._free_slot(held)
-        self.on_release()
-
-    def ended(self, callback_id: str, attempt: int) -> None:
-        """The work of `callback_id`'s attempt `attempt` ended here, its report follows:
-        its slot (and limit) frees now, so the scraper can claim the next action while
-        the outcome is stored; the action stays held, its lease renewed, until `remove`.
-
-        Only for the submitted attempt this node holds: a stale attempt's end (the
-        action came back to this node since) must not free the newer claim's slot.
-        """
-        key = self._by_callback.get(callback_id)
-        held = None if key is None else self._held.get(key)
-        if held is None or held.ended or held.external_id is None or held.attempt != attempt:
-            return
-        held.ended = True
-        self._free_slot(held)
-        self.on_release()
-
-    def _free_slot(self, held: Held) -> None:
         self._by_type[held.action_type] -= 1
         if held.limited:
-            held.limited = False
             self._semaphores[held.action_type].release()
+        self.on_release()
 
     def remove_callback(self, callback_id: str) -> None:
         """Forget the action whose callback id is `callback_id`, if held."""

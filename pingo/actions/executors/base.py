@@ -64,13 +64,7 @@ class ExecutorStatus(enum.StrEnum):
 
 
 class Reporter(Protocol):
-    """In-process callbacks, for executors that run work on this node.
-
-    A reporter may also have `ended(callback_id, attempt)`, called without awaiting
-    as soon as the work's process is gone and before its report (`ProcessEnded`):
-    the node's reporter frees the work's slot for the next claim then, instead of
-    after the report's store writes.
-    """
+    """In-process callbacks, for executors that run work on this node."""
 
     async def running(self, callback_id: str, attempt: int) -> object: ...
 
@@ -81,12 +75,6 @@ class Reporter(Protocol):
     async def failed(self, callback_id: str, attempt: int, error: str) -> object: ...
 
     async def killed(self, callback_id: str, attempt: int) -> object: ...
-
-
-class ProcessEnded(Protocol):
-    """The optional `Reporter.ended`: the attempt's process ended, its report follows."""
-
-    def __call__(self, callback_id: str, attempt: int) -> None: ...
 
 
 class Executor(Protocol):

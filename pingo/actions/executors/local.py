@@ -22,9 +22,6 @@
 - stdout and stderr go to the attempt's log file.
 - Slots: `submit` waits for a free slot, starts the process and returns once it
   runs. The wait bounds the submitters, which hold only what the scraper claimed.
-  A slot frees when its process exits, before the report: the reporter hears of
-  it at once (`Reporter.ended`), so the next action is claimed and started while
-  the last one's output is collected and its outcome stored.
 - External id: `"<callback id>.<attempt>@<node id>"`, known before the process
   starts (`external_id_for`), so the submitter records it with the SUBMITTED
   transition instead of a second store write. It is unique across restarts: a
@@ -60,7 +57,7 @@ from typing import Any, BinaryIO
 
 from pingo import errors
 from pingo.actions.executors import placeholders, sandbox
-from pingo.actions.executors.base import ExecutorStatus, ProcessEnded, Reporter, Submission
+from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
 from pingo.datasets import storage
 
@@ -128,8 +125,6 @@ class LocalExecutor:
         if slots < 1:
             raise errors.ConfigurationError(f"local slots must be at least 1, not {slots}")
         self.reporter = reporter
-        #: Told the moment a process is gone, before its report (see `Reporter`).
-        self._process_ended: ProcessEnded | None = getattr(reporter, "ended", None)
         self.slots = slots
         self.node_id = node_id
         self.kill_grace_s = kill_grace_s
@@ -416,10 +411,6 @@ class LocalExecutor:
         if proc.stopped_for == "shutdown":
             self._procs.pop(proc.external_id, None)
             return
-        if self._process_ended is not None and self.notes_completion:
-            # The slot is free now: the node claims the next action while this one's
-            # output is collected and its outcome written, not after (issue 15).
-            self._process_ended(proc.submission.callback_id, proc.submission.attempt)
         self._spawn_task(self._report(proc, returncode, runtime_s), proc.external_id)
 
     def _spawn_task(self, coro: Any, name: str) -> None:
