@@ -144,26 +144,6 @@ def pid_of(executor: LocalExecutor, external_id: str) -> int:
     return pid
 
 
-async def test_a_free_slot_is_refilled_without_yielding_to_the_loop(
-    executor: LocalExecutor, recorder: Recorder, tmp_path: Path
-) -> None:
-    """With a slot free, `submit` creates the attempt's files and spawns in one go: no
-    turn of the event loop (a hop to a file thread) between a slot freeing and its refill."""
-    sub = submission(tmp_path, [sys.executable, "-c", "pass"])
-    coro = executor.submit(sub)
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        external_id = stop.value
-    else:
-        coro.close()
-        pytest.fail("submit gave the event loop a turn before spawning")
-    assert external_id == executor.external_id_for(sub.callback_id, sub.attempt)
-    assert sub.log_path.exists()
-    await recorder.wait_for(1)
-    assert recorder.reports[0][:2] == ("success", sub.callback_id)
-
-
 async def test_inputs_sh_quotes_every_path_for_a_shell(tmp_path: Path) -> None:
     """`{inputs:sh}` inside `sh -c`: each path one word, whatever it holds."""
     recorder = Recorder()

@@ -189,11 +189,9 @@ class LocalExecutor:
             await self.start()
         assert self._slots is not None
         argv, env = self._prepare(submission)
-        # On the loop, not in a file thread: the node claims only what a free slot can
-        # start, so the slot is free here and a thread hop would sit between a process's
-        # exit and the next spawn (issue 15, eighth pass: a directory, a status file and
-        # the log are a few system calls; the hop cost more, in latency and in CPU).
-        log, status = self._open_files(submission)
+        # Creating files can take milliseconds on a busy disk: do it in a thread,
+        # before the slot wait, so a freed slot is refilled by a bare spawn.
+        log, status = await asyncio.to_thread(self._open_files, submission)
         try:
             await self._slots.acquire()
             try:
@@ -320,7 +318,7 @@ class LocalExecutor:
 
     def _open_files(self, submission: Submission) -> tuple[BinaryIO, int | None]:
         """Create the output's parent directory, open the attempt's log and, for a
-        sandboxed local output, the file bwrap writes its exit status to."""
+        sandboxed local output, the file bwrap writes its exit status to (in a thread)."""
         output = submission.output_path
         status = None
         # A remote output (hdfs://, s3://) is created by the job itself.
