@@ -398,6 +398,15 @@ class _Supersession:
     by: str
 
 
+def _switch(name: str, value: bool | str) -> bool:
+    """A policy's on/off option, given as a bool or as the text of `name:key=value`."""
+    if isinstance(value, bool):
+        return value
+    if value.lower() not in {"0", "1", "false", "true"}:
+        raise errors.ConfigurationError(f"{name} must be 0 or 1, not {value!r}")
+    return value.lower() in {"1", "true"}
+
+
 class Lineage:
     """Pingo's own policy: superseded versions first, then expected reads, never a flush.
 
@@ -418,27 +427,33 @@ class Lineage:
     is submitted (learned online), times the share of its steps whose edit
     makes the next run read them (from the DAG, `read_shares`; updated by the
     dataset's own reuses, the share being a prior worth `prior` submissions),
-    times the recompute cost with missing ancestors, over the size. A dataset
-    not read for many runs of its workflow loses value through its share, so
-    there is no GDSF aging by default; with `aging` on, an L anchored at the
-    dataset's creation or last reuse is added, and L rises to the value of each
-    dataset evicted in order (not of those taken out of order to spare a big
-    one). Off, because a pass that must evict nearly everything (a large
-    workflow's claims) raised L to the value of small, dear datasets, a hundred
-    times that of the big ones, which were then ranked by when they were
-    anchored alone.
+    times the recompute cost with missing ancestors, over the size. As in GDSF,
+    an L anchored at the dataset's creation or last reuse is added, and L rises
+    to the value of each dataset evicted in order (not of those taken out of
+    order to spare a big one), so what was valuable long ago but is not read
+    falls behind. With `aging=0` there is no L: a dataset not read for many runs
+    of its workflow still loses value through its share, and a pass that must
+    evict nearly everything (a large workflow's claims) no longer raises L to
+    the value of small, dear datasets, a hundred times that of the big ones,
+    which are then ranked by when they were anchored alone. Off, it does better
+    with `defer` and at tight budgets, worse at 10-20% (docs/retention.md).
 
     *Within a pass.* A child's value rises as soon as the pass takes one of its
     parents (`_cascading`); a pass does not overshoot on a big dataset when
     smaller ones cover the rest for less (`_take`); and the set with the
     cascade charge is kept only when its expected loss is below the plain
-    order's (`_choose`). What the running workflows planned and have not yet
-    handed over as candidates (claimed while their next actions read them) is
-    ranked with the candidates, its size and cost estimated from the step's
-    previous version: the part of the pass that such datasets make up, being
-    worth less than the candidates it would take, is left to the passes after
-    they end (`_deferred`). While running actions' claims hold storage over the
+    order's (`_choose`). While running actions' claims hold storage over the
     mark, it keeps what fitted at rest.
+
+    *Deferring (`defer`, off by default).* What the running workflows planned and
+    have not yet handed over as candidates (claimed while their next actions read
+    them) is ranked with the candidates, its size and cost estimated from the
+    step's previous version: the part of the pass that such datasets make up,
+    being worth less than the candidates it would take, is left to the passes
+    after they end (`_deferred`). It recomputes much less at tight budgets, but
+    a pass then frees less than asked although it could free it all, so the store
+    stays over its budget while such workflows run (docs/retention.md): not the
+    contract of `select_evictions`, hence an option for budgets that can stretch.
 
     State lives in the instance: a node learns from the workflows it plans;
     what another node planned it values by its own reuses per submission.
@@ -453,7 +468,8 @@ class Lineage:
         self,
         max_reuse_rate: float | str = 0.2,
         prior: float | str = 3.0,
-        aging: bool | str = False,
+        aging: bool | str = True,
+        defer: bool | str = False,
     ) -> None:
         try:
             self.max_reuse_rate = float(max_reuse_rate)
@@ -471,12 +487,12 @@ class Lineage:
             raise errors.ConfigurationError(f"prior must be a number, not {prior!r}") from None
         if not self.prior >= 0.0:
             raise errors.ConfigurationError(f"prior must be at least 0, not {self.prior}")
-        if isinstance(aging, str):
-            if aging.lower() not in {"0", "1", "false", "true"}:
-                raise errors.ConfigurationError(f"aging must be 0 or 1, not {aging!r}")
-            aging = aging.lower() in {"1", "true"}
-        #: Whether L rises with evictions (GDSF's aging; off by default, see the class doc).
-        self.aging = aging
+        #: Whether L rises with evictions (GDSF's aging; see the class doc).
+        self.aging = _switch("aging", aging)
+        #: Whether a pass leaves to later passes the part of it that what running
+        #: workflows write would make up (`_deferred`): it frees less than asked, so the
+        #: store stays over its budget while they run. Off by default, see the class doc.
+        self.defer = _switch("defer", defer)
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
@@ -668,7 +684,7 @@ class Lineage:
         the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
-        if total >= bytes_to_free:
+        if self.defer and total >= bytes_to_free:
             bytes_to_free -= self._deferred(ranked, bytes_to_free)
         if total >= bytes_to_free or self.room is None:
             evictions, frontier = self._take(list(self._cascading(ranked)), bytes_to_free)
