@@ -398,6 +398,15 @@ class _Supersession:
     by: str
 
 
+def _switch(name: str, value: bool | str) -> bool:
+    """A policy's on/off option, given as a bool or as the text of `name:key=value`."""
+    if isinstance(value, bool):
+        return value
+    if value.lower() not in {"0", "1", "false", "true"}:
+        raise errors.ConfigurationError(f"{name} must be 0 or 1, not {value!r}")
+    return value.lower() in {"1", "true"}
+
+
 class Lineage:
     """Pingo's own policy: superseded versions first, then expected reads, never a flush.
 
@@ -418,11 +427,16 @@ class Lineage:
     is submitted (learned online), times the share of its steps whose edit
     makes the next run read them (from the DAG, `read_shares`; updated by the
     dataset's own reuses, the share being a prior worth `prior` submissions),
-    times the recompute cost with missing ancestors, over the size. As in
-    GDSF, an L anchored at the dataset's creation or last reuse is added, and
-    L rises to the value of each dataset evicted in order (not of those taken
-    out of order to spare a big one), so what was valuable long ago but is not
-    read falls behind.
+    times the recompute cost with missing ancestors, over the size. As in GDSF,
+    an L anchored at the dataset's creation or last reuse is added, and L rises
+    to the value of each dataset evicted in order (not of those taken out of
+    order to spare a big one), so what was valuable long ago but is not read
+    falls behind. With `aging=0` there is no L: a dataset not read for many runs
+    of its workflow still loses value through its share, and a pass that must
+    evict nearly everything (a large workflow's claims) no longer raises L to
+    the value of small, dear datasets, a hundred times that of the big ones,
+    which are then ranked by when they were anchored alone. Off, it does better
+    with `defer` and at tight budgets, worse at 10-20% (docs/retention.md).
 
     *Within a pass.* A child's value rises as soon as the pass takes one of its
     parents (`_cascading`); a pass does not overshoot on a big dataset when
@@ -430,6 +444,16 @@ class Lineage:
     cascade charge is kept only when its expected loss is below the plain
     order's (`_choose`). While running actions' claims hold storage over the
     mark, it keeps what fitted at rest.
+
+    *Deferring (`defer`, off by default).* What the running workflows planned and
+    have not yet handed over as candidates (claimed while their next actions read
+    them) is ranked with the candidates, its size and cost estimated from the
+    step's previous version: the part of the pass that such datasets make up,
+    being worth less than the candidates it would take, is left to the passes
+    after they end (`_deferred`). It recomputes much less at tight budgets, but
+    a pass then frees less than asked although it could free it all, so the store
+    stays over its budget while such workflows run (docs/retention.md): not the
+    contract of `select_evictions`, hence an option for budgets that can stretch.
 
     State lives in the instance: a node learns from the workflows it plans;
     what another node planned it values by its own reuses per submission.
@@ -440,7 +464,13 @@ class Lineage:
     #: Exposures of datasets no longer candidates are forgotten this many workflows later.
     FORGET_AFTER = 50
 
-    def __init__(self, max_reuse_rate: float | str = 0.2, prior: float | str = 3.0) -> None:
+    def __init__(
+        self,
+        max_reuse_rate: float | str = 0.2,
+        prior: float | str = 3.0,
+        aging: bool | str = True,
+        defer: bool | str = False,
+    ) -> None:
         try:
             self.max_reuse_rate = float(max_reuse_rate)
         except ValueError:
@@ -457,9 +487,20 @@ class Lineage:
             raise errors.ConfigurationError(f"prior must be a number, not {prior!r}") from None
         if not self.prior >= 0.0:
             raise errors.ConfigurationError(f"prior must be at least 0, not {self.prior}")
+        #: Whether L rises with evictions (GDSF's aging; see the class doc).
+        self.aging = _switch("aging", aging)
+        #: Whether a pass leaves to later passes the part of it that what running
+        #: workflows write would make up (`_deferred`): it frees less than asked, so the
+        #: store stays over its budget while they run. Off by default, see the class doc.
+        self.defer = _switch("defer", defer)
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
+        #: Step → (size, compute seconds) of its latest version seen as a candidate.
+        self._step_size: dict[tuple[str, ...], tuple[int, float]] = {}
+        self._step_of: dict[str, tuple[str, ...]] = {}
+        #: Datasets planned and not yet seen as candidates → (workflows seen then, size, cost).
+        self._pending: dict[str, tuple[int, int, float]] = {}
         self.inflation = 0.0
         #: dataset id → (use count when L was last anchored, that L).
         self._anchors: dict[str, tuple[int, float]] = {}
@@ -540,6 +581,8 @@ class Lineage:
             d for d, e in self._exposures.items() if e.seen <= horizon and d not in present
         ]:
             del self._exposures[dataset_id]
+        for dataset_id in [d for d in self._step_of if d not in self._exposures]:
+            del self._step_of[dataset_id]
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         self._observe(dataset)
@@ -548,6 +591,15 @@ class Lineage:
         if previous is not None and previous != dataset.dataset_id:
             self._superseded[previous] = _Supersession(step, now, dataset.dataset_id)
         self._latest[step] = dataset.dataset_id
+        if dataset.dataset_id in self._exposures:
+            self._step_of[dataset.dataset_id] = step
+            prev = dataset.previous
+            if prev is not None and prev.size_bytes and prev.compute_s is not None:
+                estimate: tuple[int, float] | None = (prev.size_bytes, prev.compute_s)
+            else:
+                estimate = self._step_size.get(step)
+            if estimate is not None:
+                self._pending[dataset.dataset_id] = (self._workflows_seen, *estimate)
         # A dataset planned again (recomputed after an eviction) is current again.
         self._superseded.pop(dataset.dataset_id, None)
         return True
@@ -579,6 +631,14 @@ class Lineage:
         self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
     ) -> list[Eviction]:
         self._learn(candidates)
+        for c in candidates:
+            self._pending.pop(c.dataset_id, None)
+            step_of = self._step_of.get(c.dataset_id)
+            if step_of is not None and c.size_bytes > 0:
+                self._step_size[step_of] = (c.size_bytes, c.compute_s)
+        horizon = self._workflows_seen - self.PENDING_WORKFLOWS
+        for dataset_id in [d for d, p in self._pending.items() if p[0] <= horizon]:
+            del self._pending[dataset_id]
         trust = self.reuse_rate() <= self.max_reuse_rate
         ranked = sorted(
             ((0 if trust and self._dead(c) else 1, self.aged_value(c), c) for c in candidates),
@@ -598,7 +658,7 @@ class Lineage:
             if tier == 0:
                 self.superseded_evicted += 1
                 del self._superseded[c.dataset_id]
-            else:
+            elif self.aging:
                 # L rises as far as the order went, not to the value of the
                 # smaller datasets taken out of order to spare a big one.
                 self.inflation = max(self.inflation, min(h, frontier))
@@ -624,6 +684,8 @@ class Lineage:
         the rest, superseded first.
         """
         total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
+        if self.defer and total >= bytes_to_free:
+            bytes_to_free -= self._deferred(ranked, bytes_to_free)
         if total >= bytes_to_free or self.room is None:
             evictions, frontier = self._take(list(self._cascading(ranked)), bytes_to_free)
             plain, plain_frontier = self._take(ranked, bytes_to_free)
@@ -638,6 +700,46 @@ class Lineage:
         superseded = sum(max(c.size_bytes, 0) for tier, _, c in ranked if tier == 0)
         reasons = ((c, self._reason(tier, h, c)) for tier, h, c in self._cascading(ranked))
         return take_until_freed(reasons, max(total - self.room, superseded)), math.inf
+
+    #: A planned dataset not seen as a candidate this many workflows later is forgotten.
+    PENDING_WORKFLOWS = 5
+
+    def _deferred(self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int) -> int:
+        """Bytes of the pass that planned datasets, not yet candidates, are to make up later.
+
+        While a workflow runs, what it writes is claimed by its next actions: a
+        pass cannot evict it, and evicts datasets kept at rest instead (a large
+        Montage's 80 new `mBackground` outputs, 663 MB worth 5e-9 s/B per
+        submission, made each run evict as many `mProject` outputs worth 1.3e-7).
+        Once the run ends they are candidates and the next passes evict them
+        first. So the datasets planned and not yet seen as candidates, their size
+        and cost estimated from the step's previous version (or the dataset's own
+        past record), are ranked with the candidates; the part of what is to free
+        that they make up in that order is left to the passes after the run.
+        """
+        seen = max(self._workflows_seen, 1)
+        pending: list[tuple[int, float, int]] = []
+        for dataset_id, (_, size, cost) in self._pending.items():
+            known = self._exposures.get(dataset_id)
+            if known is None or size <= 0:
+                continue
+            rate = self._family_totals[known.family] / seen * known.share
+            pending.append((1, self.inflation + rate * cost / size, size))
+        if not pending:
+            return 0
+        merged = sorted(
+            [(t, h, c.size_bytes, False) for t, h, c in ranked if c.evictable and c.size_bytes > 0]
+            + [(t, h, size, True) for t, h, size in pending],
+            key=lambda x: (x[0], x[1]),
+        )
+        freed = deferred = 0
+        for _, _, size, is_pending in merged:
+            if freed >= bytes_to_free:
+                break
+            freed += size
+            if is_pending:
+                deferred += size
+        return min(deferred, bytes_to_free)
 
     def _take(
         self, ordered: Sequence[tuple[int, float, Candidate]], bytes_to_free: int

@@ -811,11 +811,17 @@ def test_lineage_spares_what_fits_at_rest_while_claims_hold_the_excess() -> None
 def test_lineage_options_are_checked() -> None:
     assert policy_api.load_policy("lineage:max_reuse_rate=0.5").max_reuse_rate == 0.5  # type: ignore[attr-defined]
     assert policy_api.load_policy("lineage:prior=0").prior == 0.0  # type: ignore[attr-defined]
+    assert policy_api.load_policy("lineage").aging  # type: ignore[attr-defined]
+    assert not policy_api.load_policy("lineage:aging=0").aging  # type: ignore[attr-defined]
+    assert not policy_api.load_policy("lineage").defer  # type: ignore[attr-defined]
+    assert policy_api.load_policy("lineage:defer=true").defer  # type: ignore[attr-defined]
     for bad in (
         "lineage:max_reuse_rate=x",
         "lineage:max_reuse_rate=2",
         "lineage:prior=-1",
         "lineage:prior=x",
+        "lineage:aging=2",
+        "lineage:defer=yes",
         "lineage:window=3",
     ):
         with pytest.raises(errors.ConfigurationError):
@@ -942,6 +948,70 @@ def test_lineage_values_datasets_by_how_often_the_next_runs_read_them() -> None:
     assert chosen(policy.select_evictions(reused, 100, at(10))) == ["b"]
 
 
+def test_lineage_deferring_leaves_to_later_passes_what_the_running_workflow_writes() -> None:
+    # a -> b -> c (a leaf), and d -> c: edits read a, b and d in 1/4, 2/4 and 3/4 of
+    # the runs. b is cheap to recompute (1 s per 100 B): worth the least.
+    document = {
+        "name": "w",
+        "startActionId": 1,
+        "endActionId": 3,
+        "actions": [
+            {"id": 1, "name": "a", "type": "command-line", "command": ["a"]},
+            {"id": 2, "name": "b", "type": "command-line", "command": ["b"],
+             "parentActions": [{"id": 1}]},
+            {"id": 4, "name": "d", "type": "command-line", "command": ["d"]},
+            {"id": 3, "name": "c", "type": "command-line", "command": ["c"],
+             "parentActions": [{"id": 2}, {"id": 4}]},
+        ],
+    }  # fmt: skip
+    definition = language.parse(document)
+    policy, strict = builtin.Lineage(defer="1", aging="0"), builtin.Lineage(aging="0")
+    first = {1: "a", 2: "b", 3: "c", 4: "d"}
+    for aid in (1, 2, 4):
+        info = policy_api.NewDatasetInfo(
+            first[aid], "wf1", "ann", "server", definition.actions[aid], (), None, definition, first
+        )
+        assert policy.keep_new(info, at(0)) and strict.keep_new(info, at(0))
+    a, d = cand("a"), cand("d")
+    b = cand("b", compute_s=1.0, recompute_cost_s=1.0)
+    # At rest: nothing to free, but the pass sees how big and dear b's step is.
+    assert policy.select_evictions([a, b, d], 0, at(10)) == []
+    assert strict.select_evictions([a, b, d], 0, at(10)) == []
+    # The second run edits b: a new version b2 supersedes b and is written, claimed
+    # by c while c runs, so it is not a candidate. 200 B are to free.
+    second = {**first, 2: "b2"}
+    info = policy_api.NewDatasetInfo(
+        "b2", "wf2", "ann", "server", definition.actions[2], ("a",), None, definition, second
+    )
+    assert policy.keep_new(info, at(20)) and strict.keep_new(info, at(20))
+    # b (superseded) goes; b2, estimated as large and as cheap as b, is worth less
+    # than a: the rest is b2's to make up once the run ends, not a's now.
+    assert chosen(policy.select_evictions([a, b, d], 200, at(30))) == ["b"]
+    # Without `defer`, a pass frees what it is asked to.
+    assert chosen(strict.select_evictions([a, b, d], 200, at(30))) == ["b", "a"]
+    # The run ended: b2 is a candidate, no longer expected, and goes first.
+    b2 = cand("b2", compute_s=1.0, recompute_cost_s=1.0, parents=("a",))
+    assert chosen(policy.select_evictions([a, b2, d], 100, at(40))) == ["b2"]
+    # Nothing expected any more: the same pass as above now takes a.
+    assert chosen(policy.select_evictions([a, b2, d], 200, at(50))) == ["b2", "a"]
+
+
+def test_lineage_ages_unless_told_not_to() -> None:
+    # Values: half a read per submission (their workflow not seen) * cost / 100 B.
+    cheap = cand("cheap", recompute_cost_s=20.0)  # 0.1
+    kept = cand("kept", recompute_cost_s=60.0)  # 0.3
+    new = cand("new", recompute_cost_s=50.0, created_at=at(20))  # 0.25
+    plain, aging = builtin.Lineage(aging="0"), builtin.Lineage()
+    for policy in (plain, aging):
+        assert chosen(policy.select_evictions([cheap, kept], 100, at(10))) == ["cheap"]
+    # With aging, L rose to 0.1 and the new dataset is anchored there: 0.35 outranks
+    # kept's 0.3. Without it, the values alone decide: the new one is worth less.
+    assert aging.inflation == pytest.approx(0.1)
+    assert chosen(aging.select_evictions([kept, new], 100, at(30))) == ["kept"]
+    assert plain.inflation == 0.0
+    assert chosen(plain.select_evictions([kept, new], 100, at(30))) == ["new"]
+
+
 #: Candidates dear per byte, never reached by the passes below: with them a
 #: 1,000 B candidate is under a tenth of the candidates' bytes.
 KEPT = [cand(f"kept{n}", size_bytes=1000, recompute_cost_s=10_000.0) for n in range(20)]
@@ -980,7 +1050,7 @@ def test_lineage_spares_two_big_datasets_in_a_row_when_small_ones_cover_the_rest
     ]
     small = [cand(f"s{n}", size_bytes=60, recompute_cost_s=1.2) for n in (1, 2, 3)]
     assert chosen(builtin.GDSF().select_evictions([*big, *small, *KEPT], 100, at(0))) == ["big1"]
-    policy = builtin.Lineage()
+    policy = builtin.Lineage(aging="1")
     assert chosen(policy.select_evictions([*big, *small, *KEPT], 100, at(0))) == ["s1", "s2"]
     # L rises as far as the order went (big1's value: half a read per
     # submission, its workflow not seen, * 10 s / 1,000 B), not to the value of
