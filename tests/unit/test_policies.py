@@ -901,23 +901,25 @@ def test_read_shares_count_the_edits_whose_next_run_reads_each_output(
     assert builtin.read_shares(definition) == pytest.approx(expected)
 
 
+#: a -> b -> c (a leaf), and d -> c: editing b reads a; editing c or d reads b;
+#: editing a, b or c reads d (read shares of 1/4, 2/4 and 3/4).
+A_B_C_D = {
+    "name": "w",
+    "startActionId": 1,
+    "endActionId": 3,
+    "actions": [
+        {"id": 1, "name": "a", "type": "command-line", "command": ["a"]},
+        {"id": 2, "name": "b", "type": "command-line", "command": ["b"],
+         "parentActions": [{"id": 1}]},
+        {"id": 4, "name": "d", "type": "command-line", "command": ["d"]},
+        {"id": 3, "name": "c", "type": "command-line", "command": ["c"],
+         "parentActions": [{"id": 2}, {"id": 4}]},
+    ],
+}  # fmt: skip
+
+
 def test_lineage_values_datasets_by_how_often_the_next_runs_read_them() -> None:
-    # a -> b -> c (a leaf), and d -> c. Editing b reads a; editing c or d reads b;
-    # editing a, b or c reads d: shares of 1/4, 2/4 and 3/4.
-    document = {
-        "name": "w",
-        "startActionId": 1,
-        "endActionId": 3,
-        "actions": [
-            {"id": 1, "name": "a", "type": "command-line", "command": ["a"]},
-            {"id": 2, "name": "b", "type": "command-line", "command": ["b"],
-             "parentActions": [{"id": 1}]},
-            {"id": 4, "name": "d", "type": "command-line", "command": ["d"]},
-            {"id": 3, "name": "c", "type": "command-line", "command": ["c"],
-             "parentActions": [{"id": 2}, {"id": 4}]},
-        ],
-    }  # fmt: skip
-    definition = language.parse(document)
+    definition = language.parse(A_B_C_D)
     ids = {1: "a", 2: "b", 3: "c", 4: "d"}
 
     def planned_once() -> builtin.Lineage:
@@ -949,22 +951,8 @@ def test_lineage_values_datasets_by_how_often_the_next_runs_read_them() -> None:
 
 
 def test_lineage_deferring_leaves_to_later_passes_what_the_running_workflow_writes() -> None:
-    # a -> b -> c (a leaf), and d -> c: edits read a, b and d in 1/4, 2/4 and 3/4 of
-    # the runs. b is cheap to recompute (1 s per 100 B): worth the least.
-    document = {
-        "name": "w",
-        "startActionId": 1,
-        "endActionId": 3,
-        "actions": [
-            {"id": 1, "name": "a", "type": "command-line", "command": ["a"]},
-            {"id": 2, "name": "b", "type": "command-line", "command": ["b"],
-             "parentActions": [{"id": 1}]},
-            {"id": 4, "name": "d", "type": "command-line", "command": ["d"]},
-            {"id": 3, "name": "c", "type": "command-line", "command": ["c"],
-             "parentActions": [{"id": 2}, {"id": 4}]},
-        ],
-    }  # fmt: skip
-    definition = language.parse(document)
+    # b is cheap to recompute (1 s per 100 B): worth the least.
+    definition = language.parse(A_B_C_D)
     policy, strict = builtin.Lineage(defer="1", aging="0"), builtin.Lineage(aging="0")
     first = {1: "a", 2: "b", 3: "c", 4: "d"}
     for aid in (1, 2, 4):
