@@ -126,9 +126,10 @@ _IN_CHUNK = 1000
 #: A workflow document's mark while `persist_plan` writes its plan (see there): how
 #: many actions the plan has.
 _WRITING = "writing"
-#: The states a plan writes actions in, before anything claimed them: what
-#: `_end_writing` kills in a workflow that ended while they were being written.
-_UNSTARTED = frozenset({ActionState.WAITING, ActionState.READY})
+#: What `_end_writing` kills of the actions written to a workflow that ended while
+#: they were being written: those not handed to an executor yet (claimed included,
+#: whose SUBMITTED compare-and-set then fails), as an abort does.
+_UNSTARTED = frozenset({ActionState.WAITING, ActionState.READY, ActionState.PROCESSING})
 
 #: The server's error code for a unique index violation.
 _DUPLICATE_KEY = 11000
@@ -901,9 +902,8 @@ class MongoStore:
         before = await self._workflows.find_one_and_update(
             {"_id": workflow.id}, {"$unset": {_WRITING: ""}}, projection={"state": 1}
         )
-        if before is None or workflow.state is not WorkflowState.RUNNING:
-            return
-        if before["state"] == WorkflowState.RUNNING.value:
+        running = WorkflowState.RUNNING
+        if before is None or workflow.state is not running or before["state"] == running.value:
             return
         changes = ActionChanges(
             finished_at=self.clock(),
@@ -911,11 +911,10 @@ class MongoStore:
             owner=None,
             lease_expires_at=None,
         )
-        while (
-            len(await self.kill_actions(workflow.id, _UNSTARTED, changes, limit=_IN_CHUNK))
-            == _IN_CHUNK
-        ):
-            pass
+        while True:
+            killed = await self.kill_actions(workflow.id, _UNSTARTED, changes, limit=_IN_CHUNK)
+            if len(killed) < _IN_CHUNK:
+                return
 
     async def _producers_to_share(
         self, workflow_id: str, merged: Mapping[str, DatasetRecord]
