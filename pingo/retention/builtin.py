@@ -591,7 +591,7 @@ class Lineage:
         if previous is not None and previous != dataset.dataset_id:
             self._superseded[previous] = _Supersession(step, now, dataset.dataset_id)
         self._latest[step] = dataset.dataset_id
-        if dataset.dataset_id in self._exposures:
+        if self.defer and dataset.dataset_id in self._exposures:
             self._step_of[dataset.dataset_id] = step
             prev = dataset.previous
             if prev is not None and prev.size_bytes and prev.compute_s is not None:
@@ -631,14 +631,8 @@ class Lineage:
         self, candidates: Sequence[Candidate], bytes_to_free: int, now: datetime
     ) -> list[Eviction]:
         self._learn(candidates)
-        for c in candidates:
-            self._pending.pop(c.dataset_id, None)
-            step_of = self._step_of.get(c.dataset_id)
-            if step_of is not None and c.size_bytes > 0:
-                self._step_size[step_of] = (c.size_bytes, c.compute_s)
-        horizon = self._workflows_seen - self.PENDING_WORKFLOWS
-        for dataset_id in [d for d, p in self._pending.items() if p[0] <= horizon]:
-            del self._pending[dataset_id]
+        if self.defer:
+            self._track_pending(candidates)
         trust = self.reuse_rate() <= self.max_reuse_rate
         ranked = sorted(
             ((0 if trust and self._dead(c) else 1, self.aged_value(c), c) for c in candidates),
@@ -703,6 +697,18 @@ class Lineage:
 
     #: A planned dataset not seen as a candidate this many workflows later is forgotten.
     PENDING_WORKFLOWS = 5
+
+    def _track_pending(self, candidates: Sequence[Candidate]) -> None:
+        """For `defer` only: planned datasets that became candidates are no longer
+        pending, and their steps' sizes and costs are remembered for the next version."""
+        for c in candidates:
+            self._pending.pop(c.dataset_id, None)
+            step_of = self._step_of.get(c.dataset_id)
+            if step_of is not None and c.size_bytes > 0:
+                self._step_size[step_of] = (c.size_bytes, c.compute_s)
+        horizon = self._workflows_seen - self.PENDING_WORKFLOWS
+        for dataset_id in [d for d, p in self._pending.items() if p[0] <= horizon]:
+            del self._pending[dataset_id]
 
     def _deferred(self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int) -> int:
         """Bytes of the pass that planned datasets, not yet candidates, are to make up later.
