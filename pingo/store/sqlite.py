@@ -389,6 +389,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ELSE json_array(json_array(state, {_BACKFILL_AT}))
         END""",
     ),
+    # A claim under in-flight caps pages through each wanted type's READY actions
+    # apart: covering per type, so a type with nothing READY costs one index probe,
+    # and one whose quota is used up is no longer scanned (the single scan across
+    # types paged through every READY action of the others).
+    (
+        "CREATE INDEX actions_ready_typed ON actions "
+        "(action_type, updated_at, workflow_id, action_id, not_before, state) "
+        "WHERE state = 'READY'",
+        "DROP INDEX actions_ready_type",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -583,6 +593,52 @@ def _chunks(values: Sequence[T]) -> Iterable[Sequence[T]]:
 
 def _placeholders(count: int) -> str:
     return ", ".join("?" * count)
+
+
+def _ready_pages(
+    conn: sqlite3.Connection,
+    room: _room.InFlightRoom,
+    owners: dict[str, str],
+    limit: int,
+    action_type: str | None,
+    now: int,
+) -> list[Any]:
+    """Up to `limit` of the oldest claimable READY actions (of `action_type`, None: any)
+    whose owners have room, taking it; `owners` caches workflow id → owner."""
+    chosen: list[Any] = []
+    after: tuple[int, str, int] = (-1, "", -1)
+    index, typed = (
+        ("actions_ready_scan", "")
+        if action_type is None
+        else ("actions_ready_typed", "AND action_type = ? ")
+    )
+    while len(chosen) < limit:
+        full = room.full()
+        rows = conn.execute(
+            "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
+            f"INDEXED BY {index} "
+            "WHERE state = 'READY' " + typed + "AND (not_before IS NULL OR not_before <= ?) "
+            "AND (updated_at, workflow_id, action_id) > (?, ?, ?) "
+            "AND workflow_id NOT IN (SELECT id FROM workflows WHERE state = 'RUNNING' "
+            f"AND owner IN ({_placeholders(len(full))})) "
+            "ORDER BY updated_at, workflow_id, action_id LIMIT ?",
+            (*((action_type,) if action_type is not None else ()), now, *after, *full, limit),
+        ).fetchall()
+        unknown = sorted({row[1] for row in rows} - owners.keys())
+        for chunk in _chunks(unknown):
+            owners.update(
+                conn.execute(
+                    f"SELECT id, owner FROM workflows WHERE id IN ({_placeholders(len(chunk))})",
+                    chunk,
+                ).fetchall()
+            )
+        for row in rows:
+            if len(chosen) < limit and room.take(owners.get(row[1], "")):
+                chosen.append(row)
+        if len(rows) < limit:
+            break
+        after = (rows[-1][0], rows[-1][1], rows[-1][2])
+    return chosen
 
 
 def _workflow(row: Sequence[Any], document: Mapping[str, Any]) -> WorkflowRecord:
@@ -2070,16 +2126,19 @@ class SQLiteStore:
         ).fetchall()
         room = _room.InFlightRoom(dict(caps), default)
         if room.capped:
-            # From the per-workflow counts of RUNNING workflows: O(workflows running),
-            # not O(actions in flight). Actions of a workflow that was just killed or
-            # failed, still stopping, are not counted.
+            # From the actions in flight themselves, each joined to its workflow: O(actions
+            # in flight), which claims by capacity keep to what the nodes run, where the
+            # RUNNING workflows (10,000 of one user, with its limit lifted) made every
+            # claim read them all. Actions of a workflow that was just killed or failed,
+            # still stopping, are not counted. CROSS JOIN keeps SQLite from starting
+            # at the workflows.
             active = sorted(s.value for s in states.ACTION_ACTIVE)
             counts = conn.execute(
-                "SELECT w.owner, SUM(c.count) FROM workflows w "
-                "JOIN action_counts c ON c.workflow_id = w.id "
-                f"WHERE w.state = ? AND c.state IN ({_placeholders(len(active))}) "
+                "SELECT w.owner, COUNT(*) FROM actions a INDEXED BY actions_state_updated "
+                "CROSS JOIN workflows w ON w.id = a.workflow_id "
+                f"WHERE a.state IN ({_placeholders(len(active))}) AND w.state = ? "
                 "GROUP BY w.owner",
-                (WorkflowState.RUNNING.value, *active),
+                (*active, WorkflowState.RUNNING.value),
             ).fetchall()
             room.in_flight.update({owner: n for owner, n in counts if n})
         return room
@@ -2096,46 +2155,18 @@ class SQLiteStore:
         quota left (`wanted`, None: any type), using both up.
 
         Pages through READY in age order, leaving out owners already full, so one
-        user's backlog of thousands costs a page or two, not a scan per claim.
+        user's backlog of thousands costs a page or two, not a scan per claim. Each
+        wanted type is paged apart, up to its quota: a type whose quota is used up
+        must not make the others' pages walk through its backlog.
         """
-        chosen: list[Any] = []
         owners: dict[str, str] = {}
-        after: tuple[int, str, int] = (-1, "", -1)
-        left = None if wanted is None else dict(wanted)
-        types = "" if wanted is None else f"AND action_type IN ({_placeholders(len(wanted))}) "
-        while len(chosen) < limit and (left is None or any(n > 0 for n in left.values())):
-            full = room.full()
-            rows = conn.execute(
-                "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
-                "INDEXED BY actions_ready_scan "
-                "WHERE state = 'READY' AND (not_before IS NULL OR not_before <= ?) "
-                + types
-                + "AND (updated_at, workflow_id, action_id) > (?, ?, ?) "
-                "AND workflow_id NOT IN (SELECT id FROM workflows WHERE state = 'RUNNING' "
-                f"AND owner IN ({_placeholders(len(full))})) "
-                "ORDER BY updated_at, workflow_id, action_id LIMIT ?",
-                (now, *(wanted or ()), *after, *full, limit),
-            ).fetchall()
-            unknown = sorted({row[1] for row in rows} - owners.keys())
-            for chunk in _chunks(unknown):
-                owners.update(
-                    conn.execute(
-                        "SELECT id, owner FROM workflows "
-                        f"WHERE id IN ({_placeholders(len(chunk))})",
-                        chunk,
-                    ).fetchall()
-                )
-            for row in rows:
-                if len(chosen) >= limit or (left is not None and left[row[4]] <= 0):
-                    continue
-                if room.take(owners.get(row[1], "")):
-                    if left is not None:
-                        left[row[4]] -= 1
-                    chosen.append(row)
-            if len(rows) < limit:
-                break
-            after = (rows[-1][0], rows[-1][1], rows[-1][2])
-        return chosen
+        if wanted is None:
+            return _ready_pages(conn, room, owners, limit, None, now)
+        return [
+            row
+            for action_type, quota in wanted.items()
+            for row in _ready_pages(conn, room, owners, min(quota, limit), action_type, now)
+        ]
 
     def _claim_actions(
         self,

@@ -630,3 +630,39 @@ async def test_a_big_workflow_leaves_the_process_caches_as_they_were(tmp_path: P
         assert len(await store.list_actions("wf-big")) == count and not store._specs
         await store.get_datasets([datasets[0].id])
         assert set(store._dataset_fixed) == {datasets[0].id}
+
+
+def _claim_steps(
+    store: SQLiteStore, limit: int, wanted: dict[str, int] | None
+) -> tuple[int, list[object]]:
+    """The claim's read (`_claimable`, under a 1,000-action cap) and how much work it
+    did, in thousands of SQLite VM instructions: a count, not a time."""
+    ticks = 0
+
+    def tick() -> int:
+        nonlocal ticks
+        ticks += 1
+        return 0
+
+    store._db.set_progress_handler(tick, 1000)
+    try:
+        chosen = store._claimable(store._db, limit, wanted, 2**62, 1000)
+    finally:
+        store._db.set_progress_handler(None, 0)
+    return ticks, chosen
+
+
+async def test_a_capped_claim_costs_the_same_whatever_the_backlog(tmp_path: Path) -> None:
+    """Under the per-user cap, a claim reads what it claims and what is in flight, not
+    the backlog: not every READY action when one wanted type's quota is used up (it
+    paged through them all, 64 at a time), nor every RUNNING workflow (one user's
+    thousands, with their limit lifted, made each claim slower than running `true`)."""
+    wanted = {"command-line": 1, "spark": 64}
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.create_workflow(_plan("wf-small", 3))
+        before, chosen = await store._run(_claim_steps, store, 64, wanted)
+        assert len(chosen) == 1
+        await asyncio.gather(*(store.create_workflow(_plan(f"wf-{i}", 1)) for i in range(2000)))
+        after, chosen = await store._run(_claim_steps, store, 64, wanted)
+        assert len(chosen) == 1
+        assert after <= before + 5, (before, after)
