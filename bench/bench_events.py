@@ -61,7 +61,15 @@ async def _fill(app: web.Application) -> float:
         while queue:
             i = queue.pop()
             if i % 10 == 0:
-                await store.append_event(events.AUDIT, payload={"actor": "u", "action": "x"})
+                # As the API's audit middleware writes them (`pingo.api.audit`).
+                await events.audit(
+                    store,
+                    actor=f"user{i % USERS}",
+                    action="workflow.submit",
+                    remote="127.0.0.1",
+                    target={"location": f"/api/v1/workflows/wf-{i}"},
+                    status=201,
+                )
             else:
                 await store.append_event(
                     events.DATASET_STORED,
