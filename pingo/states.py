@@ -165,7 +165,9 @@ DATASET_TRANSITIONS: Mapping[tuple[DatasetState, DatasetState], frozenset[Trigge
 #: Allowed workflow transitions, each with the components that trigger it.
 WORKFLOW_TRANSITIONS: Mapping[tuple[WorkflowState, WorkflowState], frozenset[Trigger]] = {
     (W.RUNNING, W.SUCCEEDED): frozenset({Trigger.PLANNER, Trigger.CALLBACK}),
-    (W.RUNNING, W.FAILED): frozenset({Trigger.CALLBACK, Trigger.SUBMITTER, Trigger.REAPER}),
+    (W.RUNNING, W.FAILED): frozenset(
+        {Trigger.CALLBACK, Trigger.SUBMITTER, Trigger.REAPER, Trigger.PLANNER}
+    ),
     (W.RUNNING, W.KILLED): frozenset({Trigger.USER}),
 }
 

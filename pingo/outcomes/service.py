@@ -63,8 +63,8 @@ _DELETION_POLL_S = 0.05
 _KILL_BATCH = 250
 #: Why a workflow whose plan was never written whole failed (`abandon_unwritten`).
 UNWRITTEN_ERROR = (
-    "its submission was interrupted: the node writing it stopped before all its actions "
-    "were stored; submit it again"
+    "its submission was interrupted: the node writing it stopped, or lost the store, "
+    "before all its actions were stored; submit it again"
 )
 #: Sharing actions settled per store read.
 _SETTLE_BATCH = 500
@@ -298,26 +298,37 @@ class OutcomeService:
             started = protocol.planning_started_at(workflow_id)
             if started is None or now - started <= margin:
                 continue
-            states.ensure_transition(W.RUNNING, W.FAILED, T.REAPER)
-            moved = await self.store.transition_workflow(
-                workflow_id,
-                {W.RUNNING},
-                W.FAILED,
-                protocol.WorkflowChanges(finished_at=now, error=UNWRITTEN_ERROR),
-            )
-            if moved is None:
-                continue  # ended meanwhile (a user's kill, another reaper)
-            abandoned += 1
-            logger.error(
-                "workflow %s failed: %s",
-                workflow_id,
-                UNWRITTEN_ERROR,
-                extra={"event": "workflow_unwritten", "workflow_id": workflow_id},
-            )
-            await self._ended(moved)
-            # What was written is aborted as a failure's abort would (`recover_workflow`).
-            await self._sweep(workflow_id, "workflow failed", T.CALLBACK)
+            abandoned += await self._fail_unwritten(workflow_id, T.REAPER)
         return abandoned
+
+    async def abandon_interrupted(self, workflow_id: str) -> bool:
+        """The writer's own clean-up after `Store.persist_plan` raised: its caller is
+        told the submission failed, so a workflow it may have written in part (MongoDB
+        writes a plan in steps) ends FAILED now, with the reason, instead of at the
+        reaper's deadline. Whether it did; False when nothing of it was stored (the
+        other stores write a plan at once), or it ended already."""
+        return await self._fail_unwritten(workflow_id, T.PLANNER)
+
+    async def _fail_unwritten(self, workflow_id: str, trigger: states.Trigger) -> bool:
+        states.ensure_transition(W.RUNNING, W.FAILED, trigger)
+        moved = await self.store.transition_workflow(
+            workflow_id,
+            {W.RUNNING},
+            W.FAILED,
+            protocol.WorkflowChanges(finished_at=self.store.clock(), error=UNWRITTEN_ERROR),
+        )
+        if moved is None:
+            return False  # never stored, or ended meanwhile (a user's kill, another reaper)
+        logger.error(
+            "workflow %s failed: %s",
+            workflow_id,
+            UNWRITTEN_ERROR,
+            extra={"event": "workflow_unwritten", "workflow_id": workflow_id},
+        )
+        await self._ended(moved)
+        # What was written is aborted as a failure's abort would (`recover_workflow`).
+        await self._sweep(workflow_id, "workflow failed", T.CALLBACK)
+        return True
 
     async def recover_workflow(self, workflow_id: str) -> protocol.WorkflowRecord:
         """Redo the follow-up steps a crashed node may have left undone (idempotent).

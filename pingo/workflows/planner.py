@@ -457,12 +457,14 @@ class WorkflowManager:
                     extra={"event": "plan_expired", "workflow_id": workflow_id},
                 )
                 raise
-            except errors.Conflict:
-                if idempotency_key is None:
+            except BaseException as exc:
+                # Any other failure may come after part of the plan was stored (MongoDB).
+                await asyncio.shield(self._abandon_interrupted(workflow_id))
+                if not isinstance(exc, errors.Conflict) or idempotency_key is None:
                     raise
                 existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
-                if existing is None:
-                    raise
+                if existing is None or existing.id == workflow_id:
+                    raise  # (its own record, written before a later write failed)
                 await self._release(planning.claims)
                 return await self._replay(existing, identified.definition.document)
         except BaseException:
@@ -751,6 +753,20 @@ class WorkflowManager:
                 extra={"event": "claim_failed", "dataset_id": dataset_id},
             )
         return ok
+
+    async def _abandon_interrupted(self, workflow_id: str) -> None:
+        """After `persist_plan` raised: end what it may have written of the workflow
+        (`OutcomeService.abandon_interrupted`). Best effort: with the store down, the
+        reaper does it later (docs/states.md, "A plan written in part")."""
+        try:
+            await self.outcomes.abandon_interrupted(workflow_id)
+        except errors.PingoError as exc:
+            logger.warning(
+                "workflow %s: its failed submission is left to the reaper: %s",
+                workflow_id,
+                exc.message,
+                extra={"event": "plan_cleanup_failed", "workflow_id": workflow_id},
+            )
 
     async def _release(self, claims: Sequence[tuple[str, str]]) -> None:
         if claims:

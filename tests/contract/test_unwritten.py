@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from pymongo.errors import AutoReconnect
 
+from pingo import errors
 from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
 from pingo.config import Settings
@@ -19,7 +21,11 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import UNWRITTEN_ERROR, OutcomeService
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store.protocol import Store, WorkflowPlan, claim_key, new_workflow_id
+from pingo.workflows import planner
 from tests.contract.conftest import Backend, Factory, FakeClock, seed_dataset
+from tests.unit._engine_support import workflow
+
+CHAIN = workflow({1: [], 2: [1]})
 
 
 @pytest.fixture
@@ -179,3 +185,35 @@ async def test_actions_written_after_their_workflow_ended_are_killed(
         dataset = await store.get_dataset(dataset_id)
         assert dataset is not None and dataset.state is DatasetState.DELETED
     assert await store.list_unwritten_workflows() == []
+
+
+@pytest.mark.usefixtures("stepwise")
+async def test_a_write_that_fails_ends_its_workflow_at_once(
+    store: Store, manager: planner.WorkflowManager
+) -> None:
+    """A write refused mid-plan (the connection broke) fails the submission, and the
+    writer, still alive, ends the workflow itself instead of leaving it RUNNING for the
+    reaper: what it wrote is killed, and its datasets are no longer computing."""
+    written: list[str] = []
+
+    async def connection_lost_after_the_first(docs: list[Any]) -> None:
+        collection = store._actions  # type: ignore[attr-defined]
+        await collection.insert_one(docs[0])
+        written.append(docs[0]["workflow_id"])
+        raise AutoReconnect("connection reset by peer")
+
+    _on_actions_write(store, connection_lost_after_the_first)
+    with pytest.raises(errors.StoreUnavailable):
+        await manager.submit(CHAIN, owner="ann", idempotency_key="nightly-1")
+    [workflow_id] = written
+    failed = await store.get_workflow(workflow_id)
+    assert failed is not None
+    assert (failed.state, failed.error) == (WorkflowState.FAILED, UNWRITTEN_ERROR)
+    [action] = await store.list_actions(workflow_id)
+    assert action.state is ActionState.KILLED
+    dataset = await store.get_dataset(action.dataset_id)
+    assert dataset is not None and dataset.state is DatasetState.DELETED
+    assert await store.list_unwritten_workflows() == []
+    # The key names the failed submission, with its reason, as any replay does.
+    replayed = await manager.submit(CHAIN, owner="ann", idempotency_key="nightly-1")
+    assert (replayed.id, replayed.error) == (workflow_id, UNWRITTEN_ERROR)
