@@ -233,7 +233,8 @@ async def test_the_history_migration_back_fills_what_the_timestamps_say(
 ) -> None:
     path = tmp_path / "before-history.db"
     conn = sqlite3.connect(path)
-    for step in MIGRATIONS[:-1]:
+    history = next(i for i, step in enumerate(MIGRATIONS) if "ADD COLUMN history" in step[0])
+    for step in MIGRATIONS[:history]:
         for statement in step:
             conn.execute(statement)
     _old_action(conn, 1, "FINISHED", updated=9, finished=5, reused=True)
@@ -241,7 +242,7 @@ async def test_the_history_migration_back_fills_what_the_timestamps_say(
     _old_action(conn, 3, "SUBMITTED", updated=60, started=50)
     _old_action(conn, 4, "READY", updated=70)
     _old_action(conn, 5, "READY", updated=90, started=80)  # waits to retry
-    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    conn.execute(f"PRAGMA user_version = {history}")
     conn.commit()
     conn.close()
 
