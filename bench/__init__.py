@@ -458,9 +458,12 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
     "luigi_true_makespan_s": _faster_luigi,
     # How many times faster Pingo ran the same DAG, both measured in this run.
     "luigi_speedup": _quotient("luigi_true_makespan_s", "true_makespan_s"),
+    # Like for like: Luigi runs `true` bare, so against Pingo without its sandbox.
+    "luigi_speedup_bare": _quotient("luigi_true_makespan_s", "true_makespan_bare_s"),
     "true_makespan_over_floor": _quotient("true_makespan_s", "spawn_floor_s"),
     # The same against spawning what the makespan spawns: `true` inside the sandbox.
     "true_makespan_over_sandboxed_floor": _quotient("true_makespan_s", "spawn_floor_sandboxed_s"),
+    "true_makespan_bare_over_floor": _quotient("true_makespan_bare_s", "spawn_floor_s"),
     "noop_actions_per_cas": _quotient("noop_actions_per_s", "sqlite_cas_per_s"),
     "noop_montage_actions_per_cas": _quotient("noop_montage_actions_per_s", "sqlite_cas_per_s"),
     # How many times slower pydantic is than msgspec at the API's models (issue 14).

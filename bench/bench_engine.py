@@ -25,6 +25,8 @@ dispatch_p50_ms, _p99_ms    READY → executor start with 100 workflows in fligh
 true_makespan_s             layered-1000 running the real command `true` on 2 local
                             slots, submission → SUCCEEDED, with the sandbox on (as users
                             run it)
+true_makespan_bare_s        the same with the sandbox off (`PINGO_SANDBOX=off`): like
+                            for like with Luigi, which runs `true` bare
 sandbox_spawn_overhead_ms   median time of one `true` run in the local executor's
                             sandbox (the same bwrap command line) minus the median of
                             plain `true`, spawned one at a time, alternating, in one run
@@ -281,6 +283,8 @@ async def _measure() -> dict[str, float]:
     _log("dispatch", t)
     true_s = await _makespan(layered, executors=None, local_slots=2, sandbox="on")
     _log("true layered-1000", t)
+    bare_s = await _makespan(layered, executors=None, local_slots=2, sandbox="off")
+    _log("true layered-1000, no sandbox", t)
     return {
         "noop_actions_per_s": len(layered["actions"]) / noop_s,
         "noop_montage_actions_per_s": len(montage["actions"]) / montage_s,
@@ -291,6 +295,7 @@ async def _measure() -> dict[str, float]:
         "dispatch_p50_ms": _workloads.percentile(dispatch, 50),
         "dispatch_p99_ms": _workloads.percentile(dispatch, 99),
         "true_makespan_s": true_s,
+        "true_makespan_bare_s": bare_s,
     }
 
 

@@ -47,7 +47,9 @@ PANELS: tuple[Panel, ...] = (
         "seconds",
         (
             Bar("spawn floor (plain loop)", "spawn_floor_s", FLOOR),
-            Bar("Pingo", "true_makespan_s", PINGO),
+            Bar("Pingo, no sandbox", "true_makespan_bare_s", PINGO),
+            Bar("spawn floor, sandboxed", "spawn_floor_sandboxed_s", FLOOR),
+            Bar("Pingo, sandboxed (default)", "true_makespan_s", PINGO),
             Bar("Luigi, local scheduler", "luigi_local_true_makespan_s", PEER),
             Bar("Luigi, luigid", "luigi_luigid_true_makespan_s", PEER),
         ),

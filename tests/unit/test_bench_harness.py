@@ -237,12 +237,15 @@ def test_derived_figures_use_the_faster_luigi_and_the_same_runs_pingo() -> None:
         "luigi_local_true_makespan_s": 9.0,
         "luigi_luigid_true_makespan_s": 12.0,
         "true_makespan_s": 0.5,
+        "true_makespan_bare_s": 0.45,
         "spawn_floor_s": 0.4,
     }
     derived = bench.derive(flat)
     assert derived["luigi_true_makespan_s"] == 9.0
     assert derived["luigi_speedup"] == 18.0
+    assert derived["luigi_speedup_bare"] == 20.0
     assert derived["true_makespan_over_floor"] == 1.25
+    assert derived["true_makespan_bare_over_floor"] == 1.125
     assert "noop_actions_per_cas" not in derived  # its inputs were not measured
 
 
