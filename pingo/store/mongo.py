@@ -1424,16 +1424,31 @@ class MongoStore:
         """The oldest claimable READY actions whose owners have room and whose type has
         quota left (`wanted`, None: any type), using both up.
 
+        Each wanted type is read apart, up to its own quota: one read across the types
+        fetched `limit` actions of the first type even when it had room for one.
+        """
+        if wanted is None:
+            return await self._ready_of_type(room, now_us, limit, None)
+        chosen: list[Doc] = []
+        for action_type, quota in wanted.items():
+            chosen += await self._ready_of_type(room, now_us, min(quota, limit), action_type)
+        return chosen
+
+    async def _ready_of_type(
+        self, room: _OwnedRoom, now_us: int, limit: int, action_type: str | None
+    ) -> list[Doc]:
+        """Up to `limit` of the oldest claimable READY actions (of `action_type`, None:
+        any) whose owners have room, taking it.
+
         Each round leaves out the RUNNING workflows of owners already full and the
         actions already chosen, so it ends after at most one round per owner.
         """
         chosen: list[Doc] = []
         owners = room.owners
-        left = None if wanted is None else dict(wanted)
-        while len(chosen) < limit and (left is None or any(n > 0 for n in left.values())):
+        while len(chosen) < limit:
             query: Doc = {"state": ActionState.READY.value, "ready_at_us": {"$lte": now_us}}
-            if left is not None:
-                query["type"] = {"$in": [t for t, n in left.items() if n > 0]}
+            if action_type is not None:
+                query["type"] = action_type
             # Only the filters needed: an empty $nin still costs nx-27017 its index.
             if full := room.full():
                 running = self._workflows.find(
@@ -1442,17 +1457,14 @@ class MongoStore:
                 query["workflow_id"] = {"$nin": [d["_id"] for d in await running.to_list(None)]}
             if chosen:
                 query["_id"] = {"$nin": [d["_id"] for d in chosen]}
-            found = self._actions.find(query, sort=_CLAIMABLE_READY).limit(limit)
+            page = limit - len(chosen)
+            found = self._actions.find(query, sort=_CLAIMABLE_READY).limit(page)
             docs = await found.to_list(None)
             owners.update(await self._owners({d["workflow_id"] for d in docs} - owners.keys()))
             for doc in docs:
-                if len(chosen) >= limit or (left is not None and left[doc["type"]] <= 0):
-                    continue
-                if room.take(owners.get(doc["workflow_id"], "")):
-                    if left is not None:
-                        left[doc["type"]] -= 1
+                if len(chosen) < limit and room.take(owners.get(doc["workflow_id"], "")):
                     chosen.append(doc)
-            if len(docs) < limit:
+            if len(docs) < page:
                 break
         return chosen
 

@@ -347,3 +347,28 @@ async def test_not_before_is_compared_to_the_microsecond(wire_store: MongoStore)
     claimed = await wire_store.claim_actions("n1", 10, 30)
     assert [a.action_id for a in claimed] == [7]
     assert claimed[0].lease_expires_at == T0 + timedelta(seconds=30, microseconds=1)
+
+
+async def test_a_capped_claim_reads_no_more_of_a_type_than_its_quota(wire_url: str) -> None:
+    # A node with one `command-line` slot free and room for 5 `spark` actions: the
+    # READY read of each type asks for that type's quota, where one read across the
+    # types fetched the claim's whole limit of `command-line` actions to keep one.
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        wire_url, tz_aware=True, event_listeners=[commands]
+    )
+    plan = _plan()
+    more = [replace(plan.actions[0], action_id=i, callback_id=f"cb-wf-{i}") for i in (8, 9)]
+    async with MongoStore(client, "unit_quota_reads", clock=lambda: T0, owns_client=True) as store:
+        await store.create_workflow(replace(plan, actions=(*plan.actions, *more)))
+        store.clock = lambda: T0 + timedelta(seconds=1)
+        commands.sent.clear()
+        quotas = {"command-line": 1, "spark": 5}
+        claimed = await store.claim_actions("n1", 10, 30, max_in_flight=5, quotas=quotas)
+    assert [a.action_id for a in claimed] == [7]
+    ready_reads = [
+        (c["filter"]["type"], c["limit"])
+        for name, c in commands.sent
+        if name == "find" and c["find"] == "actions" and c["filter"].get("state") == "READY"
+    ]
+    assert ready_reads == [("command-line", 1), ("spark", 5)]
