@@ -47,6 +47,7 @@ Every part runs its own node on a fresh SQLite file, so no dataset is reused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shlex
@@ -233,7 +234,7 @@ def sandboxed_spawn_floor_s() -> float | None:
     """`spawn_floor_s` under the local executor's own bwrap command line; None without one."""
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
         settings = _settings(Path(tmp), sandbox="auto")
-        box = sandbox.from_settings(settings)
+        box = _runnable(sandbox.from_settings(settings))
         if box is None:
             return None
         output = f"{settings.data_root}/.staging/d.wf.1.1"
@@ -242,11 +243,16 @@ def sandboxed_spawn_floor_s() -> float | None:
         return spawn_floor_s(prefix=prefix)
 
 
+def _runnable(box: sandbox.Sandbox | None) -> sandbox.Sandbox | None:
+    """`box` with its argv[0] the bwrap binary (the executor runs the binary under a tag)."""
+    return None if box is None else dataclasses.replace(box, tag=box.bwrap)
+
+
 def sandbox_spawn_overhead_ms(count: int = SANDBOX_SPAWNS) -> float:
     """Median extra milliseconds of a sandboxed `true` over a plain one (alternating)."""
     with tempfile.TemporaryDirectory(prefix="pingo-bench-") as tmp:
         settings = _settings(Path(tmp), sandbox="on")
-        box = sandbox.from_settings(settings)
+        box = _runnable(sandbox.from_settings(settings))
         assert box is not None
         output = f"{settings.data_root}/.staging/d.wf.1.1"
         os.makedirs(sandbox.box_for(output))

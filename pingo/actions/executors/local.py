@@ -146,9 +146,11 @@ class LocalExecutor:
     # ------------------------------------------------------------------ protocol
 
     async def start(self) -> None:
-        """Create the slots (on the running loop)."""
+        """Create the slots (on the running loop); kill sandboxes a killed server left."""
         self._slots = asyncio.Semaphore(self.slots)
         self._closing = False
+        if self.sandbox is not None:
+            await asyncio.to_thread(sandbox.kill_orphans)
 
     async def close(self) -> None:
         """Accept no more work; let running processes finish for a short grace.
@@ -349,7 +351,10 @@ class LocalExecutor:
         ]
         if status is not None:
             file_actions.append((os.POSIX_SPAWN_DUP2, status, _STATUS_FD))
-        executable = self._executable(argv[0], env)
+        if self.sandbox is not None:
+            executable = self.sandbox.bwrap  # argv[0] is its tag
+        else:
+            executable = self._executable(argv[0], env)
         try:
             pid = os.posix_spawn(
                 executable,
@@ -360,6 +365,8 @@ class LocalExecutor:
                 setsigdef=_RESET_SIGNALS,
             )
         except (FileNotFoundError, PermissionError):
+            if self.sandbox is not None:
+                raise
             again = self._executable(argv[0], env, fresh=True)
             if again == executable:
                 raise

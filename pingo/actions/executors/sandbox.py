@@ -8,6 +8,13 @@ file are covered by an empty tmpfs (or /dev/null for a file). `--die-with-parent
 ties the action's life to the server's, so a `kill -9` of the server leaves no
 orphan to write after its retry started.
 
+bwrap binds itself to its parent only after it has cloned the sandbox, a
+millisecond or so after it started: a server killed in that window leaves the
+sandbox running, and a busy server is almost always inside one. So bwrap runs
+under an `argv[0]` naming the server process that started it
+(`pingo-sandbox:<pid>:<start time>`), and `kill_orphans`, run when a local
+executor starts, kills every sandbox whose server is gone.
+
 The staging output is the one writable place. The data root's staging
 directory is shared by every attempt, so the action does not get it: it gets a
 private "box" directory of its own mounted there, and the executor moves what
@@ -26,9 +33,11 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from pingo import errors
 from pingo.config import Settings
@@ -43,6 +52,8 @@ BOX_SUFFIX = ".box"
 #: PATH inside the sandbox when the action's own `env` sets none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
+#: What every sandbox's argv[0] starts with, before its server's pid and start time.
+TAG_PREFIX = "pingo-sandbox:"
 #: Why a non-admin's command-line action is refused where the sandbox cannot run.
 UNAVAILABLE_DETAIL = (
     "this server cannot sandbox command-line actions (user namespaces do not work"
@@ -149,6 +160,8 @@ class Sandbox:
     network: bool
     hidden_dirs: tuple[str, ...]
     hidden_files: tuple[str, ...]
+    #: bwrap's argv[0]: this server process (`kill_orphans` reads it).
+    tag: str = field(default_factory=lambda: owner_tag(os.getpid()))
 
     def argv(
         self,
@@ -167,8 +180,9 @@ class Sandbox:
         (hdfs://, s3://), which the command writes through its own client.
         With `status_fd`, bwrap writes its status there as JSON, the command's
         exit code the moment it exits (the command itself does not get the fd).
+        argv[0] is `tag`, not the program: run it as `bwrap`.
         """
-        args = [self.bwrap, *_base_args(network=self.network)]
+        args = [self.tag, *_base_args(network=self.network)]
         if status_fd is not None:
             args += ["--json-status-fd", str(status_fd)]
         for path in self.hidden_dirs:
@@ -206,6 +220,71 @@ OWN_PATH_DETAIL = (
     "outputPath {path} is one of Pingo's own files or directories ($PINGO_HOME, the data"
     " root, the store); an unmanaged action may not write there"
 )
+
+
+def owner_tag(pid: int) -> str:
+    """The argv[0] of the sandboxes process `pid` starts (its start time tells a
+    recycled pid apart)."""
+    return f"{TAG_PREFIX}{pid}:{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2, in parentheses) may hold spaces.
+    return int(stat.rsplit(b")", 1)[1].split()[19])
+
+
+def kill_orphans() -> int:
+    """Kill the sandboxes (with what runs inside) of server processes that are gone.
+
+    They are the ones a `kill -9` caught before bwrap bound itself to its parent
+    (see the module's docstring); their actions' retries have started or will.
+    Only this user's processes can be signalled; returns how many were killed.
+    """
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if not _is_orphan(pid):
+            continue
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            # Looked at again through the pidfd: the pid may have been recycled since.
+            if _is_orphan(pid):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                killed += 1
+                logger.warning(
+                    "killed sandbox %d, left running by a server process that is gone",
+                    pid,
+                    extra={"event": "sandbox_orphan_killed"},
+                )
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+    return killed
+
+
+def _is_orphan(pid: int) -> bool:
+    """Whether `pid` is a sandbox whose server process is gone."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    if not argv0.startswith(TAG_PREFIX.encode()):
+        return False
+    owner, _, started = argv0[len(TAG_PREFIX) :].partition(b":")
+    if not owner.isdigit():
+        return False
+    return str(_start_time(int(owner))).encode() != started
 
 
 def box_for(output: str) -> str:
