@@ -118,6 +118,9 @@ class Settings:
     plan_deadline_s: float = 600.0
     queue_size: int = 256
     claim_batch: int = 64
+    #: Seconds of short actions' work (per slot) a node claims ahead of its slots, so
+    #: that claims come in batches; 0 claims by capacity only (`actions.leases`).
+    claim_ahead_s: float = 0.25
     submitters: int = 8
     #: Concurrent local subprocesses (default: CPU count).
     local_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -204,6 +207,10 @@ class Settings:
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
+        if not 0 <= self.claim_ahead_s < float("inf"):
+            raise errors.ConfigurationError(
+                f"PINGO_CLAIM_AHEAD_S must be 0 or more seconds, not {self.claim_ahead_s!r}"
+            )
         for name in _USER_LIMITS:
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -243,7 +250,7 @@ _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
-           "plan_deadline_s",
+           "plan_deadline_s", "claim_ahead_s",
            "fast_poll_s", "idle_poll_s",
            "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s", "schedule_interval_s",
            "schedule_lease_s", "schedule_grace_s", "webhook_interval_s", "webhook_backoff_s",

@@ -103,7 +103,7 @@ class Node:
         self.store = store
         self.secret = secret if secret is not None else tokens.load_or_create_secret(settings.home)
         self.storage = DatasetStorage(settings.data_root)
-        self.held = HeldActions(settings.executor_limits)
+        self.held = HeldActions(settings.executor_limits, ahead_s=settings.claim_ahead_s)
         self.queue: ActionQueue = asyncio.Queue()
         #: Claims follow capacity (action type → how many run at once), set once the
         #: executors exist below.

@@ -10,6 +10,13 @@ many actions of a type its executor can run at once, and the scraper claims
 only `capacity - held` of each (claim by capacity), so work it could not start
 now stays READY for other nodes.
 
+Where a type's actions are short, one claim per action ending would cost more
+than the actions: the node then also holds a few ahead, as many as its slots
+finish within `Settings.claim_ahead_s` (at most `capacity` more), and claims them
+in batches once a whole batch's worth ended (`HeldActions.quotas`). Long
+actions (a cluster job, anything past that time per slot) are claimed by
+capacity alone: holding one ahead would keep it from an idle node for a whole run.
+
 A renewal that finds an action gone from this node also stops the work this
 node still runs for it, when the store says that work is no longer wanted: the
 workflow was killed through another node's API, or the action was taken over
@@ -37,6 +44,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+#: The weight of the latest runtime in its type's running mean (`HeldActions.ahead`).
+_RUNTIME_WEIGHT = 0.2
+#: Runtimes below this count as this (a runtime of 0 would ask for unbounded ahead).
+_SHORTEST_RUNTIME_S = 0.001
 
 
 @dataclass(slots=True)
@@ -60,10 +71,14 @@ class Held:
 class HeldActions:
     """The actions this node holds, and the per-type concurrency limits they count against."""
 
-    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+    def __init__(self, limits: Mapping[str, int] | None = None, *, ahead_s: float = 0.0) -> None:
         self._held: dict[Key, Held] = {}
         self._by_callback: dict[str, Key] = {}
         self._by_type: Counter[str] = Counter()
+        #: How much of each type's work (seconds per slot) to hold ahead (`ahead`).
+        self.ahead_s = ahead_s
+        #: Per type, the running mean of its actions' runtimes on this node.
+        self._runtime_s: dict[str, float] = {}
         self._limits = dict(limits or {})
         self._semaphores: dict[str, asyncio.Semaphore] = {}
         #: Called whenever an action stops being held (the scraper claims again).
@@ -88,8 +103,27 @@ class HeldActions:
         return self._by_type[action_type]
 
     def quotas(self, capacities: Mapping[str, int]) -> dict[str, int]:
-        """Per type, how many more actions this node can take now (never negative)."""
-        return {t: max(0, cap - self._by_type[t]) for t, cap in capacities.items()}
+        """Per type, how many more actions this node claims now (never negative).
+
+        Up to `capacity + ahead` held, but nothing while fewer than `ahead` are
+        missing: with the held ones at `capacity` or more every slot is busy, so
+        waiting for a batch's worth to end costs no slot time and saves claims.
+        """
+        quotas = {}
+        for action_type, capacity in capacities.items():
+            ahead = self.ahead(action_type, capacity)
+            missing = capacity + ahead - self._by_type[action_type]
+            quotas[action_type] = missing if missing >= max(1, ahead) else 0
+        return quotas
+
+    def ahead(self, action_type: str, capacity: int) -> int:
+        """How many actions of `action_type` to hold beyond `capacity`: as many as its
+        slots finish within `ahead_s`, by their mean runtime here, at most `capacity`;
+        none until one ran here."""
+        runtime_s = self._runtime_s.get(action_type)
+        if runtime_s is None or self.ahead_s <= 0:
+            return 0
+        return min(capacity, int(capacity * self.ahead_s / max(runtime_s, _SHORTEST_RUNTIME_S)))
 
     def add(self, action: ActionRecord) -> None:
         """Hold `action` (claimed by this node); a newer claim of a held action replaces
@@ -139,9 +173,17 @@ class HeldActions:
         del self._held[key]
         self._by_callback.pop(held.callback_id, None)
         self._by_type[held.action_type] -= 1
+        if held.submitted_at is not None:
+            self._ran(held.action_type, time.monotonic() - held.submitted_at)
         if held.limited:
             self._semaphores[held.action_type].release()
         self.on_release()
+
+    def _ran(self, action_type: str, runtime_s: float) -> None:
+        mean = self._runtime_s.get(action_type)
+        self._runtime_s[action_type] = (
+            runtime_s if mean is None else mean + _RUNTIME_WEIGHT * (runtime_s - mean)
+        )
 
     def remove_callback(self, callback_id: str) -> None:
         """Forget the action whose callback id is `callback_id`, if held."""

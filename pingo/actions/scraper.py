@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from pingo import errors, loops
@@ -93,12 +94,22 @@ class Scraper(loops.Loop):
         self.pushed = False
         self._ready_at: float | None = None
         self._starved = False
+        #: Per type, when a claim last found no more of it to take. Until news of that
+        #: type (or any type) or an idle poll interval later, passes do not look for it:
+        #: a node whose spark slots are free would otherwise ask the store for spark
+        #: work each time one of its local actions ends.
+        self._exhausted: dict[str, float] = {}
         self.finished = asyncio.Event()
 
-    def wake(self) -> None:
-        """Actions became READY on this node: claim now."""
+    def wake(self, types: Collection[str] | None = None) -> None:
+        """Actions (of `types`; None: of any type) became READY on this node: claim now."""
         if self._ready_at is None:
             self._ready_at = time.perf_counter()
+        if types is None:
+            self._exhausted.clear()
+        else:
+            for action_type in types:
+                self._exhausted.pop(action_type, None)
         super().wake()
 
     def room_freed(self) -> None:
@@ -113,6 +124,7 @@ class Scraper(loops.Loop):
 
     def ready_elsewhere(self) -> None:
         """The store saw an action become READY (any node's write): claim now."""
+        self._exhausted.clear()
         super().wake()
 
     async def run(self) -> None:
@@ -128,7 +140,7 @@ class Scraper(loops.Loop):
         if room <= 0:
             self._starved = True
             return False
-        quotas = None if self.capacities is None else self.held.quotas(self.capacities)
+        quotas = None if self.capacities is None else self._quotas()
         if quotas is not None and not any(quotas.values()):
             # Full: `capacity_freed` wakes the next pass; polling meanwhile finds nothing.
             self._back_off(found=False)
@@ -141,6 +153,8 @@ class Scraper(loops.Loop):
         claimed = await self.store.claim_actions(
             self.node_id, limit, self.lease_s, max_in_flight=self.max_in_flight, quotas=quotas
         )
+        if quotas is not None:
+            self._note_exhausted(quotas, claimed, full=len(claimed) == limit)
         input_paths = self._read_input_paths(claimed)
         for action in claimed:
             self.held.add(action)
@@ -157,6 +171,32 @@ class Scraper(loops.Loop):
             )
         self._back_off(found=bool(claimed))
         return more and not self.stopping
+
+    def _quotas(self) -> dict[str, int]:
+        """What is held allows (`HeldActions.quotas`), but nothing of an exhausted type."""
+        assert self.capacities is not None
+        quotas = self.held.quotas(self.capacities)
+        if self._exhausted:
+            # An exhausted type is polled as an idle node polls (other nodes' work).
+            recent = time.monotonic() - max(self.interval_s, self.idle_poll_s)
+            for action_type, at in list(self._exhausted.items()):
+                if at > recent:
+                    quotas[action_type] = 0
+                else:
+                    del self._exhausted[action_type]
+        return quotas
+
+    def _note_exhausted(
+        self, quotas: Mapping[str, int], claimed: list[ActionRecord], *, full: bool
+    ) -> None:
+        """Mark the types the claim took fewer of than their quota (the batch was not full)."""
+        if full:
+            return
+        taken = Counter(a.type for a in claimed)
+        now = time.monotonic()
+        for action_type, quota in quotas.items():
+            if quota and taken[action_type] < quota:
+                self._exhausted[action_type] = now
 
     def _back_off(self, *, found: bool) -> None:
         """The adaptive poll: short while passes find work, doubling while they find none."""

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Told that actions became READY: their types, or None for any (the node's scraper).
+ReadyNews = Callable[[Collection[str] | None], None]
+
+
+def no_news(types: Collection[str] | None) -> None:
+    """A `ReadyNews` nobody listens to."""
+
+
 A = states.ActionState
 D = states.DatasetState
 W = states.WorkflowState
@@ -116,7 +124,7 @@ class OutcomeService:
         storage: DatasetStorage,
         settings: Settings,
         *,
-        on_ready: Callable[[], None] = lambda: None,
+        on_ready: ReadyNews = no_news,
         kill_action: KillAction | None = None,
         on_workflow_ended: WorkflowEnded | None = None,
         on_action_failed: ActionFailed | None = None,
@@ -191,7 +199,7 @@ class OutcomeService:
         metrics.action_transitions(A.FINISHED.value).inc()
         if released:
             metrics.action_transitions(A.READY.value).inc(len(released))
-            self.on_ready()
+            self.on_ready({a.type for a in released})
         elif await self._may_be_last(finished):
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
         await self.settle_sharers(finished.workflow_id, finished.action_id, first=attached)
@@ -394,7 +402,7 @@ class OutcomeService:
             else:
                 await self._after_failure(first, error, T.CALLBACK)
         if woke:
-            self.on_ready()
+            self.on_ready(None)
         await self._finish_if_done(workflow_id, T.CALLBACK)
         return await self._workflow(workflow_id)
 
@@ -803,7 +811,7 @@ class OutcomeService:
         )
         if released:
             metrics.action_transitions(A.READY.value).inc(len(released))
-            self.on_ready()
+            self.on_ready({a.type for a in released})
         else:
             await self._finish_if_done(finished.workflow_id, T.CALLBACK)
         return finished
@@ -836,7 +844,7 @@ class OutcomeService:
         )
         if ready:
             metrics.action_transitions(A.READY.value).inc(len(ready))
-            self.on_ready()
+            self.on_ready({a.type for a in ready})
         return moved
 
     # ---------------------------------------------------------------- failure

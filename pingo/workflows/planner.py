@@ -32,14 +32,14 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pingo import errors, events, heap, limits, metrics, states, untrusted
 from pingo.datasets import integrity
-from pingo.outcomes.service import OutcomeService
+from pingo.outcomes.service import OutcomeService, ReadyNews, no_news
 from pingo.store import protocol, rules
 from pingo.workflows import language, provenance, reuse
 from pingo.workflows.definition import ActionDefinition, WorkflowDefinition
@@ -48,7 +48,7 @@ from pingo.workflows.keep import KeepHook, NewDatasetInfo
 if TYPE_CHECKING:
     from pingo.config import Settings
     from pingo.datasets.storage import DatasetStorage
-    from pingo.outcomes.service import OutcomeService
+    from pingo.outcomes.service import OutcomeService, ReadyNews, no_news
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class WorkflowManager:
         storage: DatasetStorage,
         settings: Settings,
         *,
-        on_ready: Callable[[], None] = lambda: None,
+        on_ready: ReadyNews = no_news,
         keep_hook: KeepHook | None = None,
         outcomes: OutcomeService | None = None,
         feed: bool = True,
@@ -512,7 +512,7 @@ class WorkflowManager:
         metrics.SUBMISSIONS.labels(outcome="accepted" if counted.computing else "reused").inc()
         if counted.ready:
             metrics.action_transitions(A.READY.value).inc(counted.ready)
-            self.on_ready()
+            self.on_ready(None)
         logger.info(
             "workflow %s (%s) planned: %d to compute, %d reused, %d ready, in %.1f ms",
             record.id,

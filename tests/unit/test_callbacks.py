@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class Killer:
     async def __call__(self, action: protocol.ActionRecord) -> None:
         self.killed.append(action.key)
 
-    def wake(self) -> None:
+    def wake(self, types: Collection[str] | None) -> None:
         self.wakes += 1
 
 

@@ -38,7 +38,7 @@ class Wakes:
     def __init__(self) -> None:
         self.count = 0
 
-    def __call__(self) -> None:
+    def __call__(self, types: Collection[str] | None) -> None:
         self.count += 1
 
 

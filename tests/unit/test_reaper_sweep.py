@@ -14,7 +14,7 @@ from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
 from pingo.config import Settings
 from pingo.datasets.storage import COMPLETED_SUFFIX, DatasetStorage, record_completion
-from pingo.outcomes.service import OutcomeService
+from pingo.outcomes.service import OutcomeService, no_news
 from pingo.store import protocol
 from pingo.workflows import planner
 from tests.unit._engine_support import (
@@ -59,7 +59,7 @@ def _present(paths: list[str]) -> list[bool]:
 async def test_sweep_removes_staging_of_attempts_without_a_lease(
     store: protocol.Store, storage: DatasetStorage, settings: Settings, clock: ManualClock
 ) -> None:
-    callbacks = OutcomeService(store, storage, settings, on_ready=lambda: None)
+    callbacks = OutcomeService(store, storage, settings, on_ready=no_news)
     manager = planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
     record = await manager.submit(workflow(CHAIN), owner="ann")
     running = await start_attempt(store, record.id, 1)
@@ -103,7 +103,7 @@ async def _dead_nodes_attempt(
 ) -> tuple[Reaper, protocol.ActionRecord]:
     """Action 1 of a chain submitted by node `ghost`, which wrote its output (and, when
     `noted`, its completion note) and died before reporting; the reaper of another node."""
-    callbacks = OutcomeService(store, storage, settings, on_ready=lambda: None)
+    callbacks = OutcomeService(store, storage, settings, on_ready=no_news)
     manager = planner.WorkflowManager(store, storage, settings, outcomes=callbacks)
     record = await manager.submit(workflow(CHAIN), owner="ann")
     action = await start_attempt(store, record.id, 1, node="ghost")

@@ -182,6 +182,91 @@ async def test_claims_by_capacity_and_claims_again_when_work_ends(
     assert await store.count_actions(workflow.id) == {A.PROCESSING: 3, A.READY: 2}
 
 
+def _ran(held: HeldActions, item: Any, runtime_s: float) -> None:
+    """`item`'s work was submitted `runtime_s` ago and has just ended."""
+    key = item.action.key
+    held.submitted(key, 1, f"ext-{key}")
+    entry = held.get(key)
+    assert entry is not None and entry.submitted_at is not None
+    entry.submitted_at -= runtime_s
+    held.remove(key)
+
+
+async def test_short_actions_are_claimed_ahead_in_batches(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
+    workflow = await submit(store, settings, independent(12, "ahead"))
+    queue: ActionQueue = asyncio.Queue()
+    held = HeldActions(ahead_s=0.25)
+    scraper = Scraper(store, settings, queue, held, {"command-line": 2})
+
+    await scraper.run_once()
+    assert held.count("command-line") == 2  # no runtime known yet: by capacity only
+    _ran(held, queue.get_nowait(), 0.01)  # 2 slots finish 50 such within 0.25 s
+    assert held.ahead("command-line", 2) == 2
+    await scraper.run_once()
+    assert held.count("command-line") == 4  # 2 running, 2 ahead
+    _ran(held, queue.get_nowait(), 0.01)
+    await scraper.run_once()
+    assert held.count("command-line") == 3  # one missing: every slot is still busy
+    _ran(held, queue.get_nowait(), 0.01)
+    await scraper.run_once()
+    assert held.count("command-line") == 4  # a batch's worth missing: one claim of 2
+    # Claims of 2, 3 and 2 (the ended ones stay PROCESSING here: nothing reported).
+    assert await store.count_actions(workflow.id) == {A.PROCESSING: 7, A.READY: 5}
+
+
+async def test_long_actions_are_claimed_by_capacity_only(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
+    await submit(store, settings, independent(8, "long"))
+    queue: ActionQueue = asyncio.Queue()
+    held = HeldActions(ahead_s=0.25)
+    scraper = Scraper(store, settings, queue, held, {"command-line": 2})
+    await scraper.run_once()
+    _ran(held, queue.get_nowait(), 0.6)  # 2 slots finish fewer than one in 0.25 s
+    assert held.ahead("command-line", 2) == 0
+    await scraper.run_once()
+    assert held.count("command-line") == 2
+
+
+async def test_a_type_found_exhausted_is_not_asked_for_until_news_of_it(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, queue_size=100, idle_poll_s=3600.0)
+    await submit(store, settings, independent(6, "exhausted"))
+    asked: list[dict[str, int]] = []
+    claim = store.claim_actions
+
+    async def recording(*args: Any, **kwargs: Any) -> list[protocol.ActionRecord]:
+        asked.append(dict(kwargs["quotas"]))
+        return await claim(*args, **kwargs)
+
+    store.claim_actions = recording  # type: ignore[method-assign]
+    queue: ActionQueue = asyncio.Queue()
+    held = HeldActions()
+    scraper = Scraper(store, settings, queue, held, {"command-line": 1, "spark": 4})
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 4}  # no spark READY: spark exhausted
+    held.remove(queue.get_nowait().action.key)
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 0}
+    held.remove(queue.get_nowait().action.key)
+    scraper.wake({"command-line"})
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 0}
+    held.remove(queue.get_nowait().action.key)
+    scraper.wake({"spark"})  # news of spark work (None, or another node's, alike)
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 4}
+    held.remove(queue.get_nowait().action.key)
+    scraper.ready_elsewhere()
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 4}
+
+
 async def test_no_executor_for_a_type_means_no_claim_of_it(
     store: protocol.Store, tmp_path: Path
 ) -> None:
