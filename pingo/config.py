@@ -120,7 +120,7 @@ class Settings:
     claim_batch: int = 64
     #: Seconds of short actions' work (per slot) a node claims ahead of its slots, so
     #: that claims come in batches; 0 claims by capacity only (`actions.leases`).
-    claim_ahead_s: float = 0.25
+    claim_ahead_s: float = 0.1
     submitters: int = 8
     #: Concurrent local subprocesses (default: CPU count).
     local_slots: int = field(default_factory=lambda: os.cpu_count() or 1)

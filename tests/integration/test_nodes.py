@@ -86,8 +86,8 @@ async def test_two_server_processes_split_the_work_over_one_sqlite_file(
         deadline = loop.time() + 120
         while True:
             actions = await store.list_actions(workflow.id)
-            # Claim by capacity: a node never holds more than its 2 slots can start,
-            # and one ahead (2 slots end ~1.7 of these 0.3 s sleeps in PINGO_CLAIM_AHEAD_S).
+            # Claim by capacity: a node never holds more than its 2 slots can start
+            # (none ahead: 2 slots end under one of these 0.3 s sleeps in PINGO_CLAIM_AHEAD_S).
             held = collections.Counter(
                 a.owner for a in actions if a.state in states.ACTION_ACTIVE and a.owner
             )
@@ -107,7 +107,7 @@ async def test_two_server_processes_split_the_work_over_one_sqlite_file(
     assert set(ran_on) == {"node-a", "node-b"}, ran_on
     assert sum(ran_on.values()) == 17
     assert set(most_held) <= {"node-a", "node-b"}
-    assert max(most_held.values()) <= 3, most_held
+    assert max(most_held.values()) <= 2, most_held
 
 
 #: Pairs of workflows needing one dataset, submitted to the two processes at once.
