@@ -99,12 +99,16 @@ class Scraper(loops.Loop):
         #: a node whose spark slots are free would otherwise ask the store for spark
         #: work each time one of its local actions ends.
         self._exhausted: dict[str, float] = {}
+        #: Counts news of READY work: a claim during which some came marks nothing
+        #: exhausted (what it missed may be just that news).
+        self._news = 0
         self.finished = asyncio.Event()
 
     def wake(self, types: Collection[str] | None = None) -> None:
         """Actions (of `types`; None: of any type) became READY on this node: claim now."""
         if self._ready_at is None:
             self._ready_at = time.perf_counter()
+        self._news += 1
         if types is None:
             self._exhausted.clear()
         else:
@@ -124,6 +128,7 @@ class Scraper(loops.Loop):
 
     def ready_elsewhere(self) -> None:
         """The store saw an action become READY (any node's write): claim now."""
+        self._news += 1
         self._exhausted.clear()
         super().wake()
 
@@ -150,10 +155,11 @@ class Scraper(loops.Loop):
         if ready_at is None:
             ready_at = started
         limit = min(room, self.batch)
+        news = self._news
         claimed = await self.store.claim_actions(
             self.node_id, limit, self.lease_s, max_in_flight=self.max_in_flight, quotas=quotas
         )
-        if quotas is not None:
+        if quotas is not None and news == self._news:
             self._note_exhausted(quotas, claimed, full=len(claimed) == limit)
         input_paths = self._read_input_paths(claimed)
         for action in claimed:

@@ -267,6 +267,27 @@ async def test_a_type_found_exhausted_is_not_asked_for_until_news_of_it(
     assert asked[-1] == {"command-line": 1, "spark": 4}
 
 
+async def test_news_during_a_claim_keeps_its_type_wanted(
+    store: protocol.Store, tmp_path: Path
+) -> None:
+    settings = settings_for(tmp_path, queue_size=100, idle_poll_s=3600.0)
+    asked: list[dict[str, int]] = []
+    claim = store.claim_actions
+    scraper = Scraper(store, settings, asyncio.Queue(), HeldActions(), {"command-line": 4})
+
+    async def racing(*args: Any, **kwargs: Any) -> list[protocol.ActionRecord]:
+        asked.append(dict(kwargs["quotas"]))
+        got = await claim(*args, **kwargs)
+        if len(asked) == 1:
+            scraper.wake({"command-line"})  # made READY after the claim's read
+        return got
+
+    store.claim_actions = racing  # type: ignore[method-assign]
+    await scraper.run_once()  # finds nothing, but news came meanwhile
+    await scraper.run_once()
+    assert asked == [{"command-line": 4}, {"command-line": 4}]
+
+
 async def test_no_executor_for_a_type_means_no_claim_of_it(
     store: protocol.Store, tmp_path: Path
 ) -> None:
