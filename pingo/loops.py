@@ -9,7 +9,6 @@ with half its machinery dead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -28,6 +27,8 @@ class Loop:
         self.interval_s = interval_s
         self._stopping = asyncio.Event()
         self._woken = asyncio.Event()
+        #: Whether this pass came because the interval ran out (no `wake` came).
+        self.timed_out = False
 
     async def run_once(self) -> bool:
         """Do one pass; return True when more work may be waiting right now."""
@@ -68,10 +69,14 @@ class Loop:
                 more = False
             if more:
                 # Yield so a busy loop never starves the event loop.
+                self.timed_out = False
                 await asyncio.sleep(0)
                 continue
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._woken.wait(), timeout=self.wait_s())
+                self.timed_out = False
+            except TimeoutError:
+                self.timed_out = True
         logger.debug("%s stopped", self.name, extra={"event": "loop_stopped", "loop": self.name})
 
 

@@ -95,9 +95,9 @@ class Scraper(loops.Loop):
         self._ready_at: float | None = None
         self._starved = False
         #: Per type, when a claim last found no more of it to take. Until news of that
-        #: type (or any type) or an idle poll interval later, passes do not look for it:
-        #: a node whose spark slots are free would otherwise ask the store for spark
-        #: work each time one of its local actions ends.
+        #: type (or any type), a poll (a pass the interval brought) or an idle poll
+        #: interval later, passes do not look for it: a node whose spark slots are free
+        #: would otherwise ask the store for spark work each time a local action ends.
         self._exhausted: dict[str, float] = {}
         #: Counts news of READY work: a claim during which some came marks nothing
         #: exhausted (what it missed may be just that news).
@@ -182,6 +182,9 @@ class Scraper(loops.Loop):
         """What is held allows (`HeldActions.quotas`), but nothing of an exhausted type."""
         assert self.capacities is not None
         quotas = self.held.quotas(self.capacities)
+        if self.timed_out:
+            # A poll: what other nodes made READY is news nobody brings.
+            self._exhausted.clear()
         if self._exhausted:
             # An exhausted type is polled as an idle node polls (other nodes' work).
             recent = time.monotonic() - max(self.interval_s, self.idle_poll_s)

@@ -265,6 +265,13 @@ async def test_a_type_found_exhausted_is_not_asked_for_until_news_of_it(
     scraper.ready_elsewhere()
     await scraper.run_once()
     assert asked[-1] == {"command-line": 1, "spark": 4}
+    held.remove(queue.get_nowait().action.key)
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 0}
+    held.remove(queue.get_nowait().action.key)
+    scraper.timed_out = True  # a poll, for what other nodes made READY
+    await scraper.run_once()
+    assert asked[-1] == {"command-line": 1, "spark": 4}
 
 
 async def test_news_during_a_claim_keeps_its_type_wanted(
