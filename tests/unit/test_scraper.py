@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pingo import states
+from pingo import errors, states
 from pingo.actions.executors.noop import NoopExecutor
 from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Scraper
@@ -360,3 +360,12 @@ async def test_a_stale_claim_losing_its_submit_leaves_the_held_claim_alone(
     assert action is not None and action.attempts == 1
     assert executor.submitted == 1
     assert action.key in held
+
+
+def test_claim_ahead_is_read_from_the_environment_and_checked(tmp_path: Path) -> None:
+    home = {"PINGO_HOME": str(tmp_path)}
+    assert Settings.from_env(home).claim_ahead_s == 0.1
+    assert Settings.from_env({**home, "PINGO_CLAIM_AHEAD_S": "0"}).claim_ahead_s == 0
+    for bad in ("-1", "inf", "nan", "soon"):
+        with pytest.raises(errors.ConfigurationError, match="PINGO_CLAIM_AHEAD_S"):
+            Settings.from_env({**home, "PINGO_CLAIM_AHEAD_S": bad})
