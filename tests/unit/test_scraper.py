@@ -75,11 +75,14 @@ async def submit(
 
 
 def make_scraper(
-    store: protocol.Store, settings: Settings
+    store: protocol.Store,
+    settings: Settings,
+    capacities: dict[str, int] | None = None,
+    held: HeldActions | None = None,
 ) -> tuple[Scraper, ActionQueue, HeldActions]:
     queue: ActionQueue = asyncio.Queue()
-    held = HeldActions()
-    return Scraper(store, settings, queue, held), queue, held
+    held = HeldActions() if held is None else held
+    return Scraper(store, settings, queue, held, capacities), queue, held
 
 
 async def test_claims_no_more_than_the_queue_has_room_for(
@@ -160,9 +163,7 @@ async def test_claims_by_capacity_and_claims_again_when_work_ends(
 ) -> None:
     settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
     workflow = await submit(store, settings, independent(5, "capacity"))
-    queue: ActionQueue = asyncio.Queue()
-    held = HeldActions()
-    scraper = Scraper(store, settings, queue, held, {"command-line": 2, "spark": 4})
+    scraper, queue, held = make_scraper(store, settings, {"command-line": 2, "spark": 4})
     held.on_release = scraper.capacity_freed
 
     assert await scraper.run_once() is False  # fewer than the batch: nothing more now
@@ -197,9 +198,9 @@ async def test_short_actions_are_claimed_ahead_in_batches(
 ) -> None:
     settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
     workflow = await submit(store, settings, independent(12, "ahead"))
-    queue: ActionQueue = asyncio.Queue()
-    held = HeldActions(ahead_s=0.25)
-    scraper = Scraper(store, settings, queue, held, {"command-line": 2})
+    scraper, queue, held = make_scraper(
+        store, settings, {"command-line": 2}, HeldActions(ahead_s=0.25)
+    )
 
     await scraper.run_once()
     assert held.count("command-line") == 2  # no runtime known yet: by capacity only
@@ -222,9 +223,9 @@ async def test_long_actions_are_claimed_by_capacity_only(
 ) -> None:
     settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
     await submit(store, settings, independent(8, "long"))
-    queue: ActionQueue = asyncio.Queue()
-    held = HeldActions(ahead_s=0.25)
-    scraper = Scraper(store, settings, queue, held, {"command-line": 2})
+    scraper, queue, held = make_scraper(
+        store, settings, {"command-line": 2}, HeldActions(ahead_s=0.25)
+    )
     await scraper.run_once()
     _ran(held, queue.get_nowait(), 0.6)  # 2 slots finish fewer than one in 0.25 s
     assert held.ahead("command-line", 2) == 0
@@ -245,9 +246,7 @@ async def test_a_type_found_exhausted_is_not_asked_for_until_news_of_it(
         return await claim(*args, **kwargs)
 
     store.claim_actions = recording  # type: ignore[method-assign]
-    queue: ActionQueue = asyncio.Queue()
-    held = HeldActions()
-    scraper = Scraper(store, settings, queue, held, {"command-line": 1, "spark": 4})
+    scraper, queue, held = make_scraper(store, settings, {"command-line": 1, "spark": 4})
     await scraper.run_once()
     assert asked[-1] == {"command-line": 1, "spark": 4}  # no spark READY: spark exhausted
     held.remove(queue.get_nowait().action.key)
