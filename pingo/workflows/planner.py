@@ -48,7 +48,7 @@ from pingo.workflows.keep import KeepHook, NewDatasetInfo
 if TYPE_CHECKING:
     from pingo.config import Settings
     from pingo.datasets.storage import DatasetStorage
-    from pingo.outcomes.service import OutcomeService, ReadyNews, no_news
+    from pingo.outcomes.service import OutcomeService
 
 logger = logging.getLogger(__name__)
 
