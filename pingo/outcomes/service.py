@@ -1114,6 +1114,10 @@ class OutcomeService:
         if await self.store.has_actions_in(workflow_id, states.ACTION_LEFT):
             return
         counts = await self.store.count_actions(workflow_id)
+        if not counts:
+            # No action at all: its plan was never written (a workflow with nothing to
+            # run ends at submission). The reaper fails it (`abandon_unwritten`).
+            return
         bad = sum(counts.get(s, 0) for s in states.ACTION_UNSUCCESSFUL)
         if bad:
             new = W.FAILED

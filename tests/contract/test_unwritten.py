@@ -134,6 +134,33 @@ async def test_a_half_written_plan_fails_after_its_deadline_and_a_lease(
 
 
 @pytest.mark.usefixtures("stepwise")
+async def test_a_workflow_whose_writer_died_before_any_action_never_succeeds(
+    store: Store,
+    make: Factory,
+    clock: FakeClock,
+    settings: Settings,
+    outcomes: OutcomeService,
+) -> None:
+    plan = _plan(make, clock)
+
+    async def die_before_any(docs: list[Any]) -> None:
+        raise NodeDied
+
+    _on_actions_write(store, die_before_any)
+    with pytest.raises(NodeDied):
+        await store.persist_plan(plan)
+    # A node starting replays the steps a dead node left: none of them ends this one.
+    await outcomes.recover_running()
+    running = await store.get_workflow(plan.workflow.id)
+    assert running is not None and running.state is WorkflowState.RUNNING
+    clock.advance(settings.plan_deadline_s + settings.lease_s + 1)
+    await _reaper_pass(store, settings, outcomes)
+    failed = await store.get_workflow(plan.workflow.id)
+    assert failed is not None
+    assert (failed.state, failed.error) == (WorkflowState.FAILED, UNWRITTEN_ERROR)
+
+
+@pytest.mark.usefixtures("stepwise")
 async def test_a_plan_whose_writer_died_after_its_last_action_is_whole(
     store: Store,
     make: Factory,
