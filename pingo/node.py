@@ -183,7 +183,13 @@ class Node:
             store, settings.node_id, self.held, settings.lease_s, stop_work=self._stop_work
         )
         self.reaper = Reaper(
-            store, settings, self.executors, self.outcomes, self.held, storage=self.storage
+            store,
+            settings,
+            self.executors,
+            self.outcomes,
+            self.held,
+            storage=self.storage,
+            sweep_sandboxes=self.sandbox == "on",
         )
         self.deletor = Deletor(store, self.storage, settings)
         self.schedules = ScheduleService(store, settings, self.workflows, self.storage)

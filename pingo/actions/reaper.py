@@ -37,7 +37,12 @@ nothing will promote it and it is removed. A submitted attempt's entries stay
 until it is resolved, lease or not: its completion note may be what reconciles it.
 Entries younger than a lease are left alone, so a sweep never races an attempt being started.
 With it goes `sweep_replaced`: directory copies a forced recompute replaced while
-readers held claims on them are removed once the dataset has no claim.
+readers held claims on them are removed once the dataset has no claim. On a node
+whose local executor is sandboxed, it also kills, every lease, the sandboxes that
+a server process killed on this machine left running (`sandbox.kill_orphans`):
+the next server to start would, but a machine where other nodes keep running
+might not see one start for days, and the orphan runs, and uses the machine,
+until then.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Reaper(loops.Loop):
         held: HeldActions,
         *,
         storage: DatasetStorage | None = None,
+        sweep_sandboxes: bool = False,
         batch: int = 100,
     ) -> None:
         super().__init__(interval_s=max(0.05, min(settings.lease_s / 3, settings.poll_interval_s)))
@@ -112,6 +118,7 @@ class Reaper(loops.Loop):
         self.held = held
         self.batch = batch
         self.storage = storage
+        self.sweep_sandboxes = sweep_sandboxes
         self._next_sweep = 0.0
 
     async def run_once(self) -> bool:
@@ -121,6 +128,8 @@ class Reaper(loops.Loop):
             if self.storage is not None:
                 await self.sweep_staging(self.storage)
                 await self.sweep_replaced(self.storage)
+            if self.sweep_sandboxes:
+                await asyncio.to_thread(sandbox.kill_orphans)
             # A node that died between a producer's outcome and settling the actions
             # sharing its computation left them waiting: settle them here.
             await self.outcomes.settle_stranded()

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pingo.actions.executors import sandbox
 from pingo.client import ApiError, Client
 from pingo.testing import free_port
 
@@ -542,6 +543,25 @@ def test_no_orphan_survives_a_killed_server(tmp_path: Path) -> None:
             time.sleep(0.1)
     finally:
         second.stop()
+
+
+def test_a_running_server_kills_the_sandboxes_a_dead_one_left(tmp_path: Path) -> None:
+    """An orphaned sandbox is killed by a node that keeps running on the machine, every
+    lease, not only by the next server to start (`Reaper`, `sandbox.kill_orphans`)."""
+    server = start_server(tmp_path / "home", PINGO_LEASE_S="1")
+    gone = subprocess.Popen(["sleep", "60"])
+    tag = sandbox.owner_tag(gone.pid)
+    gone.kill()
+    gone.wait()
+    # Left after the server's start-up sweep: only a later sweep can find it.
+    orphan = subprocess.Popen([tag, "60"], executable="/bin/sleep")
+    try:
+        assert orphan.wait(timeout=15) == -signal.SIGKILL
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+        server.stop()
 
 
 def test_home_and_its_files_are_private(server: Server) -> None:
