@@ -13,17 +13,25 @@ scale: for the 200-submission sequences `pingo simulate` replays (seeds 1 to 3
 unless given, 5% of the working set), the LP, HiGHS's dual bound and best
 integer solution after at most SECONDS of integer solving (docs/retention.md,
 "How tight").
+
+`python -m bench.bench_bound --foresight [--seed N ...] [--capacity F ...]` (not part
+of `make bench` either: about 20 s per cell) replays the LP's solution in the engine
+(`pingo.simulation.foresight`) for those seeds (default 1 to 3) and capacities
+(default 2, 5, 10 and 20% of the working set): how close a policy that knows the
+model's optimum comes to the bound once the engine's passes during runs and its
+claims count (docs/retention.md, "How close the engine can come to the bound").
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 
 # The sequence bench_simulate replays (200 submissions, seed 1), cached there.
 from bench.bench_simulate import _sequence
-from pingo.simulation import bound, oracle, simulate, traces
+from pingo.simulation import bound, foresight, oracle, simulate, traces
 
 HIGH_WATER = 0.90
 
@@ -63,12 +71,45 @@ def tightness(time_limit_s: float, seeds: tuple[int, ...] = (1, 2, 3)) -> list[d
     return rows
 
 
+def foresight_replays(
+    seeds: tuple[int, ...] = (1, 2, 3), fractions: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2)
+) -> list[dict[str, object]]:
+    """The foresight replay of each seed and capacity, with its own bound and the budget's."""
+    paths = tuple(str(p) for p in traces.shipped_traces())
+    rows: list[dict[str, object]] = []
+    for seed in seeds:
+        subs = simulate._sequence(paths, 200, seed)
+        models, catalog = oracle.build_models(subs)
+        ws = oracle.working_set(models, catalog)
+        for fraction in fractions:
+            capacity = max(1, int(fraction * ws.bytes))
+            found = asyncio.run(foresight.replay(subs, capacity, high_water=HIGH_WATER))
+            rows.append(
+                {
+                    "seed": seed,
+                    "capacity": fraction,
+                    "bound_s": round(found.budget_bound.compute_s),
+                    "foresight_s": round(found.run.compute_s),
+                    "x_own_bound": round(found.run.compute_s / found.own_bound.compute_s, 3),
+                    "peak_x_capacity": round(found.run.peak_bytes / capacity, 2),
+                    "wall_s": round(found.run.wall_s, 1),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.bench_bound")
     parser.add_argument("--tightness", type=float, metavar="SECONDS", default=None)
-    parser.add_argument("--seed", type=int, action="append", help="with --tightness (default 1-3)")
+    parser.add_argument("--foresight", action="store_true")
+    parser.add_argument("--seed", type=int, action="append", help="default 1-3")
+    parser.add_argument("--capacity", type=float, action="append", help="with --foresight")
     args = parser.parse_args()
-    if args.tightness is None:
+    seeds = tuple(args.seed or (1, 2, 3))
+    if args.foresight:
+        foresight_replays(seeds, tuple(args.capacity or (0.02, 0.05, 0.1, 0.2)))
+    elif args.tightness is None:
         print(json.dumps(measure(), indent=2))
     else:
-        tightness(args.tightness, tuple(args.seed or (1, 2, 3)))
+        tightness(args.tightness, seeds)

@@ -23,7 +23,7 @@ import bisect
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +96,10 @@ class Bound:
     dual_compute_s: float | None = None
     #: The LP value, for an integer solve with a time limit (solved first, as a floor).
     lp_compute_s: float | None = None
+    #: The solution: the part of each interval (`Instance.intervals`, in order) not
+    #: kept, the integer solve's best solution when there is one. Empty when no
+    #: boundary binds (everything is kept).
+    dropped: tuple[float, ...] = ()
 
 
 def instance(
@@ -205,10 +209,19 @@ def solve(problem: Instance, *, exact: bool = False, time_limit_s: float | None 
         # No boundary can bind: keeping everything is feasible, and optimal.
         return Bound(unlimited, unlimited, len(live), True, 0.0, unlimited, unlimited, unlimited)
     if not exact:
-        value = _value(_milp(program, integer=False))
-        return Bound(unlimited + value, unlimited, len(live), False, _since(started))
+        result = _milp(program, integer=False)
+        value = _value(result)
+        return Bound(
+            unlimited + value,
+            unlimited,
+            len(live),
+            False,
+            _since(started),
+            dropped=_dropped(result, column, len(problem.intervals)),
+        )
     lp = None if time_limit_s is None else _value(_milp(program, integer=False))
-    found = _integer(_milp(program, integer=True, time_limit_s=time_limit_s), lp)
+    result = _milp(program, integer=True, time_limit_s=time_limit_s)
+    found = _integer(result, lp)
     return Bound(
         compute_s=unlimited + found.lower,
         unlimited_compute_s=unlimited,
@@ -218,7 +231,18 @@ def solve(problem: Instance, *, exact: bool = False, time_limit_s: float | None 
         integer_upper_s=None if found.upper is None else unlimited + found.upper,
         dual_compute_s=None if found.dual is None else unlimited + found.dual,
         lp_compute_s=None if lp is None else unlimited + lp,
+        dropped=_dropped(result, column, len(problem.intervals)),
     )
+
+
+def _dropped(
+    result: optimize.OptimizeResult, column: Mapping[int, int], intervals: int
+) -> tuple[float, ...]:
+    """Each interval's x in the solution (0 for those without a column: kept for free)."""
+    if result.x is None:
+        return ()
+    x = np.clip(result.x, 0.0, 1.0)  # HiGHS's tolerances can step a hair outside
+    return tuple(float(x[column[i]]) if i in column else 0.0 for i in range(intervals))
 
 
 def _since(started: float) -> float:

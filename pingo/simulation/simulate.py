@@ -49,7 +49,7 @@ from pingo.datasets.deletor import Deletor
 from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import OutcomeService
 from pingo.retention.loop import RetentionLoop
-from pingo.retention.policy import keep_hook, load_policy
+from pingo.retention.policy import RetentionPolicy, keep_hook, load_policy
 from pingo.simulation import bound, oracle, sequence, traces
 from pingo.store import open_store
 from pingo.store.protocol import ActionChanges, ActionRecord, Store
@@ -245,8 +245,15 @@ async def run_engine(
     high_water: float = 0.90,
     low_water: float = 0.75,
     retention_interval_s: float = 5.0,
+    policy: RetentionPolicy | None = None,
+    on_submission: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Replay `submissions` through the real engine with `policy_name` and a budget."""
+    """Replay `submissions` through the real engine with `policy_name` and a budget.
+
+    `policy`, when given, is used instead of loading `policy_name` (an offline
+    reference such as `foresight.Foresight`); `on_submission` is told the index of
+    each submission before it is planned.
+    """
     started = time.perf_counter()
     clock = VirtualClock()
     settings = Settings(
@@ -260,7 +267,8 @@ async def run_engine(
         retention_interval_s=retention_interval_s,
         lease_s=_LEASE_S,
     )
-    policy = load_policy(policy_name)
+    if policy is None:
+        policy = load_policy(policy_name)
     storage = SimulatedStorage(settings.data_root)
     async with open_store(settings.store_url, clock=clock) as store:
         ask = keep_hook(policy, store)
@@ -296,7 +304,9 @@ async def run_engine(
             while await deletor.run_once():
                 pass
 
-        for sub in submissions:
+        for index, sub in enumerate(submissions):
+            if on_submission is not None:
+                on_submission(index)
             workflow = await manager.submit(sub.document, owner=_OWNER)
             await executor.dispatch()
             await maintain()

@@ -417,6 +417,40 @@ def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
     assert optimum(models, catalog, 0, [4, 4, 4]) == pytest.approx(14.0)
 
 
+def test_the_solution_says_which_intervals_the_bound_drops() -> None:
+    # Two reads of b (4 bytes, 1 s) by later submissions; a (10 s) is its parent.
+    catalog = Catalog()
+    shapes = [("d0", 4, 10.0, ()), ("d1", 4, 1.0, ("d0",))]
+    shapes += [(f"d{2 + k}", 0, 1.0, ("d1",)) for k in range(3)]
+    for ds, size, runtime, parents in shapes:
+        catalog.size[ds], catalog.runtime[ds], catalog.parents[ds] = size, runtime, parents
+        catalog.family[ds] = "f"
+    models = []
+    for k in range(3):
+        catalog.leaf.add(f"d{2 + k}")
+        models.append(
+            SubmissionModel(
+                k, "f", ("d0", "d1", f"d{2 + k}"), ((), (0,), (1,)), (2,), (10.0, 1.0, 1.0)
+            )
+        )
+    roomy = bound.instance(models, catalog, 4)
+    starved = bound.instance(models, catalog, 0)
+    for exact in (False, True):
+        kept = bound.solve(roomy, exact=exact)
+        assert len(kept.dropped) == len(roomy.intervals)
+        assert kept.dropped == pytest.approx([0.0] * len(roomy.intervals))
+        # No room: b's two intervals are dropped whole.
+        assert bound.solve(starved, exact=exact).dropped == pytest.approx([1.0, 1.0])
+    # Without cascades, the solution costs exactly the bound above the unlimited compute.
+    models, catalog = random_sequence(5, 8, 10)
+    problem = bound.instance(models, catalog, 6)
+    plain = bound.Instance(problem.intervals, problem.budgets, problem.unlimited_compute_s)
+    found = bound.solve(plain)
+    paid = sum(iv.cost_s * x for iv, x in zip(plain.intervals, found.dropped, strict=True))
+    assert found.compute_s == pytest.approx(plain.unlimited_compute_s + paid)
+    assert all(0.0 <= x <= 1.0 for x in found.dropped)
+
+
 def test_a_budget_that_fits_everything_is_the_unlimited_compute() -> None:
     models, catalog = random_sequence(7, 8, 8)
     everything = sum(catalog.size.values())

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pingo.cli import app
-from pingo.simulation import bound, oracle, sequence, simulate, traces
+from pingo.simulation import bound, foresight, oracle, sequence, simulate, traces
 from pingo.workflows import language, provenance
 
 SMALL = (
@@ -436,3 +436,20 @@ def test_cli_simulate_runs_on_the_shipped_traces_by_default() -> None:
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [r["policy"] for r in rows] == ["lineage"]
+
+
+async def test_foresight_replays_the_bounds_solution_in_the_engine(
+    small_traces: list[Path],
+) -> None:
+    """The bound's own decisions, run in the engine: never under the bound of what the
+    run kept, and with room for everything, nothing is evicted and nothing recomputed."""
+    subs = sequence.generate(traces.load_families(small_traces[:2]), 10, 3)
+    models, catalog = oracle.build_models(subs)
+    ws = oracle.working_set(models, catalog)
+    tight = await foresight.replay(subs, max(1, int(0.2 * ws.bytes)))
+    assert tight.run.evictions > 0
+    assert tight.own_bound.compute_s <= tight.run.compute_s + 1e-6
+    assert tight.own_bound.compute_s <= tight.budget_bound.compute_s + 1e-6
+    roomy = await foresight.replay(subs, 2 * ws.bytes)
+    assert roomy.run.evictions == 0
+    assert roomy.run.compute_s == pytest.approx(ws.unlimited_compute_s)
