@@ -378,9 +378,10 @@ def test_the_integer_program_equals_brute_force_on_tiny_instances(
     assert exact.compute_s == pytest.approx(brute_force(problem))
 
 
-def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
-    # b (d1) is computed from a (d0), then read by two later submissions for new
-    # leaves (d2, d3, d4); with unlimited storage a is never read again: b hides it.
+def _two_reads_of_a_child() -> tuple[list[SubmissionModel], Catalog]:
+    """b (d1, 4 bytes, 1 s) is computed from a (d0, 4 bytes, 10 s), then read by two
+    later submissions for new leaves (d2, d3, d4): with unlimited storage a is never
+    read again, b hides it."""
     catalog = Catalog()
     shapes = [("d0", 4, 10.0, ()), ("d1", 4, 1.0, ("d0",))]
     shapes += [(f"d{2 + k}", 0, 1.0, ("d1",)) for k in range(3)]
@@ -395,6 +396,11 @@ def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
                 k, "f", ("d0", "d1", f"d{2 + k}"), ((), (0,), (1,)), (2,), (10.0, 1.0, 1.0)
             )
         )
+    return models, catalog
+
+
+def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
+    models, catalog = _two_reads_of_a_child()
     problem = bound.instance(models, catalog, 4)
     assert [(c.dataset, c.since, len(c.children)) for c in problem.cascades] == [("d0", 0, 2)]
     # Room for one dataset: keep b, and pay only the unlimited 14 s.
@@ -418,21 +424,7 @@ def test_a_dropped_read_pays_for_a_parent_nothing_else_reads() -> None:
 
 
 def test_the_solution_says_which_intervals_the_bound_drops() -> None:
-    # Two reads of b (4 bytes, 1 s) by later submissions; a (10 s) is its parent.
-    catalog = Catalog()
-    shapes = [("d0", 4, 10.0, ()), ("d1", 4, 1.0, ("d0",))]
-    shapes += [(f"d{2 + k}", 0, 1.0, ("d1",)) for k in range(3)]
-    for ds, size, runtime, parents in shapes:
-        catalog.size[ds], catalog.runtime[ds], catalog.parents[ds] = size, runtime, parents
-        catalog.family[ds] = "f"
-    models = []
-    for k in range(3):
-        catalog.leaf.add(f"d{2 + k}")
-        models.append(
-            SubmissionModel(
-                k, "f", ("d0", "d1", f"d{2 + k}"), ((), (0,), (1,)), (2,), (10.0, 1.0, 1.0)
-            )
-        )
+    models, catalog = _two_reads_of_a_child()
     roomy = bound.instance(models, catalog, 4)
     starved = bound.instance(models, catalog, 0)
     for exact in (False, True):
