@@ -7,7 +7,10 @@ come. `Foresight` replays the bound's solution in the engine (`simulate.run_engi
 at a pass during submission `t`, a candidate goes first when no interval of it
 spans `t` (the sequence does not read it before it is computed again, if ever),
 then by how much of its interval spanning `t` the solution drops (x = 1 first),
-then farthest next read first, then cheapest to recompute per byte.
+then by the lowest recompute cost per byte and per submission until its next read.
+When evicting every candidate would still leave storage over the mark (claims
+hold the excess), only what the solution drops at least half of, or nothing
+reads again, goes: as `lineage`, it does not flush what the next submissions read.
 
 Its compute is what a policy that knows the whole sequence and the model's
 optimum reaches in the engine: one policy's cost, so an upper bound on the
@@ -56,12 +59,17 @@ class Foresight:
                 return span
         return None
 
-    def _rank(self, candidate: Candidate) -> tuple[int, float, int, float]:
+    def _rank(self, candidate: Candidate) -> tuple[int, float, float]:
         span = self._span(candidate)
         if span is None:
-            return (0, 0.0, 0, 0.0)
+            return (0, 0.0, 0.0)
         per_byte = candidate.recompute_cost_s / max(candidate.size_bytes, 1)
-        return (1, -span[2], 0, per_byte / max(span[1] - self.submission, 1))
+        return (1, -span[2], per_byte / max(span[1] - self.submission, 1))
+
+    def _expendable(self, candidate: Candidate) -> bool:
+        """Not read again, or at least half dropped by the solution."""
+        span = self._span(candidate)
+        return span is None or span[2] >= 0.5
 
     def _reason(self, candidate: Candidate) -> str:
         span = self._span(candidate)
@@ -77,7 +85,7 @@ class Foresight:
         if sum(c.size_bytes for c in ranked) < bytes_to_free:
             # Claims hold the excess: evicting what the solution keeps would not bring
             # storage under the mark, and the next submissions would recompute it.
-            ranked = [c for c in ranked if self._rank(c)[:2] <= (1, -0.5)]
+            ranked = [c for c in ranked if self._expendable(c)]
             bytes_to_free = sum(c.size_bytes for c in ranked)
         return take_until_freed(((c, self._reason(c)) for c in ranked), bytes_to_free)
 
