@@ -32,6 +32,7 @@ import time
 # The sequence bench_simulate replays (200 submissions, seed 1), cached there.
 from bench.bench_simulate import _sequence
 from pingo.simulation import bound, foresight, oracle, simulate, traces
+from pingo.simulation.sequence import Submission
 
 HIGH_WATER = 0.90
 
@@ -47,14 +48,18 @@ def measure() -> dict[str, float]:
     return {"bound_200_s": time.perf_counter() - started}
 
 
+def _shipped_sequence(seed: int) -> tuple[Submission, ...]:
+    """The 200 submissions `pingo simulate` replays for `seed` over the shipped traces."""
+    return simulate._sequence(tuple(str(p) for p in traces.shipped_traces()), 200, seed)
+
+
 def tightness(time_limit_s: float, seeds: tuple[int, ...] = (1, 2, 3)) -> list[dict[str, object]]:
     """LP, dual bound and best integer solution at 5% for each seed, the sequence of `simulate`."""
-    paths = tuple(str(p) for p in traces.shipped_traces())
     rows: list[dict[str, object]] = []
     for seed in seeds:
-        models, catalog = oracle.build_models(simulate._sequence(paths, 200, seed))
+        models, catalog = oracle.build_models(_shipped_sequence(seed))
         ws = oracle.working_set(models, catalog)
-        budget = int(HIGH_WATER * max(1, int(0.05 * ws.bytes)))
+        budget = int(HIGH_WATER * ws.capacity_bytes(0.05))
         found = bound.lower_bound(models, catalog, budget, exact=True, time_limit_s=time_limit_s)
         rows.append(
             {
@@ -75,15 +80,11 @@ def foresight_replays(
     seeds: tuple[int, ...] = (1, 2, 3), fractions: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2)
 ) -> list[dict[str, object]]:
     """The foresight replay of each seed and capacity, with its own bound and the budget's."""
-    paths = tuple(str(p) for p in traces.shipped_traces())
     rows: list[dict[str, object]] = []
     for seed in seeds:
-        subs = simulate._sequence(paths, 200, seed)
-        models, catalog = oracle.build_models(subs)
-        ws = oracle.working_set(models, catalog)
+        subs = _shipped_sequence(seed)
         for fraction in fractions:
-            capacity = max(1, int(fraction * ws.bytes))
-            found = asyncio.run(foresight.replay(subs, capacity, high_water=HIGH_WATER))
+            found = asyncio.run(foresight.replay(subs, fraction, high_water=HIGH_WATER))
             rows.append(
                 {
                     "seed": seed,
@@ -91,7 +92,7 @@ def foresight_replays(
                     "bound_s": round(found.budget_bound.compute_s),
                     "foresight_s": round(found.run.compute_s),
                     "x_own_bound": round(found.run.compute_s / found.own_bound.compute_s, 3),
-                    "peak_x_capacity": round(found.run.peak_bytes / capacity, 2),
+                    "peak_x_capacity": round(found.run.peak_bytes / found.capacity_bytes, 2),
                     "wall_s": round(found.run.wall_s, 1),
                 }
             )

@@ -98,6 +98,7 @@ class Replay:
     """A foresight replay, with the bounds around it."""
 
     run: simulate.RunResult
+    capacity_bytes: int
     #: The bound at the budget, whose solution was replayed.
     budget_bound: bound.Bound
     #: The bound of what the replay kept at boundaries (`bound.lower_bound`'s `held`).
@@ -106,13 +107,15 @@ class Replay:
 
 async def replay(
     submissions: Sequence[Submission],
-    capacity_bytes: int,
+    capacity_fraction: float,
     *,
     high_water: float = 0.90,
     low_water: float = 0.75,
 ) -> Replay:
-    """Run `Foresight` on the bound's LP solution for `capacity_bytes`, in the engine."""
+    """Run `Foresight` on the bound's LP solution in the engine, at `capacity_fraction`
+    of the working set (the capacity `pingo simulate` gives that fraction)."""
     models, catalog = oracle.build_models(submissions)
+    capacity_bytes = oracle.working_set(models, catalog).capacity_bytes(capacity_fraction)
     budget = int(high_water * capacity_bytes)
     problem = bound.instance(models, catalog, budget)
     solution = bound.solve(problem)
@@ -127,4 +130,4 @@ async def replay(
         on_submission=policy.advance,
     )
     own = bound.lower_bound(models, catalog, budget, held=run.boundary_bytes)
-    return Replay(run, solution, own)
+    return Replay(run, capacity_bytes, solution, own)

@@ -134,6 +134,10 @@ class WorkingSet:
     no_reuse_compute_s: float
     unlimited_compute_s: float
 
+    def capacity_bytes(self, fraction: float) -> int:
+        """The storage capacity `pingo simulate` gives a run at `fraction` of this set."""
+        return max(1, int(fraction * self.bytes))
+
 
 def working_set(models: Sequence[SubmissionModel], catalog: Catalog) -> WorkingSet:
     """Sizes and reference costs of the sequence (planned by the model, nothing evicted)."""

@@ -554,7 +554,7 @@ async def study(
         planned[seed] = (models, catalog)
         cells.append(_Cell(paths, submissions, seed, "keep-all", None, high_water, low_water))
         for fraction in capacities:
-            capacity = max(1, int(fraction * ws.bytes))
+            capacity = ws.capacity_bytes(fraction)
             reference = oracle.run_oracle(models, catalog, int(high_water * capacity))
             references[(seed, fraction)] = (capacity, reference)
             problem = bound.instance(models, catalog, int(high_water * capacity))

@@ -446,10 +446,10 @@ async def test_foresight_replays_the_bounds_solution_in_the_engine(
     subs = sequence.generate(traces.load_families(small_traces[:2]), 10, 3)
     models, catalog = oracle.build_models(subs)
     ws = oracle.working_set(models, catalog)
-    tight = await foresight.replay(subs, max(1, int(0.2 * ws.bytes)))
+    tight = await foresight.replay(subs, 0.2)
     assert tight.run.evictions > 0
     assert tight.own_bound.compute_s <= tight.run.compute_s + 1e-6
     assert tight.own_bound.compute_s <= tight.budget_bound.compute_s + 1e-6
-    roomy = await foresight.replay(subs, 2 * ws.bytes)
+    roomy = await foresight.replay(subs, 2.0)
     assert roomy.run.evictions == 0
     assert roomy.run.compute_s == pytest.approx(ws.unlimited_compute_s)
