@@ -85,6 +85,7 @@ def foresight_replays(
         subs = _shipped_sequence(seed)
         for fraction in fractions:
             found = asyncio.run(foresight.replay(subs, fraction, high_water=HIGH_WATER))
+            spent = found.distance
             rows.append(
                 {
                     "seed": seed,
@@ -93,6 +94,12 @@ def foresight_replays(
                     "foresight_s": round(found.run.compute_s),
                     "x_own_bound": round(found.run.compute_s / found.own_bound.compute_s, 3),
                     "peak_x_capacity": round(found.run.peak_bytes / found.capacity_bytes, 2),
+                    # Its distance to the budget's bound, by cause (foresight.Distance).
+                    "kept_recomputed_s": round(spent.kept_s),
+                    "dropped_beyond_charge_s": round(spent.dropped_s - spent.charged_intervals_s),
+                    "cascades_beyond_charge_s": round(spent.unplanned_s - spent.charged_cascades_s),
+                    "passes_into_kept": spent.passes_into_kept,
+                    "kept_evicted_gb": round(spent.kept_evicted_bytes / 1e9, 1),
                     "wall_s": round(found.run.wall_s, 1),
                 }
             )

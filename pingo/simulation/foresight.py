@@ -11,6 +11,9 @@ then by the lowest recompute cost per byte and per submission until its next rea
 When evicting every candidate would still leave storage over the mark (claims
 hold the excess), only what the solution drops at least half of, or nothing
 reads again, goes: as `lineage`, it does not flush what the next submissions read.
+Its keep hook declines a new dataset the solution does not keep past the running
+submission: it is deleted once its readers there are done, and the passes do not
+have to find its room among what the solution keeps.
 
 Its compute is what a policy that knows the whole sequence and the model's
 optimum reaches in the engine: one policy's cost, so an upper bound on the
@@ -48,19 +51,29 @@ class Foresight:
             self._spans.setdefault(interval.dataset, []).append((interval.start, interval.end, x))
         #: The submission running now (`advance`).
         self.submission = 0
+        #: (submission, dataset id, runtime) of every action the run computed (`computed`).
+        self.computes: list[tuple[int, str, float]] = []
+        #: Passes that chose datasets the solution keeps (x < 0.5), and their bytes.
+        self.passes_into_kept = 0
+        self.kept_evicted_bytes = 0
 
     def advance(self, index: int) -> None:
         """Submission `index` is being planned (`simulate.run_engine`'s `on_submission`)."""
         self.submission = index
 
-    def _span(self, candidate: Candidate) -> tuple[int, int, float] | None:
-        for span in self._spans.get(candidate.dataset_id, ()):
+    def computed(self, dataset_id: str, runtime_s: float) -> None:
+        """An action completed (`simulate.run_engine`'s `on_compute`)."""
+        self.computes.append((self.submission, dataset_id, runtime_s))
+
+    def _span(self, dataset_id: str) -> tuple[int, int, float] | None:
+        """The interval of `dataset_id` spanning the end of the running submission."""
+        for span in self._spans.get(dataset_id, ()):
             if span[0] <= self.submission < span[1]:
                 return span
         return None
 
     def _rank(self, candidate: Candidate) -> tuple[int, float, float]:
-        span = self._span(candidate)
+        span = self._span(candidate.dataset_id)
         if span is None:
             return (0, 0.0, 0.0)
         per_byte = candidate.recompute_cost_s / max(candidate.size_bytes, 1)
@@ -68,11 +81,11 @@ class Foresight:
 
     def _expendable(self, candidate: Candidate) -> bool:
         """Not read again, or at least half dropped by the solution."""
-        span = self._span(candidate)
+        span = self._span(candidate.dataset_id)
         return span is None or span[2] >= 0.5
 
     def _reason(self, candidate: Candidate) -> str:
-        span = self._span(candidate)
+        span = self._span(candidate.dataset_id)
         if span is None:
             return "foresight: not read again before it is computed again"
         kept = "dropped" if span[2] >= _DROPPED else f"x={span[2]:.2f}"
@@ -87,10 +100,84 @@ class Foresight:
             # storage under the mark, and the next submissions would recompute it.
             ranked = [c for c in ranked if self._expendable(c)]
             bytes_to_free = sum(c.size_bytes for c in ranked)
-        return take_until_freed(((c, self._reason(c)) for c in ranked), bytes_to_free)
+        chosen = take_until_freed(((c, self._reason(c)) for c in ranked), bytes_to_free)
+        self._count_kept(ranked, {e.dataset_id for e in chosen})
+        return chosen
+
+    def _count_kept(self, ranked: Sequence[Candidate], chosen: set[str]) -> None:
+        kept = sum(
+            c.size_bytes for c in ranked if c.dataset_id in chosen and not self._expendable(c)
+        )
+        if kept:
+            self.passes_into_kept += 1
+            self.kept_evicted_bytes += kept
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
-        return True
+        # What the solution would not keep past this submission is deleted once its
+        # readers here are done, instead of waiting for a pass: left stored, it would
+        # take room a pass then finds only among what the solution keeps.
+        span = self._span(dataset.dataset_id)
+        return span is not None and span[2] < 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Distance:
+    """Where a replay's compute above the unlimited-storage compute went.
+
+    Each recompute (a compute of a dataset after its first) at submission `t`
+    falls in the interval `(start, end]` of its dataset that holds `t`, if any.
+    `kept_s + dropped_s + unplanned_s` is the run's compute less the unlimited
+    one; `charged_intervals_s + charged_cascades_s` is the bound's. The run's
+    distance to the bound is `kept_s` (what the solution keeps and the engine did
+    not), `dropped_s - charged_intervals_s` (dropped intervals recomputed more
+    than once, or the solution's fractions) and `unplanned_s - charged_cascades_s`
+    (cascades the relaxation does not charge).
+    """
+
+    #: Recomputes inside an interval the solution keeps (x < 0.5).
+    kept_s: float
+    #: Recomputes inside an interval the solution drops at least half of.
+    dropped_s: float
+    #: Recomputes no interval holds: parents of recomputed datasets, and reads the
+    #: run's own evictions created.
+    unplanned_s: float
+    #: What the bound charges for dropped intervals (the sum of `x * cost`).
+    charged_intervals_s: float
+    #: What it charges for cascades (the rest of the bound over the unlimited compute).
+    charged_cascades_s: float
+    #: Passes that evicted datasets the solution keeps, and the bytes they chose.
+    passes_into_kept: int
+    kept_evicted_bytes: int
+
+
+def _distance(problem: bound.Instance, solution: bound.Bound, policy: Foresight) -> Distance:
+    x = solution.dropped or (0.0,) * len(problem.intervals)
+    spans: dict[str, list[tuple[int, int, float]]] = {}
+    for interval, dropped in zip(problem.intervals, x, strict=True):
+        spans.setdefault(interval.dataset, []).append((interval.start, interval.end, dropped))
+    seen: set[str] = set()
+    kept = dropped_s = unplanned = 0.0
+    for t, dataset, runtime in policy.computes:
+        if dataset not in seen:
+            seen.add(dataset)
+            continue
+        held = [d for start, end, d in spans.get(dataset, ()) if start < t <= end]
+        if not held:
+            unplanned += runtime
+        elif held[0] < 0.5:
+            kept += runtime
+        else:
+            dropped_s += runtime
+    charged = sum(i.cost_s * d for i, d in zip(problem.intervals, x, strict=True))
+    return Distance(
+        kept_s=kept,
+        dropped_s=dropped_s,
+        unplanned_s=unplanned,
+        charged_intervals_s=charged,
+        charged_cascades_s=solution.compute_s - solution.unlimited_compute_s - charged,
+        passes_into_kept=policy.passes_into_kept,
+        kept_evicted_bytes=policy.kept_evicted_bytes,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +190,8 @@ class Replay:
     budget_bound: bound.Bound
     #: The bound of what the replay kept at boundaries (`bound.lower_bound`'s `held`).
     own_bound: bound.Bound
+    #: Where its compute went, against the replayed solution's charges.
+    distance: Distance
 
 
 async def replay(
@@ -128,6 +217,7 @@ async def replay(
         low_water=low_water,
         policy=policy,
         on_submission=policy.advance,
+        on_compute=policy.computed,
     )
     own = bound.lower_bound(models, catalog, budget, held=run.boundary_bytes)
-    return Replay(run, capacity_bytes, solution, own)
+    return Replay(run, capacity_bytes, solution, own, _distance(problem, solution, policy))

@@ -145,6 +145,7 @@ class _Running:
     runtime_s: float = field(compare=False)
     size: int = field(compare=False)
     staging: str = field(compare=False)
+    dataset_id: str = field(compare=False)
 
 
 class SimulatedExecutor:
@@ -156,11 +157,14 @@ class SimulatedExecutor:
         storage: SimulatedStorage,
         outcomes: OutcomeService,
         clock: VirtualClock,
+        on_compute: Callable[[str, float], None] | None = None,
     ) -> None:
         self.store = store
         self.storage = storage
         self.outcomes = outcomes
         self.clock = clock
+        #: Told the dataset id and runtime of every action that completes.
+        self.on_compute = on_compute
         self.running: list[_Running] = []
         self._seq = itertools.count()
         self.compute_s = 0.0
@@ -201,6 +205,7 @@ class SimulatedExecutor:
                 staging=self.storage.staging_path(
                     record.dataset_id, record.workflow_id, record.action_id, record.attempts
                 ),
+                dataset_id=record.dataset_id,
             ),
         )
 
@@ -214,6 +219,8 @@ class SimulatedExecutor:
             await self.outcomes.success(done.callback_id, done.attempt, runtime_s=done.runtime_s)
             self.compute_s += done.runtime_s
             self.executed += 1
+            if self.on_compute is not None:
+                self.on_compute(done.dataset_id, done.runtime_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,12 +254,14 @@ async def run_engine(
     retention_interval_s: float = 5.0,
     policy: RetentionPolicy | None = None,
     on_submission: Callable[[int], None] | None = None,
+    on_compute: Callable[[str, float], None] | None = None,
 ) -> RunResult:
     """Replay `submissions` through the real engine with `policy_name` and a budget.
 
     `policy`, when given, is used instead of loading `policy_name` (an offline
     reference such as `foresight.Foresight`); `on_submission` is told the index of
-    each submission before it is planned.
+    each submission before it is planned, and `on_compute` the dataset id and
+    runtime of every action the run computes.
     """
     started = time.perf_counter()
     clock = VirtualClock()
@@ -286,7 +295,7 @@ async def run_engine(
         )
         retention = RetentionLoop(store, settings, policy)
         deletor = Deletor(store, storage, settings)
-        executor = SimulatedExecutor(store, storage, outcomes, clock)
+        executor = SimulatedExecutor(store, storage, outcomes, clock, on_compute)
         evictions = evicted_bytes = 0
         boundary: list[int] = []
         next_pass = clock()

@@ -446,10 +446,24 @@ async def test_foresight_replays_the_bounds_solution_in_the_engine(
     subs = sequence.generate(traces.load_families(small_traces[:2]), 10, 3)
     models, catalog = oracle.build_models(subs)
     ws = oracle.working_set(models, catalog)
-    tight = await foresight.replay(subs, 0.2)
+    tight = await foresight.replay(subs, 0.8)
+    # The solution keeps some intervals and drops others; the replay declines to store
+    # what it drops (the keep hook) and evicts at passes.
+    dropped = tight.budget_bound.dropped
+    assert min(dropped) < 0.5 < max(dropped)
+    assert tight.run.dropped_new > 0
     assert tight.run.evictions > 0
     assert tight.own_bound.compute_s <= tight.run.compute_s + 1e-6
     assert tight.own_bound.compute_s <= tight.budget_bound.compute_s + 1e-6
+    # Every recompute is accounted for, once, and so is every second the bound charges.
+    spent = tight.distance
+    recomputed = tight.run.compute_s - ws.unlimited_compute_s
+    assert recomputed > 0
+    assert spent.kept_s + spent.dropped_s + spent.unplanned_s == pytest.approx(recomputed)
+    assert spent.charged_intervals_s + spent.charged_cascades_s == pytest.approx(
+        tight.budget_bound.compute_s - ws.unlimited_compute_s
+    )
     roomy = await foresight.replay(subs, 2.0)
     assert roomy.run.evictions == 0
     assert roomy.run.compute_s == pytest.approx(ws.unlimited_compute_s)
+    assert roomy.distance == foresight.Distance(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
