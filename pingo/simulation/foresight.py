@@ -36,6 +36,13 @@ from pingo.simulation.sequence import Submission
 #: An x this close to 1 is a drop (HiGHS's tolerances).
 _DROPPED = 1.0 - 1e-6
 
+_Span = tuple[int, int, float]
+
+
+def _kept(span: _Span | None) -> bool:
+    """Whether the solution keeps the interval `span` (drops less than half of it)."""
+    return span is not None and span[2] < 0.5
+
 
 class Foresight:
     """Evicts in the order the bound's solution implies (see the module's docstring)."""
@@ -45,7 +52,7 @@ class Foresight:
     def __init__(self, problem: bound.Instance, solution: bound.Bound) -> None:
         if solution.dropped and len(solution.dropped) != len(problem.intervals):
             raise ValueError("the solution is not one of this problem")
-        self._spans: dict[str, list[tuple[int, int, float]]] = {}
+        self._spans: dict[str, list[_Span]] = {}
         for n, interval in enumerate(problem.intervals):
             x = solution.dropped[n] if solution.dropped else 0.0
             self._spans.setdefault(interval.dataset, []).append((interval.start, interval.end, x))
@@ -65,7 +72,7 @@ class Foresight:
         """An action completed (`simulate.run_engine`'s `on_compute`)."""
         self.computes.append((self.submission, dataset_id, runtime_s))
 
-    def _span(self, dataset_id: str) -> tuple[int, int, float] | None:
+    def _span(self, dataset_id: str) -> _Span | None:
         """The interval of `dataset_id` spanning the end of the running submission."""
         for span in self._spans.get(dataset_id, ()):
             if span[0] <= self.submission < span[1]:
@@ -81,8 +88,7 @@ class Foresight:
 
     def _expendable(self, candidate: Candidate) -> bool:
         """Not read again, or at least half dropped by the solution."""
-        span = self._span(candidate.dataset_id)
-        return span is None or span[2] >= 0.5
+        return not _kept(self._span(candidate.dataset_id))
 
     def _reason(self, candidate: Candidate) -> str:
         span = self._span(candidate.dataset_id)
@@ -116,8 +122,7 @@ class Foresight:
         # What the solution would not keep past this submission is deleted once its
         # readers here are done, instead of waiting for a pass: left stored, it would
         # take room a pass then finds only among what the solution keeps.
-        span = self._span(dataset.dataset_id)
-        return span is not None and span[2] < 0.5
+        return _kept(self._span(dataset.dataset_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,27 +156,24 @@ class Distance:
 
 
 def _distance(problem: bound.Instance, solution: bound.Bound, policy: Foresight) -> Distance:
-    x = solution.dropped or (0.0,) * len(problem.intervals)
-    spans: dict[str, list[tuple[int, int, float]]] = {}
-    for interval, dropped in zip(problem.intervals, x, strict=True):
-        spans.setdefault(interval.dataset, []).append((interval.start, interval.end, dropped))
     seen: set[str] = set()
-    kept = dropped_s = unplanned = 0.0
+    kept = dropped = unplanned = 0.0
     for t, dataset, runtime in policy.computes:
         if dataset not in seen:
             seen.add(dataset)
             continue
-        held = [d for start, end, d in spans.get(dataset, ()) if start < t <= end]
+        held = [span for span in policy._spans.get(dataset, ()) if span[0] < t <= span[1]]
         if not held:
             unplanned += runtime
-        elif held[0] < 0.5:
+        elif _kept(held[0]):
             kept += runtime
         else:
-            dropped_s += runtime
-    charged = sum(i.cost_s * d for i, d in zip(problem.intervals, x, strict=True))
+            dropped += runtime
+    # `dropped` is empty when no boundary binds: nothing is charged.
+    charged = sum(i.cost_s * x for i, x in zip(problem.intervals, solution.dropped, strict=False))
     return Distance(
         kept_s=kept,
-        dropped_s=dropped_s,
+        dropped_s=dropped,
         unplanned_s=unplanned,
         charged_intervals_s=charged,
         charged_cascades_s=solution.compute_s - solution.unlimited_compute_s - charged,
