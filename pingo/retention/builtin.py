@@ -445,6 +445,20 @@ class Lineage:
     order's (`_choose`). While running actions' claims hold storage over the
     mark, it keeps what fitted at rest.
 
+    *Not keeping what the next runs rarely read (`min_share`, off by default).* For
+    10 workflows after a pass under pressure (one that had to free a twentieth of
+    the candidates' bytes or more: the store is tight), a new dataset that fewer
+    than `min_share` of its workflow's edits would make the next run read (by its
+    read share from the DAG) is not kept past its run: the keep hook declines it,
+    it is stored while its readers in the run need it and deleted when they end.
+    Kept, it would be claimed by those readers while the run's passes evict what
+    the next runs read instead (a large Montage's `mBackground` outputs, read
+    by 81 of 1,738 edits, against its `mProject` outputs, read by most). Every
+    pass still frees what it is asked to; the bytes waiting for their readers
+    are on disk, so storage during runs peaks higher. It recomputes much less at
+    tight budgets and more at roomy ones, where what is rarely read still fits
+    (docs/retention.md): hence an option, 0 (the default) keeping every new dataset.
+
     *Deferring (`defer`, off by default).* What the running workflows planned and
     have not yet handed over as candidates (claimed while their next actions read
     them) is ranked with the candidates, its size and cost estimated from the
@@ -470,6 +484,7 @@ class Lineage:
         prior: float | str = 3.0,
         aging: bool | str = True,
         defer: bool | str = False,
+        min_share: float | str = 0.0,
     ) -> None:
         try:
             self.max_reuse_rate = float(max_reuse_rate)
@@ -493,6 +508,18 @@ class Lineage:
         #: workflows write would make up (`_deferred`): it frees less than asked, so the
         #: store stays over its budget while they run. Off by default, see the class doc.
         self.defer = _switch("defer", defer)
+        try:
+            self.min_share = float(min_share)
+        except ValueError:
+            raise errors.ConfigurationError(
+                f"min_share must be a number, not {min_share!r}"
+            ) from None
+        if not 0.0 <= self.min_share <= 1.0:
+            raise errors.ConfigurationError(
+                f"min_share must be between 0 and 1, not {self.min_share}"
+            )
+        #: Workflows seen at the last pass under pressure (`_under_pressure`), if any.
+        self._pressed_at: int | None = None
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
@@ -591,6 +618,11 @@ class Lineage:
         if previous is not None and previous != dataset.dataset_id:
             self._superseded[previous] = _Supersession(step, now, dataset.dataset_id)
         self._latest[step] = dataset.dataset_id
+        # A dataset planned again (recomputed after an eviction) is current again.
+        self._superseded.pop(dataset.dataset_id, None)
+        if self._rarely_read(dataset.dataset_id):
+            # Deleted once its readers in this run end: nothing for a later pass to free.
+            return False
         if self.defer and dataset.dataset_id in self._exposures:
             self._step_of[dataset.dataset_id] = step
             prev = dataset.previous
@@ -600,9 +632,23 @@ class Lineage:
                 estimate = self._step_size.get(step)
             if estimate is not None:
                 self._pending[dataset.dataset_id] = (self._workflows_seen, *estimate)
-        # A dataset planned again (recomputed after an eviction) is current again.
-        self._superseded.pop(dataset.dataset_id, None)
         return True
+
+    #: A pass is under pressure when what it must free is at least this part of the
+    #: candidates' bytes: the store is tight, not passing over a little excess.
+    PRESSURE_SHARE = 1 / 20
+    #: `min_share` applies for this many workflows after a pass under pressure.
+    PRESSURE_WORKFLOWS = 10
+
+    def _rarely_read(self, dataset_id: str) -> bool:
+        """Under pressure, and fewer than `min_share` of its workflow's edits read it next."""
+        known = self._exposures.get(dataset_id)
+        return (
+            self._pressed_at is not None
+            and self._workflows_seen - self._pressed_at <= self.PRESSURE_WORKFLOWS
+            and known is not None
+            and known.share < self.min_share
+        )
 
     #: The prior on the reuse rate of superseded datasets: one reuse in ten, as if
     #: observed ten times (so ten reuses among the first datasets turn the tier off).
@@ -644,6 +690,9 @@ class Lineage:
         self._forget(present)
         if bytes_to_free <= 0:
             return []
+        evictable = sum(max(c.size_bytes, 0) for c in candidates if c.evictable)
+        if bytes_to_free >= self.PRESSURE_SHARE * evictable:
+            self._pressed_at = self._workflows_seen
         evictions, frontier = self._choose(ranked, bytes_to_free)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -815,6 +816,8 @@ def test_lineage_options_are_checked() -> None:
     assert not policy_api.load_policy("lineage:aging=0").aging  # type: ignore[attr-defined]
     assert not policy_api.load_policy("lineage").defer  # type: ignore[attr-defined]
     assert policy_api.load_policy("lineage:defer=true").defer  # type: ignore[attr-defined]
+    assert policy_api.load_policy("lineage").min_share == 0.0  # type: ignore[attr-defined]
+    assert policy_api.load_policy("lineage:min_share=0.1").min_share == 0.1  # type: ignore[attr-defined]
     for bad in (
         "lineage:max_reuse_rate=x",
         "lineage:max_reuse_rate=2",
@@ -822,6 +825,9 @@ def test_lineage_options_are_checked() -> None:
         "lineage:prior=x",
         "lineage:aging=2",
         "lineage:defer=yes",
+        "lineage:min_share=x",
+        "lineage:min_share=1.5",
+        "lineage:min_share=-0.1",
         "lineage:window=3",
     ):
         with pytest.raises(errors.ConfigurationError):
@@ -982,6 +988,38 @@ def test_lineage_deferring_leaves_to_later_passes_what_the_running_workflow_writ
     assert chosen(policy.select_evictions([a, b2, d], 100, at(40))) == ["b2"]
     # Nothing expected any more: the same pass as above now takes a.
     assert chosen(policy.select_evictions([a, b2, d], 200, at(50))) == ["b2", "a"]
+
+
+def test_lineage_declines_what_the_next_runs_rarely_read_under_pressure() -> None:
+    definition = language.parse(A_B_C_D)
+    ids = {1: "a", 2: "b", 3: "c", 4: "d"}
+    runs = itertools.count()
+
+    def plan(policy: builtin.Lineage, aid: int, workflow: str | None = None) -> bool:
+        info = policy_api.NewDatasetInfo(
+            ids[aid], workflow or f"wf{next(runs)}", "ann", "server", definition.actions[aid],
+            (), None, definition, ids,
+        )  # fmt: skip
+        return policy.keep_new(info, at(0))
+
+    policy, default = builtin.Lineage(min_share="0.3"), builtin.Lineage()
+    # Read shares: a 1/4, b 2/4, d 3/4. Before any pass under pressure, all is kept,
+    # and a pass over a little excess (1 B of 300) is not pressure.
+    assert all(plan(policy, aid, "wf") for aid in (1, 2, 4))
+    easy = policy.select_evictions([cand("a"), cand("b"), cand("d")], 1, at(10))
+    assert chosen(easy) == ["a"]
+    assert plan(policy, 1)
+    # A pass that must free half of what it could: a (read by a quarter of the
+    # edits) is not kept past its run; b and d are; without the option, all are.
+    assert chosen(policy.select_evictions([cand("b"), cand("d")], 100, at(20))) == ["b"]
+    shared = f"wf{next(runs)}"
+    assert [plan(policy, aid, shared) for aid in (1, 2, 4)] == [False, True, True]
+    default.select_evictions([cand("b"), cand("d")], 100, at(20))
+    assert all(plan(default, aid) for aid in (1, 2, 4))
+    # The pressure lapses after PRESSURE_WORKFLOWS workflows with no pass under it.
+    for _ in range(builtin.Lineage.PRESSURE_WORKFLOWS - 1):
+        assert not plan(policy, 1)
+    assert plan(policy, 1)
 
 
 def test_lineage_ages_unless_told_not_to() -> None:
