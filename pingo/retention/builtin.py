@@ -407,6 +407,17 @@ def _switch(name: str, value: bool | str) -> bool:
     return value.lower() in {"1", "true"}
 
 
+def _fraction(name: str, value: float | str) -> float:
+    """A policy's option between 0 and 1, given as a number or as the text of `name:key=value`."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise errors.ConfigurationError(f"{name} must be a number, not {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise errors.ConfigurationError(f"{name} must be between 0 and 1, not {number}")
+    return number
+
+
 class Lineage:
     """Pingo's own policy: superseded versions first, then expected reads, never a flush.
 
@@ -446,8 +457,9 @@ class Lineage:
     mark, it keeps what fitted at rest.
 
     *Not keeping what the next runs rarely read (`min_share`, off by default).* For
-    10 workflows after a pass under pressure (one that had to free a twentieth of
-    the candidates' bytes or more: the store is tight), a new dataset that fewer
+    `PRESSURE_WORKFLOWS` workflows after a pass under pressure (one that had to free
+    `PRESSURE_SHARE` of the candidates' bytes or more: the store is tight), a new
+    dataset that fewer
     than `min_share` of its workflow's edits would make the next run read (by its
     read share from the DAG) is not kept past its run: the keep hook declines it,
     it is stored while its readers in the run need it and deleted when they end.
@@ -486,16 +498,7 @@ class Lineage:
         defer: bool | str = False,
         min_share: float | str = 0.0,
     ) -> None:
-        try:
-            self.max_reuse_rate = float(max_reuse_rate)
-        except ValueError:
-            raise errors.ConfigurationError(
-                f"max_reuse_rate must be a number, not {max_reuse_rate!r}"
-            ) from None
-        if not 0.0 <= self.max_reuse_rate <= 1.0:
-            raise errors.ConfigurationError(
-                f"max_reuse_rate must be between 0 and 1, not {self.max_reuse_rate}"
-            )
+        self.max_reuse_rate = _fraction("max_reuse_rate", max_reuse_rate)
         try:
             self.prior = float(prior)
         except ValueError:
@@ -508,17 +511,9 @@ class Lineage:
         #: workflows write would make up (`_deferred`): it frees less than asked, so the
         #: store stays over its budget while they run. Off by default, see the class doc.
         self.defer = _switch("defer", defer)
-        try:
-            self.min_share = float(min_share)
-        except ValueError:
-            raise errors.ConfigurationError(
-                f"min_share must be a number, not {min_share!r}"
-            ) from None
-        if not 0.0 <= self.min_share <= 1.0:
-            raise errors.ConfigurationError(
-                f"min_share must be between 0 and 1, not {self.min_share}"
-            )
-        #: Workflows seen at the last pass under pressure (`_under_pressure`), if any.
+        #: New datasets read by fewer of their workflow's edits are not kept under pressure.
+        self.min_share = _fraction("min_share", min_share)
+        #: Workflows seen at the last pass under pressure (`_rarely_read`), if any.
         self._pressed_at: int | None = None
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
@@ -690,10 +685,10 @@ class Lineage:
         self._forget(present)
         if bytes_to_free <= 0:
             return []
-        evictable = sum(max(c.size_bytes, 0) for c in candidates if c.evictable)
-        if bytes_to_free >= self.PRESSURE_SHARE * evictable:
+        total = sum(max(c.size_bytes, 0) for c in candidates if c.evictable)
+        if bytes_to_free >= self.PRESSURE_SHARE * total:
             self._pressed_at = self._workflows_seen
-        evictions, frontier = self._choose(ranked, bytes_to_free)
+        evictions, frontier = self._choose(ranked, bytes_to_free, total)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:
             if c.dataset_id not in chosen:
@@ -709,11 +704,12 @@ class Lineage:
         return evictions
 
     def _choose(
-        self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int
+        self, ranked: Sequence[tuple[int, float, Candidate]], bytes_to_free: int, total: int
     ) -> tuple[list[Eviction], float]:
         """Evictions for the pass: the cheaper of two orders, no flush while claims hold the excess.
 
-        With them, how far the order went (`_take`): L rises no further.
+        With them, how far the order went (`_take`): L rises no further. `total` is
+        the bytes of the evictable candidates.
 
         The order with the cascade charge (`_cascading`) spares a child whose
         parent the pass takes, which makes the pass reach further down the
@@ -726,7 +722,6 @@ class Lineage:
         that could reach its target kept (the most valuable first) and evicts
         the rest, superseded first.
         """
-        total = sum(max(c.size_bytes, 0) for _, _, c in ranked if c.evictable)
         if self.defer and total >= bytes_to_free:
             bytes_to_free -= self._deferred(ranked, bytes_to_free)
         if total >= bytes_to_free or self.room is None:
