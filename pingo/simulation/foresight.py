@@ -15,7 +15,11 @@ Its keep hook declines a new dataset the solution does not keep past the running
 submission: it is deleted once its readers there are done, and the passes do not
 have to find its room among what the solution keeps.
 
-Its compute is what a policy that knows the whole sequence and the model's
+`Ledger` records what a run computes in each submission and files its recomputes
+against the solution (`Distance`): `Foresight`'s own, or another policy's run
+(`replay(..., policy=NAME)`).
+
+`Foresight`'s compute is what a policy that knows the whole sequence and the model's
 optimum reaches in the engine: one policy's cost, so an upper bound on the
 engine's optimum at that budget, where `bound` gives a lower one. Offline, like
 the oracle: not a built-in policy (docs/retention.md, "How close the engine can
@@ -24,6 +28,7 @@ come to the bound").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,14 +49,17 @@ def _kept(span: _Span | None) -> bool:
     return span is not None and span[2] < 0.5
 
 
-class Foresight:
-    """Evicts in the order the bound's solution implies (see the module's docstring)."""
+class Ledger:
+    """The solution's intervals, and what a run computed in each submission.
 
-    name = "foresight"
+    Its `advance` and `computed` are `simulate.run_engine`'s `on_submission` and
+    `on_compute`; `distance` files the run's recomputes against the solution.
+    """
 
     def __init__(self, problem: bound.Instance, solution: bound.Bound) -> None:
         if solution.dropped and len(solution.dropped) != len(problem.intervals):
             raise ValueError("the solution is not one of this problem")
+        self._problem, self._solution = problem, solution
         self._spans: dict[str, list[_Span]] = {}
         for n, interval in enumerate(problem.intervals):
             x = solution.dropped[n] if solution.dropped else 0.0
@@ -60,9 +68,6 @@ class Foresight:
         self.submission = 0
         #: (submission, dataset id, runtime) of every action the run computed (`computed`).
         self.computes: list[tuple[int, str, float]] = []
-        #: Passes that chose datasets the solution keeps (x < 0.5), and their bytes.
-        self.passes_into_kept = 0
-        self.kept_evicted_bytes = 0
 
     def advance(self, index: int) -> None:
         """Submission `index` is being planned (`simulate.run_engine`'s `on_submission`)."""
@@ -71,6 +76,51 @@ class Foresight:
     def computed(self, dataset_id: str, runtime_s: float) -> None:
         """An action completed (`simulate.run_engine`'s `on_compute`)."""
         self.computes.append((self.submission, dataset_id, runtime_s))
+
+    def distance(self) -> Distance:
+        """Where the run's compute above the unlimited-storage compute went (`Distance`)."""
+        seen: set[str] = set()
+        kept = dropped = unplanned = 0.0
+        for t, dataset, runtime in self.computes:
+            if dataset not in seen:
+                seen.add(dataset)
+                continue
+            held = [span for span in self._spans.get(dataset, ()) if span[0] < t <= span[1]]
+            if not held:
+                unplanned += runtime
+            elif _kept(held[0]):
+                kept += runtime
+            else:
+                dropped += runtime
+        intervals, solution = self._problem.intervals, self._solution
+        # `dropped` is empty when no boundary binds: nothing is charged.
+        charged = sum(i.cost_s * x for i, x in zip(intervals, solution.dropped, strict=False))
+        return Distance(
+            kept_s=kept,
+            dropped_s=dropped,
+            unplanned_s=unplanned,
+            charged_intervals_s=charged,
+            charged_cascades_s=solution.compute_s - solution.unlimited_compute_s - charged,
+        )
+
+
+class Foresight(Ledger):
+    """Evicts in the order the bound's solution implies (see the module's docstring)."""
+
+    name = "foresight"
+
+    def __init__(self, problem: bound.Instance, solution: bound.Bound) -> None:
+        super().__init__(problem, solution)
+        #: Passes that chose datasets the solution keeps (x < 0.5), and their bytes.
+        self.passes_into_kept = 0
+        self.kept_evicted_bytes = 0
+
+    def distance(self) -> Distance:
+        return dataclasses.replace(
+            super().distance(),
+            passes_into_kept=self.passes_into_kept,
+            kept_evicted_bytes=self.kept_evicted_bytes,
+        )
 
     def _span(self, dataset_id: str) -> _Span | None:
         """The interval of `dataset_id` spanning the end of the running submission."""
@@ -150,49 +200,23 @@ class Distance:
     charged_intervals_s: float
     #: What it charges for cascades (the rest of the bound over the unlimited compute).
     charged_cascades_s: float
-    #: Passes that evicted datasets the solution keeps, and the bytes they chose.
-    passes_into_kept: int
-    kept_evicted_bytes: int
-
-
-def _distance(problem: bound.Instance, solution: bound.Bound, policy: Foresight) -> Distance:
-    seen: set[str] = set()
-    kept = dropped = unplanned = 0.0
-    for t, dataset, runtime in policy.computes:
-        if dataset not in seen:
-            seen.add(dataset)
-            continue
-        held = [span for span in policy._spans.get(dataset, ()) if span[0] < t <= span[1]]
-        if not held:
-            unplanned += runtime
-        elif _kept(held[0]):
-            kept += runtime
-        else:
-            dropped += runtime
-    # `dropped` is empty when no boundary binds: nothing is charged.
-    charged = sum(i.cost_s * x for i, x in zip(problem.intervals, solution.dropped, strict=False))
-    return Distance(
-        kept_s=kept,
-        dropped_s=dropped,
-        unplanned_s=unplanned,
-        charged_intervals_s=charged,
-        charged_cascades_s=solution.compute_s - solution.unlimited_compute_s - charged,
-        passes_into_kept=policy.passes_into_kept,
-        kept_evicted_bytes=policy.kept_evicted_bytes,
-    )
+    #: Passes that evicted datasets the solution keeps, and the bytes they chose
+    #: (`Foresight` only: another policy's passes are not seen).
+    passes_into_kept: int | None = None
+    kept_evicted_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """A foresight replay, with the bounds around it."""
+    """A replay (`Foresight`'s, or another policy's), with the bounds around it."""
 
     run: simulate.RunResult
     capacity_bytes: int
-    #: The bound at the budget, whose solution was replayed.
+    #: The bound at the budget, whose solution was replayed (or filed against).
     budget_bound: bound.Bound
     #: The bound of what the replay kept at boundaries (`bound.lower_bound`'s `held`).
     own_bound: bound.Bound
-    #: Where its compute went, against the replayed solution's charges.
+    #: Where its compute went, against the solution's charges.
     distance: Distance
 
 
@@ -202,24 +226,29 @@ async def replay(
     *,
     high_water: float = 0.90,
     low_water: float = 0.75,
+    policy: str | None = None,
 ) -> Replay:
     """Run `Foresight` on the bound's LP solution in the engine, at `capacity_fraction`
-    of the working set (the capacity `pingo simulate` gives that fraction)."""
+    of the working set (the capacity `pingo simulate` gives that fraction).
+
+    With `policy` (a name as `pingo simulate --policy` takes it), that policy runs
+    instead, and its recomputes are filed against the same solution.
+    """
     models, catalog = oracle.build_models(submissions)
     capacity_bytes = oracle.working_set(models, catalog).capacity_bytes(capacity_fraction)
     budget = int(high_water * capacity_bytes)
     problem = bound.instance(models, catalog, budget)
     solution = bound.solve(problem)
-    policy = Foresight(problem, solution)
+    ledger = Foresight(problem, solution) if policy is None else Ledger(problem, solution)
     run = await simulate.run_engine(
         submissions,
-        policy.name,
+        policy or Foresight.name,
         capacity_bytes,
         high_water=high_water,
         low_water=low_water,
-        policy=policy,
-        on_submission=policy.advance,
-        on_compute=policy.computed,
+        policy=ledger if isinstance(ledger, Foresight) else None,
+        on_submission=ledger.advance,
+        on_compute=ledger.computed,
     )
     own = bound.lower_bound(models, catalog, budget, held=run.boundary_bytes)
-    return Replay(run, capacity_bytes, solution, own, _distance(problem, solution, policy))
+    return Replay(run, capacity_bytes, solution, own, ledger.distance())

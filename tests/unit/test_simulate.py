@@ -464,6 +464,15 @@ async def test_foresight_replays_the_bounds_solution_in_the_engine(
     assert spent.charged_intervals_s + spent.charged_cascades_s == pytest.approx(
         tight.budget_bound.compute_s - ws.unlimited_compute_s
     )
+    # Another policy's run, filed against the same solution: the same accounting.
+    filed = await foresight.replay(subs, 0.8, policy="lineage")
+    assert filed.run.policy == "lineage"
+    assert filed.budget_bound.compute_s == tight.budget_bound.compute_s
+    spent = filed.distance
+    assert spent.kept_s + spent.dropped_s + spent.unplanned_s == pytest.approx(
+        filed.run.compute_s - ws.unlimited_compute_s
+    )
+    assert filed.run.compute_s > ws.unlimited_compute_s and spent.passes_into_kept is None
     roomy = await foresight.replay(subs, 2.0)
     assert roomy.run.evictions == 0
     assert roomy.run.compute_s == pytest.approx(ws.unlimited_compute_s)
