@@ -459,10 +459,10 @@ class Lineage:
     *Not keeping what the next runs rarely read (`min_share`, off by default).* For
     `PRESSURE_WORKFLOWS` workflows after a pass under pressure (one that had to free
     `PRESSURE_SHARE` of the candidates' bytes or more: the store is tight), a new
-    dataset that fewer
-    than `min_share` of its workflow's edits would make the next run read (by its
-    read share from the DAG) is not kept past its run: the keep hook declines it,
-    it is stored while its readers in the run need it and deleted when they end.
+    dataset that fewer than `min_share` of its workflow's edits would make the next
+    run read (by its read share from the DAG) is not kept past its run: the keep
+    hook declines it, it is stored while its readers in the run need it and deleted
+    when they end.
     Kept, it would be claimed by those readers while the run's passes evict what
     the next runs read instead (a large Montage's `mBackground` outputs, read
     by 81 of 1,738 edits, against its `mProject` outputs, read by most). Every
