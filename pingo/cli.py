@@ -557,8 +557,8 @@ def storage_lines(summary: Mapping[str, Any]) -> list[str]:
     decisions = summary.get("decisions") or []
     lines.append(f"recent decisions ({len(decisions)}):")
     lines.extend(
-        f"  {d.get('at')}  {d.get('datasetId')}  {d.get('sizeBytes') or 0:,} B  "
-        f"{d.get('policy')}: {d.get('reason')}"
+        f"  {d.get('at')}  {d.get('kind') or 'evict':<7}  {d.get('datasetId')}  "
+        f"{d.get('sizeBytes') or 0:,} B  {d.get('policy')}: {d.get('reason')}"
         for d in decisions
     )
     return lines

@@ -48,6 +48,11 @@ RETENTION_EVICTIONS = Counter(
     "pingo_retention_evictions", "Datasets evicted by the retention policy.", ["policy"],
     registry=REGISTRY,
 )  # fmt: skip
+RETENTION_DECLINES = Counter(
+    "pingo_retention_declines",
+    "New datasets the retention policy declined to keep past their run.", ["policy"],
+    registry=REGISTRY,
+)  # fmt: skip
 DIGEST_SECONDS = Histogram(
     "pingo_dataset_digest_seconds",
     "Time to hash a dataset's content (at commit, on verification).",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -324,10 +324,11 @@ class Lineage(Model, kw_only=True):
 
 
 class RetentionDecision(Model, kw_only=True):
-    """One eviction the retention loop decided."""
+    """One retention decision: an eviction, or a new dataset declined at planning."""
 
     seq: int
     at: Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+    kind: Literal["evict", "decline"]
     dataset_id: str | None
     policy: str | None
     reason: str | None

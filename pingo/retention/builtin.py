@@ -513,8 +513,10 @@ class Lineage:
         self.defer = _switch("defer", defer)
         #: New datasets read by fewer of their workflow's edits are not kept under pressure.
         self.min_share = _fraction("min_share", min_share)
-        #: Workflows seen at the last pass under pressure (`_rarely_read`), if any.
+        #: Workflows seen at the last pass under pressure (`_rarely_read`), if any, and
+        #: that pass's bytes to free and evictable candidates' bytes (for the reasons).
         self._pressed_at: int | None = None
+        self._pressure = (0, 0)
         #: Bytes of candidates kept by the last pass that could reach its target: what
         #: fits at rest (None before any such pass).
         self.room: int | None = None
@@ -645,6 +647,18 @@ class Lineage:
             and known.share < self.min_share
         )
 
+    def explain_decline(self, dataset: NewDatasetInfo, now: datetime) -> str:
+        """Why `keep_new` declined `dataset`: its read share and the pass that pressed."""
+        known = self._exposures.get(dataset.dataset_id)
+        share = 0.0 if known is None else known.share
+        to_free, total = self._pressure
+        since = self._workflows_seen - (self._pressed_at or 0)
+        return (
+            f"lineage: read next by {share:.1%} of its workflow's edits, under min_share "
+            f"{self.min_share:.1%}; a pass {since} workflow(s) ago had to free "
+            f"{to_free:,} of {total:,} evictable bytes"
+        )
+
     #: The prior on the reuse rate of superseded datasets: one reuse in ten, as if
     #: observed ten times (so ten reuses among the first datasets turn the tier off).
     PRIOR_REUSES, PRIOR_WEIGHT = 1.0, 10.0
@@ -688,6 +702,7 @@ class Lineage:
         total = sum(max(c.size_bytes, 0) for c in candidates if c.evictable)
         if bytes_to_free >= self.PRESSURE_SHARE * total:
             self._pressed_at = self._workflows_seen
+            self._pressure = (bytes_to_free, total)
         evictions, frontier = self._choose(ranked, bytes_to_free, total)
         chosen = {e.dataset_id for e in evictions}
         for tier, h, c in ranked:

@@ -3,7 +3,8 @@
 A policy is a small object with a `name`, a `select_evictions` method (given the
 STORED datasets that may be evicted and how many bytes must go, return which to
 evict and why) and a `keep_new` method (asked at planning time whether a new
-intermediate is worth keeping at all). Policies only decide: the retention loop
+intermediate is worth keeping at all; a policy that declines may say why through an
+optional `explain_decline`). Policies only decide: the retention loop
 performs the compare-and-set and the deletor removes the files, just as a retry
 strategy returns a decision and the worker acts on it.
 
@@ -22,15 +23,17 @@ from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from pingo import errors, states
+from pingo import errors, metrics, states
 from pingo.store.protocol import DatasetRecord, Store
 from pingo.workflows.keep import KeepHook, NewDatasetInfo
 
 __all__ = [
+    "DECLINE_EVENT",
     "ENTRY_POINT_GROUP",
     "EVICT_EVENT",
     "Candidate",
     "Eviction",
+    "ExplainsDeclines",
     "KeepHook",
     "NewDatasetInfo",
     "RetentionPolicy",
@@ -47,6 +50,8 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "pingo.retention_policies"
 #: The event kind every eviction is recorded under.
 EVICT_EVENT = "retention.evict"
+#: The event kind every new dataset a policy declined to keep is recorded under.
+DECLINE_EVENT = "retention.decline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +124,15 @@ class RetentionPolicy(Protocol):
 
     def keep_new(self, dataset: NewDatasetInfo, now: datetime) -> bool:
         """Whether a new intermediate is worth keeping once computed (False: TO_DELETE)."""
+        ...
+
+
+@runtime_checkable
+class ExplainsDeclines(Protocol):
+    """Optional beside `RetentionPolicy`: why `keep_new` just declined a dataset."""
+
+    def explain_decline(self, dataset: NewDatasetInfo, now: datetime) -> str:
+        """The reason, with its figures, for the `False` `keep_new` returned for `dataset`."""
         ...
 
 
@@ -207,24 +221,56 @@ def load_policy(spec: str) -> RetentionPolicy:
 
 
 def keep_hook(policy: RetentionPolicy, store: Store) -> KeepHook:
-    """The planner's keep hook for `policy`, asking it with the store's clock."""
+    """The planner's keep hook for `policy`, asking it with the store's clock.
+
+    A decline is logged and recorded as a `DECLINE_EVENT`, with the policy's
+    reason when it gives one, so that `GET /storage` lists it beside the evictions.
+    """
 
     async def hook(dataset: NewDatasetInfo) -> bool:
-        keep = policy.keep_new(dataset, store.clock())
+        now = store.clock()
+        keep = policy.keep_new(dataset, now)
         if not keep:
+            reason = _decline_reason(policy, dataset, now)
             logger.info(
-                "retention: %s will not keep %s",
+                "retention: %s will not keep %s: %s",
                 policy.name,
                 dataset.dataset_id,
+                reason,
                 extra={
                     "event": "retention_drop_new",
                     "policy": policy.name,
                     "dataset_id": dataset.dataset_id,
+                    "reason": reason,
                 },
             )
+            await store.append_event(
+                DECLINE_EVENT,
+                dataset_id=dataset.dataset_id,
+                workflow_id=dataset.workflow_id,
+                payload={"policy": policy.name, "reason": reason},
+            )
+            metrics.RETENTION_DECLINES.labels(policy=policy.name).inc()
         return keep
 
     return hook
+
+
+def _decline_reason(policy: RetentionPolicy, dataset: NewDatasetInfo, now: datetime) -> str:
+    """The policy's own reason for declining `dataset`, or a plain one."""
+    plain = f"{policy.name}: not worth keeping past its run"
+    if not isinstance(policy, ExplainsDeclines):
+        return plain
+    try:
+        return str(policy.explain_decline(dataset, now))
+    except Exception:
+        # A plug-in's broken explanation must not fail the submission it is planning.
+        logger.exception(
+            "retention policy %s failed to explain a decline",
+            policy.name,
+            extra={"event": "retention_policy_failed", "policy": policy.name},
+        )
+        return plain
 
 
 # ------------------------------------------------------------------------- candidates
@@ -352,15 +398,23 @@ class _Lineage:
 
 
 async def recent_decisions(store: Store, limit: int = 20) -> list[dict[str, Any]]:
-    """The latest retention decisions, newest first, as JSON (for `GET /storage`)."""
-    events = await store.list_events(kind=EVICT_EVENT, limit=limit)
+    """The latest retention decisions (evictions and declines), newest first, as JSON.
+
+    For `GET /storage`. Events recorded before decisions had a `kind` are evictions.
+    """
+    found = [
+        *await store.list_events(kind=EVICT_EVENT, limit=limit),
+        *await store.list_events(kind=DECLINE_EVENT, limit=limit),
+    ]
+    found.sort(key=lambda e: e.seq, reverse=True)
     decisions: list[dict[str, Any]] = []
-    for event in events:
+    for event in found[:limit]:
         payload = dict(event.payload or {})
         decisions.append(
             {
                 "seq": event.seq,
                 "at": event.at.isoformat(),
+                "kind": "decline" if event.kind == DECLINE_EVENT else "evict",
                 "datasetId": event.dataset_id,
                 "policy": payload.get("policy"),
                 "reason": payload.get("reason"),

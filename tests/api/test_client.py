@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from pingo import cli
 from pingo import client as pingo_client
+from pingo.api import runtime
+from pingo.retention.policy import DECLINE_EVENT
 
 from .conftest import ADMIN_TOKEN, REPO, Api
 
@@ -51,6 +54,17 @@ async def test_submit_wait_and_browse(api: Api, monkeypatch: pytest.MonkeyPatch)
     assert len(lineage["nodes"]) == 5
     storage = await asyncio.to_thread(client.storage)
     assert storage["usedBytes"] > 0
+    # `pingo storage` names each decision's kind; a decline has no size yet.
+    store = api.app[runtime.STATE_KEY].node
+    assert store is not None
+    await store.store.append_event(
+        DECLINE_EVENT, dataset_id=dataset["id"], payload={"policy": "p", "reason": "why"}
+    )
+    lines = cli.storage_lines(await asyncio.to_thread(client.storage))
+    assert lines[-2:] == [
+        "recent decisions (1):",
+        f"  {lines[-1].split()[0]}  decline  {dataset['id']}  0 B  p: why",
+    ]
     rerun = await asyncio.to_thread(client.rerun, done["id"], ["count"])
     assert rerun["id"] != done["id"]
 

@@ -16,7 +16,7 @@ import pytest
 
 from pingo.api import runtime
 from pingo.api.app import create_app
-from pingo.retention.policy import EVICT_EVENT
+from pingo.retention.policy import DECLINE_EVENT, EVICT_EVENT
 from tests.api.conftest import AiohttpClient, Api, bearer, command_workflow, make_settings
 from tests.ui.test_pages import SCRIPT, sign_in
 
@@ -281,12 +281,13 @@ async def test_in_per_user_scopes_another_users_dataset_does_not_exist(
         assert answers[0] == answers[1] and answers[0][0] == 404
     listing = await (await client.get("/api/v1/datasets", headers=api.auth("bob"))).text()
     assert dataset_id not in listing
-    # A retention decision about Alice's dataset is not shown to Bob.
+    # A retention decision about Alice's dataset, eviction or decline, is not shown to Bob.
     store = app[runtime.STATE_KEY].node
     assert store is not None
-    await store.store.append_event(
-        EVICT_EVENT, dataset_id=dataset_id, payload={"policy": "lru", "reason": "test"}
-    )
+    for kind in (EVICT_EVENT, DECLINE_EVENT):
+        await store.store.append_event(
+            kind, dataset_id=dataset_id, payload={"policy": "lru", "reason": "test"}
+        )
     for user, shown in (("bob", False), ("alice", True), ("admin", True)):
         body = await (await client.get("/api/v1/storage", headers=api.auth(user))).text()
         assert (dataset_id in body) is shown, user

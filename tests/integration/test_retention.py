@@ -242,6 +242,9 @@ class DropNew:
 
     def keep_new(self, dataset, now):
         return False
+
+    def explain_decline(self, dataset, now):
+        return f"drop-new: {len(dataset.parents)} parent(s), <b>never kept</b>"
 '''
 
 
@@ -289,6 +292,19 @@ async def test_a_plugin_declining_new_intermediates_makes_them_transient(
             assert not any(exists(d.path) for d in found.values())
             leaf = await node.store.get_dataset(actions[4].dataset_id)
             assert leaf is not None and leaf.state is D.LEAF and exists(leaf.path)
+            # Each decline is a decision with the plug-in's own reason; the leaf was not asked.
+            decisions = await recent_decisions(node.store)
+            assert sorted(
+                (d["kind"], d["datasetId"], d["policy"], d["reason"]) for d in decisions
+            ) == sorted(
+                (
+                    "decline",
+                    actions[i].dataset_id,
+                    "drop-new",
+                    f"drop-new: {n} parent(s), <b>never kept</b>",
+                )
+                for i, n in ((1, 0), (2, 1), (3, 1))
+            )
         finally:
             await node.stop()
     sys.modules.pop("pingo_test_dropnew", None)

@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 from pingo import ui
+from pingo.api import runtime
+from pingo.retention.policy import DECLINE_EVENT
 from tests.api.conftest import Api, chain, command_workflow, sleeper
 
 SCRIPT = "<script>alert(1)</script>"
@@ -416,6 +418,29 @@ async def test_dataset_search(users_api: Api) -> None:
     page = await found("prefix=")
     assert first[:16] in page and submitted["id"] not in page
     assert first[:16] in await found("producer=step1")
+
+
+async def test_a_declined_dataset_is_a_decision_with_its_reason_escaped(users_api: Api) -> None:
+    finished = await users_api.wait(
+        (await users_api.submit(chain("ui-decline", 1), user="alice"))["id"]
+    )
+    dataset_id = finished["endDatasetId"]
+    node = users_api.app[runtime.STATE_KEY].node
+    assert node is not None
+    event = await node.store.append_event(
+        DECLINE_EVENT,
+        dataset_id=dataset_id,
+        payload={"policy": "lineage", "reason": "<script>alert(1)</script> 5.0% read"},
+    )
+    await sign_in(users_api, "alice")
+    page = await (await users_api.client.get("/storage")).text()
+    row = re.search(r'<tr><td><a href="/storage/decisions/\d+">[^<]*</a></td>(.*?)</tr>', page)
+    assert row is not None
+    assert "<td>decline</td>" in row.group(1) and dataset_id[:16] in row.group(1)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; 5.0% read" in row.group(1)
+    assert "<script>alert" not in page
+    decision = await (await users_api.client.get(f"/storage/decisions/{event.seq}")).text()
+    assert "Declined (not kept past its run)" in decision and "<script>alert" not in decision
 
 
 async def test_an_unknown_retention_decision_is_not_found(users_api: Api) -> None:

@@ -302,6 +302,38 @@ async def test_keep_hook_asks_the_policy_with_the_store_clock() -> None:
     )
     assert await hook(info) is False
     assert seen == [at(42)]
+    # The decline is recorded as a decision, with a plain reason when the policy gives none.
+    [decision] = await policy_api.recent_decisions(store)
+    assert decision["kind"] == "decline" and decision["datasetId"] == "x" * 64
+    assert decision["reason"] == "drop-all: not worth keeping past its run"
+
+
+async def test_a_decline_explanation_that_raises_leaves_the_plain_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Explains(builtin.KeepAll):
+        name = "explains"
+
+        def keep_new(self, dataset: policy_api.NewDatasetInfo, now: datetime) -> bool:
+            return dataset.dataset_id == "keep"
+
+        def explain_decline(self, dataset: policy_api.NewDatasetInfo, now: datetime) -> str:
+            if dataset.dataset_id == "broken":
+                raise RuntimeError("no figures today")
+            return f"explains: {dataset.dataset_id} at {now:%H:%M:%S}"
+
+    store = MemoryStore(clock=lambda: at(42))
+    hook = policy_api.keep_hook(Explains(), store)
+    caplog.set_level("ERROR", logger="pingo.retention.policy")
+    for dataset_id in ("keep", "told", "broken"):
+        info = policy_api.NewDatasetInfo(dataset_id, "wf", "ann", "server", None, (), None)  # type: ignore[arg-type]
+        assert await hook(info) is (dataset_id == "keep")
+    decisions = await policy_api.recent_decisions(store)
+    assert [(d["datasetId"], d["reason"]) for d in decisions] == [
+        ("broken", "explains: not worth keeping past its run"),
+        ("told", "explains: told at 00:00:42"),
+    ]
+    assert any("failed to explain" in r.getMessage() for r in caplog.records)
 
 
 # ------------------------------------------------------------- store-backed cases
@@ -1014,6 +1046,11 @@ def test_lineage_declines_what_the_next_runs_rarely_read_under_pressure() -> Non
     assert chosen(policy.select_evictions([cand("b"), cand("d")], 100, at(20))) == ["b"]
     shared = f"wf{next(runs)}"
     assert [plan(policy, aid, shared) for aid in (1, 2, 4)] == [False, True, True]
+    info = policy_api.NewDatasetInfo("a", shared, "ann", "server", definition.actions[1], (), None)
+    assert policy.explain_decline(info, at(20)) == (
+        "lineage: read next by 25.0% of its workflow's edits, under min_share 30.0%; "
+        "a pass 1 workflow(s) ago had to free 100 of 200 evictable bytes"
+    )
     default.select_evictions([cand("b"), cand("d")], 100, at(20))
     assert all(plan(default, aid) for aid in (1, 2, 4))
     # The pressure lapses after PRESSURE_WORKFLOWS workflows with no pass under it.
