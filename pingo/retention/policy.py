@@ -398,9 +398,10 @@ class _Lineage:
 
 
 async def recent_decisions(store: Store, limit: int = 20) -> list[dict[str, Any]]:
-    """The latest retention decisions (evictions and declines), newest first, as JSON.
+    """The latest `limit` evictions and the latest `limit` declines, newest first, as JSON.
 
-    For `GET /storage`. Events recorded before decisions had a `kind` are evictions.
+    For `GET /storage`. Each kind has its own `limit`: a run whose policy declines
+    thousands of new datasets must not hide the evictions, nor the reverse.
     """
     found = [
         *await store.list_events(kind=EVICT_EVENT, limit=limit),
@@ -408,7 +409,7 @@ async def recent_decisions(store: Store, limit: int = 20) -> list[dict[str, Any]
     ]
     found.sort(key=lambda e: e.seq, reverse=True)
     decisions: list[dict[str, Any]] = []
-    for event in found[:limit]:
+    for event in found:
         payload = dict(event.payload or {})
         decisions.append(
             {

@@ -308,6 +308,19 @@ async def test_keep_hook_asks_the_policy_with_the_store_clock() -> None:
     assert decision["reason"] == "drop-all: not worth keeping past its run"
 
 
+async def test_recent_decisions_keep_the_latest_of_each_kind() -> None:
+    store = MemoryStore(clock=lambda: at(42))
+    for n in range(3):
+        await store.append_event(policy_api.EVICT_EVENT, dataset_id=f"e{n}", payload={})
+    for n in range(5):
+        await store.append_event(policy_api.DECLINE_EVENT, dataset_id=f"d{n}", payload={})
+    await store.append_event(policy_api.EVICT_EVENT, dataset_id="e3", payload={})
+    decisions = await policy_api.recent_decisions(store, limit=2)
+    assert [(d["kind"], d["datasetId"]) for d in decisions] == [
+        ("evict", "e3"), ("decline", "d4"), ("decline", "d3"), ("evict", "e2"),
+    ]  # fmt: skip
+
+
 async def test_a_decline_explanation_that_raises_leaves_the_plain_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
