@@ -55,7 +55,13 @@ def record_completion(staging: str, runtime_s: float) -> None:
     finds the note (or, for a sandboxed attempt, bwrap's exit status, written as the
     command exits) and records the success instead of running the work again.
     """
-    with open(staging + COMPLETED_SUFFIX, "w") as f:
+    # Never through a link: beside an unmanaged output the path is the user's.
+    path = staging + COMPLETED_SUFFIX
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.islink(path):
+            os.unlink(path)
+    with os.fdopen(os.open(path, flags, 0o600), "w") as f:
         f.write(f"{runtime_s:.6f}\n")
 
 

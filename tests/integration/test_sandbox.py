@@ -8,6 +8,7 @@ without working user namespaces rather than quietly running unsandboxed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -392,15 +393,19 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
     assert bobs["state"] == "SUCCEEDED"
     dataset = _dataset_path(server, bobs, 1)
     kept = {p: p.read_bytes() for p in (home / "callback.secret", home / "pingo.db", dataset)}
-    # The same through a link the user planted (an earlier unmanaged output of theirs).
+    # The same through a link: an unmanaged output may not plant one...
     planted = Path(tempfile.mkdtemp(prefix="pingo-link-", dir="/var/tmp")) / "to-home"
     try:
         plant = {
             "id": 1, "name": "plant", "type": "command-line", "isManaged": False,
             "outputPath": str(planted), "command": ["sh", "-c", f"ln -s {home} $PINGO_OUTPUT"],
         }  # fmt: skip
-        assert _run(alice, {**_workflow(["true"]), "actions": [plant]})["state"] == "SUCCEEDED"
-        assert planted.is_symlink()
+        refused = _run(alice, {**_workflow(["true"]), "actions": [plant]})
+        assert refused["state"] == "FAILED"
+        assert "symbolic link" in (alice.action(refused["id"], 1)["error"] or "")
+        assert not os.path.lexists(planted) and not os.path.lexists(f"{planted}.box")
+        # ...and one that is there anyway (the host's own) is not followed onto them.
+        planted.symlink_to(home)
         targets = [*kept, planted / "admin.token"]
         for target in targets:
             action = {
@@ -415,6 +420,106 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
         assert (home / "admin.token").read_text().strip() == ADMIN_TOKEN
     finally:
         shutil.rmtree(planted.parent, ignore_errors=True)
+
+
+def _unmanaged(path: Path, script: str, action_id: int = 1) -> dict[str, Any]:
+    return {
+        "id": action_id, "name": f"unmanaged{action_id}", "type": "command-line",
+        "isManaged": False, "outputPath": str(path), "command": _sh(script),
+    }  # fmt: skip
+
+
+def _scratch() -> Path:
+    # Outside pytest's temporary directories, which the server's home is in.
+    return Path(tempfile.mkdtemp(prefix="pingo-attack-", dir="/var/tmp"))
+
+
+def test_the_environment_reaches_the_command_not_bwrap(server: Server, alice: Client) -> None:
+    """An action's `env` is the command's, inside: bwrap runs on the host, where an
+    `LD_PRELOAD` would load the user's code before any namespace exists."""
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    document = _workflow(_sh('echo "inside=$PROBE $LD_PRELOAD"; sleep 2; echo ok > $PINGO_OUTPUT'))
+    document["actions"][0]["env"] = {"PROBE": secret, "LD_PRELOAD": "/nonexistent/evil.so"}
+    submitted = alice.submit(document)
+    tag = sandbox.TAG_PREFIX + str(server.process.pid)
+    seen: list[int] = []
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        seen = _processes_with(tag)
+        time.sleep(0.05)
+    assert seen, "no sandbox ran"
+    for pid in seen:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            # Not in bwrap's environment, nor in its argv, which every local user may read.
+            assert b"LD_PRELOAD" not in environ and secret.encode() not in environ
+            assert secret.encode() not in cmdline
+    workflow = alice.wait(submitted["id"], timeout_s=60, poll_s=0.05)
+    assert workflow["state"] == "SUCCEEDED"
+    assert f"inside={secret} /nonexistent/evil.so" in alice.logs(workflow["id"], 1)
+
+
+def test_a_link_at_an_outputs_box_or_status_is_not_followed(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """The server creates `<outputPath>.box` (bound writable into the sandbox) and
+    `<outputPath>.exit`: links planted there must not reach Pingo's files or a dataset."""
+    home = server.home
+    bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
+    dataset = _dataset_path(server, bobs, 1)
+    kept = {p: p.read_bytes() for p in (home / "pingo.db", dataset)}
+    scratch = _scratch()
+    try:
+        (scratch / "out.box").symlink_to(home)
+        (scratch / "out.exit").symlink_to(dataset)
+        (scratch / "two.exit").symlink_to(home / "pingo.db")
+        steal = (
+            f"cat {scratch}/admin.token; ls {scratch}; touch {scratch}/written-by-alice;"
+            " echo mine > $PINGO_OUTPUT"
+        )
+        for name in ("out", "two"):
+            document = {**_workflow(["true"]), "actions": [_unmanaged(scratch / name, steal)]}
+            assert _run(alice, document)["state"] == "SUCCEEDED"
+            assert (scratch / name).read_text() == "mine\n"
+        for path, content in kept.items():
+            assert path.read_bytes() == content, path
+        assert not (home / "written-by-alice").exists()
+        assert not (scratch / "out.box").is_symlink()
+        _assert_no_secret_anywhere(server)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_an_input_resolving_into_pingos_files_is_refused(server: Server, alice: Client) -> None:
+    """An unmanaged input whose directory becomes a link to $PINGO_HOME after it was
+    written (swapped by the host, as an unmanaged output can no longer do) is not bound."""
+    home = server.home
+    scratch = _scratch()
+    try:
+        (scratch / "dir").mkdir()
+        document = _workflow(["true"], _sh("sleep 3; echo waited > $PINGO_OUTPUT"), ["true"])
+        document["actions"][0] = _unmanaged(
+            scratch / "dir" / "admin.token", "echo a > $PINGO_OUTPUT"
+        )
+        document["actions"][2] = {
+            **document["actions"][2],
+            "parentActions": [{"id": 1}, {"id": 2}],
+            "command": _sh('cat "$PINGO_INPUT_1"; echo read > $PINGO_OUTPUT'),
+        }
+        submitted = alice.submit(document)
+        deadline = time.monotonic() + 30
+        while alice.action(submitted["id"], 1)["state"] != "FINISHED":
+            assert time.monotonic() < deadline, alice.action(submitted["id"], 1)["error"]
+            time.sleep(0.05)
+        (scratch / "dir").rename(scratch / "was-dir")
+        (scratch / "dir").symlink_to(home)
+        workflow = alice.wait(submitted["id"], timeout_s=60, poll_s=0.05)
+        assert workflow["state"] == "FAILED"
+        assert "Pingo's own" in (alice.action(workflow["id"], 3)["error"] or "")
+        _assert_no_secret_anywhere(server)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_a_data_root_linked_to_another_disk_stays_hidden(tmp_path: Path) -> None:

@@ -429,3 +429,29 @@ async def test_a_program_that_moved_on_path_is_found_again(
     await executor.submit(submission(tmp_path, ["moving-program"], env=env))
     await recorder.wait_for(2)
     assert [r[0] for r in recorder.reports] == ["success", "success"]
+
+
+def test_the_environment_reaches_bwrap_as_options_never_as_its_own() -> None:
+    env = {"PATH": "/bin", "A": "x y", "LD_PRELOAD": "/evil.so"}
+    assert sandbox.env_arguments(env).split(b"\0") == [
+        b"--clearenv", b"--setenv", b"PATH", b"/bin", b"--setenv", b"A", b"x y",
+        b"--setenv", b"LD_PRELOAD", b"/evil.so", b"",
+    ]  # fmt: skip
+    # A NUL would end one option and start another (a bind of the user's choosing).
+    for bad in ({"A": "x\0--bind\0/\0/r"}, {"A\0--bind": "x"}, {"A=B": "x"}, {"": "x"}):
+        with pytest.raises(errors.Forbidden):
+            sandbox.env_arguments(bad)
+
+
+def test_a_box_is_made_afresh_and_a_link_at_its_place_is_removed(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    output = str(tmp_path / "out")
+    os.symlink(target, sandbox.box_for(output))
+    box = sandbox.make_box(output)
+    assert os.path.isdir(box) and not os.path.islink(box) and not any(target.iterdir())
+    (Path(box) / "out").mkdir()
+    assert sandbox.planted_link(output) is None
+    os.symlink("/etc", Path(box) / "out" / "inner")
+    assert sandbox.planted_link(output) == "inner"
+    assert sandbox.make_box(output) == box and not any(Path(box).iterdir())

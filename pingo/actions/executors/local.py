@@ -190,23 +190,25 @@ class LocalExecutor:
         if self._slots is None:
             await self.start()
         assert self._slots is not None
-        argv, env = self._prepare(submission)
+        argv, env, env_args = self._prepare(submission)
         # Creating files can take milliseconds on a busy disk: do it in a thread,
         # before the slot wait, so a freed slot is refilled by a bare spawn.
         log, status = await asyncio.to_thread(self._open_files, submission)
+        args = None if env_args is None else _args_file(env_args)
         try:
             await self._slots.acquire()
             try:
                 if self._closing:
                     raise ExecutorClosed()
-                proc = self._spawn(submission, argv, env, log, status)
+                proc = self._spawn(submission, argv, env, log, status, args)
             except BaseException:
                 self._slots.release()
                 raise
         finally:
             log.close()
-            if status is not None:
-                os.close(status)
+            for fd in (status, args):
+                if fd is not None:
+                    os.close(fd)
         logger.debug(
             "started pid %d for %s/%s attempt %d",
             proc.pid,
@@ -256,7 +258,12 @@ class LocalExecutor:
 
     # ------------------------------------------------------------------ internals
 
-    def _prepare(self, submission: Submission) -> tuple[list[str], dict[str, str]]:
+    def _prepare(self, submission: Submission) -> tuple[list[str], dict[str, str], bytes | None]:
+        """The argv and environment to spawn, and what bwrap reads from `_ARGS_FD`.
+
+        Sandboxed, the spawned program is bwrap, on the host: it gets an empty
+        environment, and the command's comes through `_ARGS_FD` (`env_arguments`).
+        """
         definition = submission.definition
         command = definition.get("command")
         if not isinstance(command, list) or not command:
@@ -273,7 +280,7 @@ class LocalExecutor:
             placeholders.environment(output, inputs, submission.workflow_id, submission.action_id)
         )
         if self.sandbox is None:
-            return argv, env
+            return argv, env, None
         local = _is_local(submission.output_path)
         if _refused_output(self.sandbox, submission):
             raise errors.Forbidden(sandbox.OWN_PATH_DETAIL.format(path=output))
@@ -283,8 +290,9 @@ class LocalExecutor:
             box=sandbox.box_for(output) if local else None,
             inputs=(_local(p) for p in inputs.values()),
             status_fd=_STATUS_FD if local else None,
+            args_fd=_ARGS_FD,
         )
-        return wrapped, sandbox.environment(env)
+        return wrapped, {}, sandbox.env_arguments(sandbox.environment(env))
 
     def _executable(self, name: str, env: Mapping[str, str], *, fresh: bool = False) -> str:
         """`name` as given when it is a path, else found on the child's PATH.
@@ -327,7 +335,7 @@ class LocalExecutor:
         if _is_local(output):
             self._ensure_dir(os.path.dirname(_local(output)) or ".")
             if self.sandbox is not None:
-                os.makedirs(sandbox.box_for(_local(output)), mode=0o700, exist_ok=True)
+                sandbox.make_box(_local(output))
                 status = _status_file(_local(output) + storage.EXIT_STATUS_SUFFIX)
         log_path: Path = submission.log_path
         self._ensure_dir(str(log_path.parent))
@@ -342,6 +350,7 @@ class LocalExecutor:
         env: dict[str, str],
         log: BinaryIO,
         status: int | None = None,
+        args: int | None = None,
     ) -> _Process:
         log_fd = log.fileno()
         file_actions = [
@@ -351,6 +360,8 @@ class LocalExecutor:
         ]
         if status is not None:
             file_actions.append((os.POSIX_SPAWN_DUP2, status, _STATUS_FD))
+        if args is not None:
+            file_actions.append((os.POSIX_SPAWN_DUP2, args, _ARGS_FD))
         if self.sandbox is not None:
             executable = self.sandbox.bwrap  # argv[0] is its tag
         else:
@@ -468,15 +479,14 @@ class LocalExecutor:
         evidence = local and (noted or self.sandbox is not None)
         try:
             if evidence:
-                if self.sandbox is not None and _refused_output(self.sandbox, sub):
-                    # Checked before the spawn too; a link the user swapped in since
-                    # must not make the server move the output onto Pingo's files.
+                refusal = None
+                if self.sandbox is not None:
+                    refusal = await asyncio.to_thread(_refused_move, self.sandbox, sub)
+                if refusal is not None:
                     output = _local(sub.output_path)
                     await asyncio.to_thread(shutil.rmtree, sandbox.box_for(output), True)
                     storage.forget_completion(output)
-                    await self.reporter.failed(
-                        sub.callback_id, sub.attempt, sandbox.OWN_PATH_DETAIL.format(path=output)
-                    )
+                    await self.reporter.failed(sub.callback_id, sub.attempt, refusal)
                     return
                 await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
             await self._report_outcome(proc, returncode, runtime_s)
@@ -549,15 +559,38 @@ def _killpg(pgid: int, sig: int) -> None:
 
 #: The descriptor bwrap writes its JSON status to, in the child (`--json-status-fd`).
 _STATUS_FD = 3
+#: The descriptor bwrap reads more options from, in the child (`--args`).
+_ARGS_FD = 4
 
 
 def _status_file(path: str) -> int:
-    """Open (truncate) the exit status file, on a descriptor that cannot be `_STATUS_FD`:
-    a dup2 onto itself would leave it close-on-exec, and bwrap would find it closed."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    if fd != _STATUS_FD:
+    """Open (truncate) the exit status file, never through a link: the path is beside a
+    user's unmanaged output, and the server would truncate whatever a link named."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o600)
+    return _above_child_fds(fd)
+
+
+def _args_file(data: bytes) -> int:
+    """A descriptor holding `data` from its start, for bwrap's `--args`."""
+    fd = os.memfd_create("pingo-bwrap-args", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return _above_child_fds(fd)
+
+
+def _above_child_fds(fd: int) -> int:
+    """`fd`, moved above the numbers the child gets (0 to `_ARGS_FD`): a dup2 onto
+    itself would leave it close-on-exec, and one dup2 could overwrite another's source."""
+    if fd > _ARGS_FD:
         return fd
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _STATUS_FD + 1)
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _ARGS_FD + 1)
     os.close(fd)
     return moved
 
@@ -571,6 +604,25 @@ def _refused_output(box: sandbox.Sandbox, submission: Submission) -> bool:
         and _is_local(submission.output_path)
         and box.hides(_local(submission.output_path))
     )
+
+
+def _refused_move(box: sandbox.Sandbox, submission: Submission) -> str | None:
+    """Why the server must not move this sandboxed attempt's output out of its box.
+
+    For an unmanaged output, the path is checked again (a link the user swapped in
+    since the spawn must not make the server move the output onto Pingo's files),
+    and the output may not be or hold a link: moved to the user's path with the
+    server's rights, one would plant a link on the host, which the server's own
+    later opens and bwrap's binds of that path would follow.
+    """
+    output = _local(submission.output_path)
+    if _refused_output(box, submission):
+        return sandbox.OWN_PATH_DETAIL.format(path=output)
+    if submission.definition.get("isManaged", True) is False and _is_local(submission.output_path):
+        link = sandbox.planted_link(output)
+        if link is not None:
+            return sandbox.LINKED_OUTPUT_DETAIL.format(path=output, link=link)
+    return None
 
 
 def _is_local(path: str) -> bool:

@@ -162,6 +162,9 @@ class Sandbox:
     hidden_files: tuple[str, ...]
     #: bwrap's argv[0]: this server process (`kill_orphans` reads it).
     tag: str = field(default_factory=lambda: owner_tag(os.getpid()))
+    #: Where the local data root really is (None for a remote one): the managed
+    #: datasets an action reads are bound from there, inside a hidden directory.
+    data_root: str | None = None
 
     def argv(
         self,
@@ -171,6 +174,7 @@ class Sandbox:
         box: str | None,
         inputs: Iterable[str],
         status_fd: int | None = None,
+        args_fd: int | None = None,
     ) -> list[str]:
         """The bwrap command line running `command` for one attempt.
 
@@ -180,9 +184,15 @@ class Sandbox:
         (hdfs://, s3://), which the command writes through its own client.
         With `status_fd`, bwrap writes its status there as JSON, the command's
         exit code the moment it exits (the command itself does not get the fd).
-        argv[0] is `tag`, not the program: run it as `bwrap`.
+        With `args_fd`, bwrap reads more options from it (`env_arguments`: the
+        command's environment). argv[0] is `tag`, not the program: run it as `bwrap`.
+
+        Raises `errors.Forbidden` for an input that resolves into Pingo's own
+        files other than the data root's datasets (a link swapped in since planning).
         """
         args = [self.tag, *_base_args(network=self.network)]
+        if args_fd is not None:
+            args += ["--args", str(args_fd)]
         if status_fd is not None:
             args += ["--json-status-fd", str(status_fd)]
         for path in self.hidden_dirs:
@@ -198,7 +208,13 @@ class Sandbox:
                 # resolves inside the sandbox, where that target is hidden.
                 args += ["--symlink", os.readlink(path), path]
             elif os.path.lexists(path):
-                args += ["--ro-bind", path, path]
+                # Bound from where it resolves now, which must not be Pingo's own.
+                real = os.path.realpath(path)
+                if self.hides(real) and not (
+                    self.data_root is not None and _within(real, (self.data_root,))
+                ):
+                    raise errors.Forbidden(OWN_INPUT_DETAIL.format(path=path))
+                args += ["--ro-bind", real, path]
         if box is not None:
             args += ["--bind", box, os.path.dirname(output)]
         # Read-only once the binds on top have their mount points: a hidden
@@ -213,6 +229,67 @@ class Sandbox:
         the server's rights, so that path must never be one of these."""
         real = os.path.realpath(path)
         return _within(real, self.hidden_dirs) or real in self.hidden_files
+
+
+#: Why an input that resolves into Pingo's own files is refused.
+OWN_INPUT_DETAIL = (
+    "input {path} resolves to Pingo's own files or directories ($PINGO_HOME, the store);"
+    " an action may read only datasets and files outside them"
+)
+#: Why an unmanaged output that is, or holds, a symbolic link is refused.
+LINKED_OUTPUT_DETAIL = (
+    "unmanaged output {path} is or holds a symbolic link ({link}); the server does not"
+    " place links at users' paths, so the output was not moved there"
+)
+
+
+def env_arguments(env: Mapping[str, str]) -> bytes:
+    """bwrap options giving the command exactly `env`, NUL-separated for `--args FD`.
+
+    bwrap itself runs with an empty environment: an action's `LD_PRELOAD` or
+    `GCONV_PATH` would otherwise load the user's code into bwrap, on the host,
+    before any namespace exists. Passed through a descriptor rather than argv, the
+    values (a user's credentials) are not in /proc/PID/cmdline for everyone to read.
+    """
+    args = ["--clearenv"]
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise errors.Forbidden(
+                f"environment variable {key!r}: names must be non-empty, without '='"
+                " or NUL, and values without NUL"
+            )
+        args += ["--setenv", key, value]
+    return b"".join(arg.encode() + b"\0" for arg in args)
+
+
+def make_box(output: str) -> str:
+    """Create the attempt's private box beside `output`, afresh; return its path.
+
+    Whatever is at the box's path is removed first, a link included (never
+    followed): bwrap binds the box from the host, so a link planted there would
+    mount its target, writable, into the sandbox. `mkdir` then fails rather than
+    follow one planted again meanwhile.
+    """
+    box = box_for(output)
+    if os.path.islink(box) or (os.path.lexists(box) and not os.path.isdir(box)):
+        os.unlink(box)
+    elif os.path.lexists(box):
+        shutil.rmtree(box)
+    os.mkdir(box, 0o700)
+    return box
+
+
+def planted_link(output: str) -> str | None:
+    """The first symbolic link the command left as, or inside, its output in the box
+    (relative to the output), else None."""
+    written = os.path.join(box_for(output), os.path.basename(output))
+    if os.path.islink(written):
+        return "."
+    for dirpath, dirnames, filenames in os.walk(written):
+        for name in (*dirnames, *filenames):
+            if os.path.islink(os.path.join(dirpath, name)):
+                return os.path.relpath(os.path.join(dirpath, name), written)
+    return None
 
 
 #: Why an unmanaged output onto Pingo's own files or directories is refused.
@@ -350,7 +427,9 @@ def from_settings(settings: Settings) -> Sandbox | None:
             " give it authentication or set PINGO_SANDBOX_NETWORK=off (docs/security.md)",
             extra={"event": "sandbox_store_reachable"},
         )
-    return Sandbox(bwrap, network, dirs, files)
+    local_root = "://" not in settings.data_root or settings.data_root.startswith("file://")
+    data_root = os.path.realpath(settings.data_root.removeprefix("file://")) if local_root else None
+    return Sandbox(bwrap, network, dirs, files, data_root=data_root)
 
 
 def _open_mongo_store(store_url: str) -> bool:
