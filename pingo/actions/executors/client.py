@@ -119,7 +119,9 @@ class ClientProcessExecutor(LocalExecutor):
         """Variables the client needs beyond the action's PINGO_* ones."""
         return {}
 
-    def _prepare(self, submission: Submission) -> tuple[list[str], dict[str, str]]:
+    def _prepare(
+        self, submission: Submission
+    ) -> tuple[list[str], dict[str, str], bytes | None]:
         env = dict(self._base_env)
         env.update(self.extra_environment())
         env.update(
@@ -130,7 +132,7 @@ class ClientProcessExecutor(LocalExecutor):
                 submission.action_id,
             )
         )
-        return self.build_command(submission), env
+        return self.build_command(submission), env, None
 
     async def status(self, external_id: str) -> ExecutorStatus:
         """RUNNING while the client runs here; how it ended after; UNKNOWN if never seen."""
