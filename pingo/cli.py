@@ -692,11 +692,17 @@ app.add_typer(users_app, name="users")
 def users_add(
     name: str = typer.Argument(...),
     admin: bool = typer.Option(False, "--admin", help="Make the user an admin."),
+    reclaim: bool = typer.Option(
+        False,
+        "--reclaim",
+        help="Give a revoked user's name back to the same person, with the workflows,"
+        " schedules and events it still owns (refused otherwise).",
+    ),
     as_json: bool = _JSON,
 ) -> None:
     """Create a user; its token is printed once, as the last line."""
     with _api_errors():
-        user = _client().create_user(name, admin=admin)
+        user = _client().create_user(name, admin=admin, reclaim=reclaim)
     if as_json:
         _print_json(user)
         return

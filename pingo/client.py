@@ -430,11 +430,15 @@ class Client:
 
     # ---------------------------------------------------------------------- users
 
-    def create_user(self, name: str, *, admin: bool = False) -> dict[str, Any]:
-        """Create a user; the answer holds its token (shown once)."""
-        result: dict[str, Any] = self._json(
-            "POST", "/api/v1/users", body={"name": name, "admin": admin}
-        )
+    def create_user(
+        self, name: str, *, admin: bool = False, reclaim: bool = False
+    ) -> dict[str, Any]:
+        """Create a user; the answer holds its token (shown once). `reclaim` gives a
+        revoked user's name, with what it owns, to the same person coming back."""
+        body: dict[str, Any] = {"name": name, "admin": admin}
+        if reclaim:
+            body["reclaim"] = True
+        result: dict[str, Any] = self._json("POST", "/api/v1/users", body=body)
         return result
 
     def users(self) -> list[dict[str, Any]]:

@@ -432,6 +432,15 @@ class UserRequest(Body, kw_only=True):
         ),
     ]
     admin: bool = False
+    #: Hand a revoked user's name back with what it still owns (without it, such a name
+    #: is refused: the new user would inherit a stranger's workflows, schedules and feed).
+    reclaim: Annotated[
+        bool,
+        msgspec.Meta(
+            description="the same person coming back: the new token gets the old user's "
+            "workflows, schedules and feed (a name that still owns any is 409 without it)"
+        ),
+    ] = False
 
 
 # ---------------------------------------------------------------------- workflows: bodies

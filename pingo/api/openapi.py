@@ -810,7 +810,10 @@ def _paths() -> dict[str, Any]:
                 {
                     "201": _json_body(_ref("NewUser"), "The user and its token, shown once."),
                     "403": _problem("Not an admin (FORBIDDEN)."),
-                    "409": _problem("The name is taken (CONFLICT)."),
+                    "409": _problem(
+                        "The name is taken, or still owns a revoked user's workflows,"
+                        ' schedules or events and "reclaim" is not set (CONFLICT).'
+                    ),
                     "422": _problem("Invalid name or body (VALIDATION_FAILED)."),
                 },
                 request_body={

@@ -509,7 +509,10 @@ class ScheduleService:
                 return await self._clear(schedule)
         owner = await self.store.get_user(schedule.owner)
         if owner is None:
+            # A revoked owner's schedule stays (it comes back with a reclaimed name), but
+            # runs as nobody meanwhile; a new user of the name must reclaim it on purpose.
             await self._record(schedule, tick, "failed", reason="the owner no longer exists")
+            metrics.SCHEDULE_TICKS.labels(outcome="failed").inc()
             return await self._clear(schedule)
         document = self.with_schedule_webhooks(spec, rules.render(spec, tick))
         try:

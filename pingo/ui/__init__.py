@@ -761,9 +761,20 @@ async def add_user(request: web.Request) -> web.Response:
     user, session = await _session_user(request)
     form = await _check_csrf(request, session)
     caller = auth.require_admin(request)
-    added, token = await user_routes.add_user(
-        request, caller, form.get("name", "").strip(), form.get("admin") == "yes"
-    )
+    name, admin = form.get("name", "").strip(), form.get("admin") == "yes"
+    try:
+        added, token = await user_routes.add_user(
+            request, caller, name, admin, reclaim=form.get("reclaim") == "yes"
+        )
+    except errors.Conflict as exc:
+        # The users page again, with why and the form as it was sent: a name a revoked
+        # user still owns may be reclaimed by ticking Reclaim (a taken one may not).
+        revoked = await runtime.node(request).store.get_user(name) is None
+        refused = {"message": exc.message, "reclaimable": revoked}
+        context = await _users_context(
+            request, user, session, added=None, refused=refused, name=name
+        )
+        return aiohttp_jinja2.render_template("users.html", request, context, status=409)
     context = await _users_context(
         request, user, session, added={"name": added.name, "token": token}
     )

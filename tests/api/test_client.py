@@ -17,7 +17,7 @@ from pingo import client as pingo_client
 from pingo.api import runtime
 from pingo.retention.policy import DECLINE_EVENT
 
-from .conftest import ADMIN_TOKEN, REPO, Api
+from .conftest import ADMIN_TOKEN, REPO, Api, command_workflow
 
 
 def _client(api: Api, token: str | None = ADMIN_TOKEN) -> pingo_client.Client:
@@ -93,9 +93,17 @@ async def test_users_through_the_client(api: Api) -> None:
     gina = pingo_client.Client(base_url=client.base_url, token=created["token"])
     assert (await asyncio.to_thread(gina.me))["name"] == "gina"
     assert [u["name"] for u in await asyncio.to_thread(client.users)] == ["admin", "gina"]
+    await asyncio.to_thread(gina.submit, command_workflow({1: ["true"]}, name="ginas"))
     await asyncio.to_thread(client.delete_user, "gina")
     with pytest.raises(pingo_client.ApiError):
         await asyncio.to_thread(gina.me)
+    # Her name still owns her workflow: given back only on purpose.
+    with pytest.raises(pingo_client.ApiError) as taken:
+        await asyncio.to_thread(client.create_user, "gina")
+    assert taken.value.status == 409 and "reclaim" in taken.value.detail
+    back = await asyncio.to_thread(lambda: client.create_user("gina", reclaim=True))
+    again = pingo_client.Client(base_url=client.base_url, token=back["token"])
+    assert [w["name"] for w in (await asyncio.to_thread(again.workflows))["items"]] == ["ginas"]
 
 
 def test_configuration_from_the_environment(tmp_path: Path) -> None:

@@ -119,9 +119,7 @@ class ClientProcessExecutor(LocalExecutor):
         """Variables the client needs beyond the action's PINGO_* ones."""
         return {}
 
-    def _prepare(
-        self, submission: Submission
-    ) -> tuple[list[str], dict[str, str], bytes | None]:
+    def _prepare(self, submission: Submission) -> tuple[list[str], dict[str, str], bytes | None]:
         env = dict(self._base_env)
         env.update(self.extra_environment())
         env.update(

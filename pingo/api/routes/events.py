@@ -11,7 +11,7 @@ from aiohttp import web
 
 from pingo import errors, events
 from pingo.api import auth, bodies, documents, models, problems, runtime
-from pingo.store.protocol import EventRecord
+from pingo.store.protocol import EventRecord, Store, UserRecord
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ async def list_events(request: web.Request) -> web.StreamResponse:
     # Checked on every request, though only a stream reads it: a malformed one is refused.
     after = _position(request.headers.get("Last-Event-ID"), "Last-Event-ID")
     if _wants_stream(request):
-        return await _stream(request, user.name, kind, after)
+        return await _stream(request, user, kind, after)
     limit = bodies.query_int(request, "limit", default=100, minimum=1, maximum=1000) or 100
     before = _position(request.query.get("cursor"), "cursor")
     found = await runtime.node(request).store.list_events(
@@ -87,10 +87,12 @@ async def list_events(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, owner: str, kind: str | None, after: int | None
+    request: web.Request, user: UserRecord, kind: str | None, after: int | None
 ) -> web.StreamResponse:
-    """Server-sent events: each new event once, as `id`, `event` and `data` lines."""
+    """Server-sent events: each new event once, as `id`, `event` and `data` lines, until
+    the client leaves, the app stops or the token is revoked."""
     store = runtime.node(request).store
+    owner = user.name
     if after is None:
         # A new follower starts now: what happened before is in the JSON pages.
         latest = await store.list_events(owner=owner, kind=kind, limit=1)
@@ -115,6 +117,15 @@ async def _stream(
                 quiet_since = loop.time()
             if await _ended(request):
                 break
+            # The token was checked once, when the stream opened: a revoked user (or a
+            # stranger given the name since) must not go on reading the name's feed.
+            if not await _still_valid(store, user):
+                logger.info(
+                    "event stream of %s ended: its token was revoked",
+                    owner,
+                    extra={"event": "event_stream_revoked", "user": owner},
+                )
+                break
     except (ConnectionResetError, errors.StoreUnavailable):
         # The client went away, or the node is stopping: the client resumes elsewhere.
         logger.debug("event stream of %s ended", owner, extra={"event": "event_stream_ended"})
@@ -130,6 +141,14 @@ async def _ended(request: web.Request) -> bool:
         pass
     transport = request.transport
     return stopping.is_set() or transport is None or transport.is_closing()
+
+
+async def _still_valid(store: Store, user: UserRecord) -> bool:
+    """Whether the stream's token still belongs to the user it was opened for."""
+    current = await store.get_user_by_token_hash(user.token_hash)
+    return (
+        current is not None and current.name == user.name and current.created_at == user.created_at
+    )
 
 
 def _frame(event: EventRecord) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import msgspec
@@ -9,7 +10,7 @@ from aiohttp import web
 
 from pingo import errors, limits
 from pingo.api import auth, bodies, documents, models, runtime
-from pingo.store.protocol import UserRecord
+from pingo.store.protocol import Store, UserRecord
 
 logger = logging.getLogger(__name__)
 
@@ -18,11 +19,25 @@ routes = web.RouteTableDef()
 
 
 async def add_user(
-    request: web.Request, caller: UserRecord, name: str, admin: bool
+    request: web.Request, caller: UserRecord, name: str, admin: bool, *, reclaim: bool = False
 ) -> tuple[UserRecord, str]:
-    """Create a user and its token (the caller is an admin): the API's and the UI's way."""
+    """Create a user and its token (the caller is an admin): the API's and the UI's way.
+
+    Everything is owned by a user's name, and revoking a user keeps what they owned: a
+    name that still owns anything is refused (`Conflict`) unless `reclaim` says that the
+    same person is coming back to it.
+    """
     auth.check_user_name(name)
     store = runtime.node(request).store
+    # A taken name is left to the store's own refusal (which also settles a race).
+    if not reclaim and await store.get_user(name) is None:
+        owned = await owned_by(store, name)
+        if owned:
+            raise errors.Conflict(
+                f"the name {name!r} still owns a revoked user's {' and '.join(owned)}: a new "
+                "user of that name would get them; choose another name, or reclaim it "
+                '("reclaim": true) if the same person is coming back'
+            )
     token = auth.generate_token()
     user = await store.create_user(
         UserRecord(
@@ -30,13 +45,27 @@ async def add_user(
         )
     )
     logger.info(
-        "%s created user %s (admin: %s)",
+        "%s created user %s (admin: %s, reclaim: %s)",
         caller.name,
         name,
         admin,
-        extra={"event": "user_created", "user": name},
+        reclaim,
+        extra={"event": "user_created", "user": name, "reclaim": reclaim},
     )
     return user, token
+
+
+async def owned_by(store: Store, name: str) -> list[str]:
+    """What `name` owns in the store (workflows, schedules, feed events), as words; [] for
+    none. Revoking a user deletes the user alone: the rest stays under the name (and a
+    revoked owner's schedule fails its ticks rather than run them)."""
+    workflows, schedules, feed = await asyncio.gather(
+        store.list_workflows(owner=name, limit=1),
+        store.list_schedules(owner=name, limit=1),
+        store.list_events(owner=name, limit=1),
+    )
+    found = {"workflows": workflows.items, "schedules": schedules, "events": feed}
+    return [what for what, items in found.items() if items]
 
 
 async def revoke_user(request: web.Request, caller: UserRecord, name: str) -> None:
@@ -63,7 +92,7 @@ async def create_user(request: web.Request) -> web.Response:
     caller = auth.require_admin(request)
     wanted = bodies.read_model(await bodies.read_json(request), models.UserRequest)
     name = wanted.name
-    user, token = await add_user(request, caller, name, wanted.admin)
+    user, token = await add_user(request, caller, name, wanted.admin, reclaim=wanted.reclaim)
     return bodies.json_response(
         documents.new_user_document(user, runtime.settings(request), token),
         status=201,
