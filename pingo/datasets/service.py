@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -41,12 +42,27 @@ class DatasetService:
         self.capacity_bytes = capacity_bytes
 
     async def may_manage(self, user: protocol.UserRecord, dataset: protocol.DatasetRecord) -> bool:
-        """Whether `user` may delete, pin or unpin `dataset`: an admin, or the owner of
-        the workflow that produced it (the API and the UI both ask here)."""
+        """Whether `user` may delete, pin or unpin `dataset`, or force its computation
+        again while it is stored: an admin, or the owner of the workflow that produced it
+        (the API, the UI and the planner all ask here, or `manageable`)."""
+        return dataset.id in await self.manageable(user, (dataset,))
+
+    async def manageable(
+        self, user: protocol.UserRecord, datasets: Collection[protocol.DatasetRecord]
+    ) -> set[str]:
+        """The ids of the `datasets` that `user` may manage (`may_manage`): the rule, for
+        many datasets at once, each producing workflow read once (a forced re-run of a
+        big workflow names thousands of datasets, most of one producer)."""
         if user.is_admin:
-            return True
-        producer = await self.store.get_workflow(dataset.producer_workflow_id)
-        return producer is not None and producer.owner == user.name
+            return {d.id for d in datasets}
+        wanted = sorted({d.producer_workflow_id for d in datasets})
+        found = await asyncio.gather(*(self.store.get_workflow(w) for w in wanted))
+        owned = {
+            w
+            for w, producer in zip(wanted, found, strict=True)
+            if producer is not None and producer.owner == user.name
+        }
+        return {d.id for d in datasets if d.producer_workflow_id in owned}
 
     async def check_may_manage(
         self, user: protocol.UserRecord, dataset: protocol.DatasetRecord

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pingo import errors, events, heap, limits, metrics, states, untrusted
 from pingo.datasets import integrity
+from pingo.datasets.service import DatasetService
 from pingo.outcomes.service import OutcomeService, ReadyNews, no_news
 from pingo.store import protocol, rules
 from pingo.workflows import language, provenance, reuse
@@ -435,12 +436,11 @@ class WorkflowManager:
                 return await self._replay(existing, document)
         scope = scope_for(self.settings, owner)
         identified = await self._identify(document, scope)
-        forced = _forced(identified.definition, force)
+        forced, records = await self._resolve(identified, force, owner, live=True)
         if cap is not None:
             await limits.check_workflow_cap(self.store, owner, cap, self.settings)
         now = self.store.clock()
         workflow_id = protocol.new_workflow_id(now)
-        records = await self.store.get_datasets(identified.dataset_ids.values())
         planning = identified.planning(workflow_id, records)
         try:
             await self._plan(planning, forced, owner, live=True)
@@ -554,9 +554,9 @@ class WorkflowManager:
     ) -> Plan:
         """The decisions `submit` would make now; stores nothing and adds no claims."""
         identified = await self._identify(document, scope_for(self.settings, owner))
-        records = await self.store.get_datasets(identified.dataset_ids.values())
+        forced, records = await self._resolve(identified, force, owner, live=False)
         planning = identified.planning(protocol.new_workflow_id(self.store.clock()), records)
-        await self._plan(planning, _forced(identified.definition, force), owner, live=False)
+        await self._plan(planning, forced, owner, live=False)
         return _to_plan(planning)
 
     async def kill(self, workflow_id: str) -> protocol.WorkflowRecord:
@@ -596,6 +596,86 @@ class WorkflowManager:
             provenance.dataset_ids(definition, scope),
             children,
             reverse_generations(definition, children),
+        )
+
+    async def _resolve(
+        self, identified: _Identified, force: ForceTargets, owner: str, *, live: bool
+    ) -> tuple[frozenset[int], dict[str, protocol.DatasetRecord]]:
+        """The actions `force` names (422 for a name or id it does not find) and the
+        datasets of the workflow as stored now, once `owner` was found allowed to force
+        each action forced (403 otherwise, `_check_forcing`).
+
+        Every planning starts here, a dry run's and a submission's alike (the API's,
+        a re-run's, a schedule's tick, a big one's in its child process), so no
+        submission forces a dataset its owner may not replace.
+        """
+        forced = _forced(identified.definition, force)
+        records = await self.store.get_datasets(identified.dataset_ids.values())
+        await self._check_forcing(identified, records, forced, owner, live=live)
+        return forced, records
+
+    async def _check_forcing(
+        self,
+        identified: _Identified,
+        records: Mapping[str, protocol.DatasetRecord],
+        forced: frozenset[int],
+        owner: str,
+        *,
+        live: bool,
+    ) -> None:
+        """403 if a forced action would replace a dataset on disk that `owner` may not manage.
+
+        A forced computation replaces the stored files, and its workflow becomes the
+        dataset's producer of record (`OutcomeService._store_files`): it would let
+        the owner choose the bytes that every user reusing the dataset reads, and take
+        over pinning and deleting it from its producer. So forcing a dataset whose files
+        are on disk needs what changing it needs, `DatasetService.may_manage` (an
+        admin, or the owner of the workflow that produced it). A dataset with no files
+        (absent, being computed, DELETED) may be forced by anyone.
+        """
+        definition = identified.definition
+        replaced: dict[str, int] = {}  # dataset id → the first action forcing it
+        for aid, action in definition.actions.items():
+            if aid not in forced and not action.force_computation:
+                continue
+            record = records.get(identified.dataset_ids[aid])
+            if record is not None and record.state in states.DATASET_ON_DISK:
+                replaced[record.id] = min(aid, replaced.get(record.id, aid))
+        if not replaced:
+            return
+        user = await self.store.get_user(owner)
+        if user is None:
+            # No such user (the simulator's, one removed since): no admin rights.
+            user = protocol.UserRecord(
+                name=owner, token_hash="", is_admin=False, created_at=self.store.clock()
+            )
+        datasets = DatasetService(self.store, self.storage)
+        allowed = await datasets.manageable(user, [records[ds] for ds in replaced])
+        refused = sorted(aid for ds, aid in replaced.items() if ds not in allowed)
+        if not refused:
+            return
+        first = refused[0]
+        dataset_id = identified.dataset_ids[first]
+        if live:
+            logger.info(
+                "workflow of %s refused: it forces %d stored datasets it may not replace",
+                owner,
+                len(refused),
+                extra={"event": "forcing_refused", "owner": owner, "dataset_id": dataset_id},
+            )
+        how = "the re-run forces it" if first in forced else "it sets forceComputation"
+        others = len(refused) - 1
+        more = f" (and {others} other forced action{'s' * (others > 1)})" if others else ""
+        # Never the producer's workflow, id or name: the owner may not see it.
+        raise errors.Forbidden(
+            f"action {definition.actions[first].name!r} (id {first}){more} may not be forced: "
+            f"{how}, and its dataset {dataset_id} is stored "
+            f"({records[dataset_id].state.value}). Forcing it would replace files other "
+            "workflows reuse, which only an admin or the owner of the workflow that produced "
+            "it may do. Drop the force to reuse it as it is; to check its files, GET "
+            f"/api/v1/datasets/{dataset_id}?verify=true (a copy that does not match is "
+            "computed again by the next workflow that needs it); or ask the dataset's "
+            "producer or an admin to force it"
         )
 
     async def _plan(

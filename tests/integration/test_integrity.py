@@ -57,10 +57,12 @@ def _chain(first: str, marker: str) -> dict[str, Any]:
     return document
 
 
-def _forced_reader(document: dict[str, Any]) -> dict[str, Any]:
-    """The same workflow with its reader forced, so dataset 1 is reused (and checked)."""
+def _another_reader(document: dict[str, Any]) -> dict[str, Any]:
+    """The same workflow with a reader of another identity (an extra argument, `$0` of its
+    script), so dataset 1 is reused (and checked). Not the reader forced: its dataset is
+    Alice's, which Bob may not force (tests/api/test_forcing.py)."""
     actions = [dict(a) for a in document["actions"]]
-    actions[1]["forceComputation"] = True
+    actions[1]["command"] = [*actions[1]["command"], "another-reader"]
     return {**document, "actions": actions}
 
 
@@ -111,10 +113,10 @@ def _poison_and_recompute(
     assert cli.returncode == 1, cli.stdout + cli.stderr
     assert "mismatch" in cli.stdout
 
-    plan = bob.submit(_forced_reader(document), dry_run=True)
+    plan = bob.submit(_another_reader(document), dry_run=True)
     assert plan["actions"][0]["reason"] == "digest-mismatch" and plan["actions"][0]["compute"]
     before = _mismatches(server)
-    again = sandboxed._run(bob, _forced_reader(document))
+    again = sandboxed._run(bob, _another_reader(document))
     assert again["state"] == "SUCCEEDED"
     action = bob.action(again["id"], 1)
     assert action["reused"] is False and action["attempts"] == 1, action
