@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pingo import errors, events, metrics, states
 from pingo.datasets import integrity
+from pingo.datasets.service import DatasetService
 from pingo.store import protocol
 
 if TYPE_CHECKING:
@@ -468,6 +469,8 @@ class OutcomeService:
         # replace the stored copy; otherwise an existing copy was stored by a
         # twin of the same provenance and is kept.
         replace = action.reason in REPLACING_REASONS
+        if replace and not await self._may_replace(action, dataset):
+            replace = False
         twin = None if replace or dataset.state in _KEPT else self._storing.get(dataset.id)
         if twin is not None:
             # A twin of the same provenance on this node is storing it right now:
@@ -502,6 +505,40 @@ class OutcomeService:
         finally:
             del self._storing[dataset.id]
             done.set_result(stored)
+
+    async def _may_replace(
+        self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
+    ) -> bool:
+        """Whether this forced success may replace the files stored now.
+
+        Planning lets anyone force a dataset with no files, and only those who may
+        manage it one that has them (`WorkflowManager._check_forcing`); a dataset
+        another user's computation stored while this one ran is theirs now: it is
+        kept, as if reused, and what this attempt wrote goes.
+        """
+        if action.reason != "forced" or dataset.state not in states.DATASET_ON_DISK:
+            # A copy that failed verification is repaired whoever's workflow needs it.
+            return True
+        if dataset.producer_workflow_id == action.workflow_id:
+            return True
+        workflow = await self.store.get_workflow(action.workflow_id)
+        owner = "" if workflow is None else workflow.owner
+        # No such user (the simulator's, one removed since): no admin rights, as planning.
+        user = await self.store.get_user(owner) or protocol.UserRecord(
+            name=owner, token_hash="", is_admin=False, created_at=self.store.clock()
+        )
+        allowed = await DatasetService(self.store, self.storage).manageable(user, [dataset])
+        if dataset.id in allowed:
+            return True
+        logger.warning(
+            "forced success of %s/%s does not replace dataset %s, stored by another user's"
+            " workflow while it ran",
+            action.workflow_id,
+            action.action_id,
+            dataset.id,
+            extra={"event": "forced_replace_refused", "dataset_id": dataset.id},
+        )
+        return False
 
     async def _store_files(
         self,

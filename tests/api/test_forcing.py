@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,38 @@ async def test_anyone_may_force_a_dataset_that_is_not_stored(users_api: Api) -> 
     bobs = await api.wait((await api.submit(_forced(_document()), user="bob"))["id"])
     assert bobs["state"] == "SUCCEEDED" and bobs["actions"][0]["reuse"] == "computed"
     assert (await _dataset(api, dataset_id, "bob"))["producedBy"]["workflowId"] == bobs["id"]
+
+
+async def test_bobs_forced_run_does_not_replace_what_alice_stored_while_it_ran(
+    users_api: Api,
+) -> None:
+    """Planned while Alice's computation was in flight (no files: anyone may force), Bob's
+    forced run ends after hers stored the dataset: hers stays, producer and bytes."""
+    api = users_api
+    # Read by the command, outside its identity; not in /tmp, which the sandbox replaces.
+    scratch = Path(tempfile.mkdtemp(prefix="pingo-forcing-", dir="/var/tmp"))
+    delay = scratch / "delay"
+    delay.write_text("1")
+    document = command_workflow(
+        {1: ["sh", "-c", f'd=$(cat {delay}); echo read; sleep "$d"; date +%s%N > "$PINGO_OUTPUT"']},
+        name=ALICES_NAME,
+    )
+    alices = await api.submit(document, user="alice")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    logs = f"/api/v1/workflows/{alices['id']}/actions/1/logs"
+    # Once her command has read its delay (1 s), Bob's reads 3 s: hers stores first.
+    while "read" not in await (await api.client.get(logs, headers=api.auth("alice"))).text():
+        assert loop.time() < deadline, "alice's action did not start"
+        await asyncio.sleep(0.02)
+    delay.write_text("3")
+    bobs = await api.submit(_forced(document), user="bob")
+    assert (await api.wait(alices["id"]))["state"] == "SUCCEEDED"
+    dataset_id = (await api.workflow(alices["id"], user="alice"))["actions"][0]["datasetId"]
+    stored = await _dataset(api, dataset_id)
+    assert (await api.wait(bobs["id"]))["state"] == "SUCCEEDED"
+    after = await _dataset(api, dataset_id)
+    assert after["digest"] == stored["digest"]
+    assert after["producedBy"]["workflowId"] == alices["id"]
+    assert (await _post(api, f"/api/v1/datasets/{dataset_id}/pin", "bob"))[0] == 403
+    shutil.rmtree(scratch, ignore_errors=True)
