@@ -468,7 +468,9 @@ _CALLBACK_AUTH = [
 _USER_NAME = _param("name", "path", {"type": "string"}, "the user's name")
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
 _SANDBOX_UNAVAILABLE = _problem(
-    "Command-line actions of a non-admin user while the sandbox cannot run (SANDBOX_UNAVAILABLE)."
+    "Command-line actions of a non-admin user while the sandbox cannot run"
+    " (SANDBOX_UNAVAILABLE), or an action forcing the computation of a stored dataset"
+    " the user may not manage (FORBIDDEN)."
 )
 
 
