@@ -188,7 +188,7 @@ def _schedule_paths() -> dict[str, Any]:
                 "schedules",
                 {
                     "201": _json_body(_ref("Schedule"), "Created; Location names it."),
-                    "403": _SANDBOX_UNAVAILABLE,
+                    "403": _SUBMISSION_FORBIDDEN,
                     "404": _problem("`workflow` names no workflow of yours (NOT_FOUND)."),
                     "422": _problem(
                         "Invalid schedule or workflow; `errors` points at each issue "
@@ -467,7 +467,7 @@ _CALLBACK_AUTH = [
 ]
 _USER_NAME = _param("name", "path", {"type": "string"}, "the user's name")
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
-_SANDBOX_UNAVAILABLE = _problem(
+_SUBMISSION_FORBIDDEN = _problem(
     "Command-line actions of a non-admin user while the sandbox cannot run"
     " (SANDBOX_UNAVAILABLE), or an action forcing the computation of a stored dataset"
     " the user may not manage (FORBIDDEN)."
@@ -497,7 +497,7 @@ def _paths() -> dict[str, Any]:
                     },
                     "200": _json_body(_ref("Plan"), "With ?dryRun=true: the plan; nothing stored."),
                     "400": _problem("Malformed JSON or too deeply nested (MALFORMED_JSON)."),
-                    "403": _SANDBOX_UNAVAILABLE,
+                    "403": _SUBMISSION_FORBIDDEN,
                     "413": _problem("Body over the limit (PAYLOAD_TOO_LARGE)."),
                     "415": _problem("Not application/json (UNSUPPORTED_MEDIA_TYPE)."),
                     "422": _problem(
@@ -576,7 +576,7 @@ def _paths() -> dict[str, Any]:
                 "workflows",
                 {
                     "201": {**workflow_ok, "headers": {"Location": {"schema": {"type": "string"}}}},
-                    "403": _SANDBOX_UNAVAILABLE,
+                    "403": _SUBMISSION_FORBIDDEN,
                     "404": _NOT_FOUND,
                     "422": _problem("Unknown action names or ids in `force`."),
                     "429": _too_many("RATE_LIMITED, or the owner's TOO_MANY_WORKFLOWS"),
