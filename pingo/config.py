@@ -162,6 +162,9 @@ class Settings:
     sandbox: str = "auto"
     #: `on` (default) or `off`: whether sandboxed actions reach the network.
     sandbox_network: str = "on"
+    #: Directories under which a non-admin's local unmanaged `outputPath` may land
+    #: (`PINGO_UNMANAGED_ROOTS`, separated by ':'); none (the default): admins' only.
+    unmanaged_roots: tuple[str, ...] = ()
     #: How often the scheduler looks for due schedule ticks.
     schedule_interval_s: float = 0.2
     #: How long a node's claim on a schedule tick lasts before another node may take it over.
@@ -271,6 +274,8 @@ def _convert(name: str, raw: str) -> Any:
         return Path(raw)
     if name == "storage_capacity_bytes":
         return parse_size(raw)
+    if name == "unmanaged_roots":
+        return tuple(p for p in raw.split(os.pathsep) if p)
     if name == "executor_limits":
         # "spark=2,mapreduce-v2=4"
         limits: dict[str, int] = {}

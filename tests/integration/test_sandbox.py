@@ -56,7 +56,10 @@ def start_server(home: Path, port: int | None = None, **settings: str) -> Server
     env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
                 "PINGO_POLL_INTERVAL_S": "0.05", "PINGO_SANDBOX": "on",
-                "PINGO_ADMIN_TOKEN": ADMIN_TOKEN, "PINGO_LOG_LEVEL": "DEBUG"})  # fmt: skip
+                "PINGO_ADMIN_TOKEN": ADMIN_TOKEN, "PINGO_LOG_LEVEL": "DEBUG",
+                # Alice's unmanaged outputs: the scratch directories and, to try them
+                # against the spawn's own check, Pingo's files.
+                "PINGO_UNMANAGED_ROOTS": f"/var/tmp:{home.parent}"})  # fmt: skip
     env.update(settings)
     log = home.parent / f"{home.name}-server.log"
     with open(log, "ab") as out:

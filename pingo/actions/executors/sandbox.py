@@ -231,6 +231,23 @@ class Sandbox:
         return _within(real, self.hidden_dirs) or real in self.hidden_files
 
 
+#: Why a non-admin's local unmanaged output outside `PINGO_UNMANAGED_ROOTS` is refused.
+UNMANAGED_ROOTS_DETAIL = (
+    "outputPath {path}: a local unmanaged output of a non-admin user must lie under one"
+    " of PINGO_UNMANAGED_ROOTS (here: {roots}), because the server moves it there with"
+    " its own rights; write to a managed output, or ask an admin to add a root"
+)
+
+
+def outside_roots(path: str, roots: Iterable[str]) -> bool:
+    """Whether a local `path` (links resolved) lies outside every one of `roots`; a
+    remote one (hdfs://, s3://) never does: the job writes it with its own rights."""
+    if "://" in path and not path.startswith("file://"):
+        return False
+    real = os.path.realpath(path.removeprefix("file://"))
+    return not _within(real, [os.path.realpath(r) for r in roots])
+
+
 #: Why an input that resolves into Pingo's own files is refused.
 OWN_INPUT_DETAIL = (
     "input {path} resolves to Pingo's own files or directories ($PINGO_HOME, the store);"

@@ -231,6 +231,9 @@ class ExecutorCheck:
     sandbox_refused: bool
     executor_types: frozenset[str]
     action_types: frozenset[str]
+    #: Whether local unmanaged outputs must lie under `Settings.unmanaged_roots` (403):
+    #: the submitter is not an admin.
+    roots_enforced: bool = False
 
     @classmethod
     def of(cls, request: web.Request, user: UserRecord) -> ExecutorCheck:
@@ -240,6 +243,7 @@ class ExecutorCheck:
             sandbox_refused=runtime.node(request).sandbox == "unavailable" and not user.is_admin,
             executor_types=shared.executor_types,
             action_types=shared.action_types,
+            roots_enforced=not user.is_admin,
         )
 
     def __call__(self, document: Any) -> None:
@@ -248,6 +252,8 @@ class ExecutorCheck:
         whose URL may not be a target, before anything runs."""
         if self.sandbox_refused:
             _check_sandbox(document)
+        if self.roots_enforced:
+            _check_unmanaged_roots(document, self.settings.unmanaged_roots)
         if isinstance(document, Mapping) and "webhooks" in document:
             hooks.parse_webhooks(document["webhooks"], "/webhooks", self.settings)
         issues = _missing_executor_issues(document, self.executor_types, self.action_types)
@@ -268,6 +274,23 @@ def _check_sandbox(document: Any) -> None:
         isinstance(a, Mapping) and a.get("type") == sandbox.COMMAND_LINE for a in actions
     ):
         raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
+
+
+def _check_unmanaged_roots(document: Any, roots: tuple[str, ...]) -> None:
+    """Refuse (403) a local unmanaged `outputPath` outside `roots` (a non-admin's).
+
+    The server moves an unmanaged output onto its path with its own rights: anywhere
+    else, a user could write whatever the server's OS user may (its code, its home).
+    """
+    actions = document.get("actions") if isinstance(document, Mapping) else None
+    for action in actions if isinstance(actions, list) else ():
+        if not isinstance(action, Mapping) or action.get("isManaged", True) is not False:
+            continue
+        path = action.get("outputPath")
+        if isinstance(path, str) and sandbox.outside_roots(path, roots):
+            raise errors.Forbidden(sandbox.UNMANAGED_ROOTS_DETAIL.format(
+                path=path, roots=":".join(roots) or "none"
+            ))  # fmt: skip
 
 
 def check_executors(request: web.Request, document: Any) -> None:

@@ -1,0 +1,63 @@
+"""Where a non-admin's unmanaged output may land, over real HTTP (`PINGO_UNMANAGED_ROOTS`).
+
+The server moves an unmanaged output onto the user's `outputPath` with its own rights:
+without roots, a user could write wherever the server's OS user may, its code and its
+home included. So a non-admin's local unmanaged output must lie under one of the roots
+(none by default), at submission, dry run, re-run and schedule alike; an admin's may go
+anywhere but Pingo's own files (tests/integration/test_sandbox.py), and a remote one
+(hdfs://, s3://) is the job's to write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pingo.config import Settings
+from tests.api.conftest import Api, command_workflow, make_settings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    (tmp_path / "shared").mkdir()
+    return make_settings(tmp_path, unmanaged_roots=(str(tmp_path / "shared"),))
+
+
+def _unmanaged(path: str) -> dict[str, Any]:
+    return command_workflow(
+        {1: ["sh", "-c", 'echo out > "$PINGO_OUTPUT"']},
+        extra={1: {"isManaged": False, "outputPath": path}},
+    )
+
+
+async def _status(api: Api, url: str, user: str, body: Any) -> tuple[int, str]:
+    response = await api.client.post(url, json=body, headers=api.auth(user))
+    return response.status, await response.text()
+
+
+async def test_a_non_admins_unmanaged_output_must_lie_under_a_root(
+    users_api: Api, tmp_path: Path
+) -> None:
+    api = users_api
+    target = tmp_path / "elsewhere" / "out"
+    outside = str(target)
+    escaping = str(tmp_path / "shared" / ".." / "elsewhere" / "out")
+    for path in (outside, escaping, f"file://{outside}", str(Path.home() / ".bashrc")):
+        for url in ("/api/v1/workflows", "/api/v1/workflows?dryRun=true"):
+            status, text = await _status(api, url, "bob", _unmanaged(path))
+            assert status == 403 and "PINGO_UNMANAGED_ROOTS" in text, (path, url, text)
+        schedule = {"name": "nightly", "cron": "0 3 * * *", "workflow": _unmanaged(path)}
+        assert (await _status(api, "/api/v1/schedules", "bob", schedule))[0] == 403
+    assert not (tmp_path / "elsewhere").exists()
+    inside = tmp_path / "shared" / "bob" / "out"
+    finished = await api.wait((await api.submit(_unmanaged(str(inside)), user="bob"))["id"])
+    assert finished["state"] == "SUCCEEDED" and inside.read_text() == "out\n"
+    remote = await _status(api, "/api/v1/workflows?dryRun=true", "bob", _unmanaged("hdfs:///x"))
+    assert remote[0] != 403, remote
+    # An admin's may go elsewhere.
+    done = await api.wait((await api.submit(_unmanaged(outside), user="admin"))["id"])
+    assert done["state"] == "SUCCEEDED" and target.read_text() == "out\n"
