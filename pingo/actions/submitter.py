@@ -134,6 +134,7 @@ class Submitter(loops.Loop):
             try:
                 submission = await self._submission(record, item.input_paths)
                 await self._ensure_sandbox(record)
+                await self._ensure_unmanaged_root(record)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -231,6 +232,25 @@ class Submitter(loops.Loop):
         owner = None if workflow is None else await self.store.get_user(workflow.owner)
         if owner is None or not owner.is_admin:
             raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
+
+    async def _ensure_unmanaged_root(self, action: ActionRecord) -> None:
+        """Raise Forbidden for a non-admin's local unmanaged output outside the roots.
+
+        The API refuses it at submission (`PINGO_UNMANAGED_ROOTS`); this gate stops
+        what came another way: a node with other roots, a schedule or a workflow
+        accepted before the roots changed. It reads the store only for such an output.
+        """
+        definition = action.definition
+        if definition.get("isManaged", True) is not False:
+            return
+        path = str(definition.get("outputPath") or "")
+        if not sandbox.outside_roots(path, self.settings.unmanaged_roots):
+            return
+        workflow = await self.store.get_workflow(action.workflow_id)
+        owner = None if workflow is None else await self.store.get_user(workflow.owner)
+        if owner is None or not owner.is_admin:
+            roots = ":".join(self.settings.unmanaged_roots) or "none"
+            raise errors.Forbidden(sandbox.UNMANAGED_ROOTS_DETAIL.format(path=path, roots=roots))
 
     async def _submission(
         self, action: ActionRecord, input_paths: asyncio.Future[InputPaths] | None

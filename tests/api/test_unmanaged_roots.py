@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pingo.api import runtime
 from pingo.config import Settings
 from tests.api.conftest import Api, command_workflow, make_settings
 
@@ -61,3 +62,25 @@ async def test_a_non_admins_unmanaged_output_must_lie_under_a_root(
     # An admin's may go elsewhere.
     done = await api.wait((await api.submit(_unmanaged(outside), user="admin"))["id"])
     assert done["state"] == "SUCCEEDED" and target.read_text() == "out\n"
+
+
+async def test_work_that_did_not_pass_this_apis_check_is_refused_at_the_spawn(
+    users_api: Api, tmp_path: Path
+) -> None:
+    """Another node with other roots, a schedule's tick, a workflow accepted before the
+    roots changed: stored without this node's API check, it is refused by the submitter."""
+    api = users_api
+    node = api.app[runtime.STATE_KEY].node
+    assert node is not None
+    target = tmp_path / "elsewhere" / "out"
+    document = _unmanaged(str(target))
+    document["actions"][0]["maxAttempts"] = 1
+    stored = await node.workflows.submit(document, owner="bob")
+    assert (await api.wait(stored.id))["state"] == "FAILED"
+    action = await api.wait_action(stored.id, 1, {"FAILED"})
+    assert "PINGO_UNMANAGED_ROOTS" in action["error"]
+    assert not target.parent.exists()
+    # An admin's is run.
+    document["name"] = "admins"
+    admins = await node.workflows.submit(document, owner="admin")
+    assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
