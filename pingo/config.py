@@ -165,6 +165,10 @@ class Settings:
     #: Directories under which a non-admin's local unmanaged `outputPath` may land
     #: (`PINGO_UNMANAGED_ROOTS`, separated by ':'); none (the default): admins' only.
     unmanaged_roots: tuple[str, ...] = ()
+    #: `admins` (default) or `everyone`: whose cluster actions may run their code on
+    #: this machine, outside the sandbox (`hadoop jar`'s main class, a Spark driver in
+    #: client deploy mode or a local master).
+    host_clients: str = "admins"
     #: How often the scheduler looks for due schedule ticks.
     schedule_interval_s: float = 0.2
     #: How long a node's claim on a schedule tick lasts before another node may take it over.
@@ -198,6 +202,10 @@ class Settings:
         if self.sandbox not in ("auto", "on", "off"):
             raise errors.ConfigurationError(
                 f"PINGO_SANDBOX must be auto, on or off, not {self.sandbox!r}"
+            )
+        if self.host_clients not in ("admins", "everyone"):
+            raise errors.ConfigurationError(
+                f"PINGO_HOST_CLIENTS must be admins or everyone, not {self.host_clients!r}"
             )
         if self.sandbox_network not in ("on", "off"):
             raise errors.ConfigurationError(

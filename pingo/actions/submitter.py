@@ -134,7 +134,7 @@ class Submitter(loops.Loop):
             try:
                 submission = await self._submission(record, item.input_paths)
                 await self._ensure_sandbox(record)
-                await self._ensure_unmanaged_root(record)
+                await self._ensure_allowed_here(record)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -233,13 +233,21 @@ class Submitter(loops.Loop):
         if owner is None or not owner.is_admin:
             raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
-    async def _ensure_unmanaged_root(self, action: ActionRecord) -> None:
-        """Raise Forbidden for a non-admin's local unmanaged output outside the roots.
+    async def _ensure_allowed_here(self, action: ActionRecord) -> None:
+        """Raise Forbidden for a non-admin's local unmanaged output outside the roots, or
+        a non-admin's cluster action that would run its code here (`PINGO_HOST_CLIENTS`).
 
         The API refuses it at submission (`PINGO_UNMANAGED_ROOTS`); this gate stops
         what came another way: a node with other roots, a schedule or a workflow
         accepted before the roots changed. It reads the store only for such an output.
         """
+        refusal = sandbox.host_client_refusal(action.type, self.settings)
+        if refusal is not None:
+            workflow = await self.store.get_workflow(action.workflow_id)
+            user = None if workflow is None else await self.store.get_user(workflow.owner)
+            # A workflow of no known user is the node's own (tests, the simulator).
+            if user is not None and not user.is_admin:
+                raise errors.Forbidden(refusal)
         definition = action.definition
         if definition.get("isManaged", True) is not False:
             return

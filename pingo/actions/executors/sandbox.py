@@ -231,6 +231,36 @@ class Sandbox:
         return _within(real, self.hidden_dirs) or real in self.hidden_files
 
 
+#: Why a non-admin's cluster action that would run its code on this machine is refused.
+HOST_CLIENT_DETAIL = (
+    "action type {type!r} would run the user's own code on this server's machine, outside"
+    " the sandbox ({how}); only admins may run it here unless PINGO_HOST_CLIENTS=everyone"
+    " (see docs/security.md)"
+)
+
+
+def runs_on_host(action_type: str, settings: Settings) -> str | None:
+    """How a cluster action of `action_type` would run user code on this machine, unsandboxed
+    (`hadoop jar` runs the jar's main class here; a Spark driver runs here in client
+    deploy mode, and the whole job with a local master), else None."""
+    if action_type in ("mapreduce-v1", "mapreduce-v2"):
+        return "hadoop jar runs the jar's main class in the client, on this machine"
+    if action_type == "spark":
+        if settings.spark_master.startswith("local"):
+            return f"Spark's master is {settings.spark_master}"
+        if settings.spark_deploy_mode != "cluster":
+            return "Spark's driver runs in client deploy mode"
+    return None
+
+
+def host_client_refusal(action_type: str, settings: Settings) -> str | None:
+    """Why a non-admin may not run an action of `action_type` here, if they may not."""
+    if settings.host_clients == "everyone":
+        return None
+    how = runs_on_host(action_type, settings)
+    return None if how is None else HOST_CLIENT_DETAIL.format(type=action_type, how=how)
+
+
 #: Why a non-admin's local unmanaged output outside `PINGO_UNMANAGED_ROOTS` is refused.
 UNMANAGED_ROOTS_DETAIL = (
     "outputPath {path}: a local unmanaged output of a non-admin user must lie under one"

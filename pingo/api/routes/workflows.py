@@ -231,9 +231,10 @@ class ExecutorCheck:
     sandbox_refused: bool
     executor_types: frozenset[str]
     action_types: frozenset[str]
-    #: Whether local unmanaged outputs must lie under `Settings.unmanaged_roots` (403):
-    #: the submitter is not an admin.
-    roots_enforced: bool = False
+    #: Whether the submitter is not an admin (403): local unmanaged outputs must lie
+    #: under `Settings.unmanaged_roots`, and no cluster action may run code on this
+    #: machine (`Settings.host_clients`).
+    restricted: bool = False
 
     @classmethod
     def of(cls, request: web.Request, user: UserRecord) -> ExecutorCheck:
@@ -243,7 +244,7 @@ class ExecutorCheck:
             sandbox_refused=runtime.node(request).sandbox == "unavailable" and not user.is_admin,
             executor_types=shared.executor_types,
             action_types=shared.action_types,
-            roots_enforced=not user.is_admin,
+            restricted=not user.is_admin,
         )
 
     def __call__(self, document: Any) -> None:
@@ -252,8 +253,9 @@ class ExecutorCheck:
         whose URL may not be a target, before anything runs."""
         if self.sandbox_refused:
             _check_sandbox(document)
-        if self.roots_enforced:
+        if self.restricted:
             _check_unmanaged_roots(document, self.settings.unmanaged_roots)
+            _check_host_clients(document, self.settings)
         if isinstance(document, Mapping) and "webhooks" in document:
             hooks.parse_webhooks(document["webhooks"], "/webhooks", self.settings)
         issues = _missing_executor_issues(document, self.executor_types, self.action_types)
@@ -291,6 +293,16 @@ def _check_unmanaged_roots(document: Any, roots: tuple[str, ...]) -> None:
             raise errors.Forbidden(sandbox.UNMANAGED_ROOTS_DETAIL.format(
                 path=path, roots=":".join(roots) or "none"
             ))  # fmt: skip
+
+
+def _check_host_clients(document: Any, settings: Settings) -> None:
+    """Refuse (403) a non-admin's cluster action that would run its code on this machine."""
+    actions = document.get("actions") if isinstance(document, Mapping) else None
+    for action in actions if isinstance(actions, list) else ():
+        kind = action.get("type") if isinstance(action, Mapping) else None
+        refusal = sandbox.host_client_refusal(kind, settings) if isinstance(kind, str) else None
+        if refusal is not None:
+            raise errors.Forbidden(refusal)
 
 
 def check_executors(request: web.Request, document: Any) -> None:
