@@ -64,6 +64,16 @@ class DatasetService:
         }
         return {d.id for d in datasets if d.producer_workflow_id in owned}
 
+    async def manageable_by_owner(
+        self, owner: str, datasets: Collection[protocol.DatasetRecord]
+    ) -> set[str]:
+        """`manageable` for the user named `owner` (a workflow's): one with no record
+        (the simulator's, one removed since) has no admin rights."""
+        user = await self.store.get_user(owner) or protocol.UserRecord(
+            name=owner, token_hash="", is_admin=False, created_at=self.store.clock()
+        )
+        return await self.manageable(user, datasets)
+
     async def check_may_manage(
         self, user: protocol.UserRecord, dataset: protocol.DatasetRecord
     ) -> None:

@@ -523,11 +523,8 @@ class OutcomeService:
             return True
         workflow = await self.store.get_workflow(action.workflow_id)
         owner = "" if workflow is None else workflow.owner
-        # No such user (the simulator's, one removed since): no admin rights, as planning.
-        user = await self.store.get_user(owner) or protocol.UserRecord(
-            name=owner, token_hash="", is_admin=False, created_at=self.store.clock()
-        )
-        allowed = await DatasetService(self.store, self.storage).manageable(user, [dataset])
+        datasets = DatasetService(self.store, self.storage)
+        allowed = await datasets.manageable_by_owner(owner, [dataset])
         if dataset.id in allowed:
             return True
         logger.warning(

@@ -643,14 +643,8 @@ class WorkflowManager:
                 replaced[record.id] = min(aid, replaced.get(record.id, aid))
         if not replaced:
             return
-        user = await self.store.get_user(owner)
-        if user is None:
-            # No such user (the simulator's, one removed since): no admin rights.
-            user = protocol.UserRecord(
-                name=owner, token_hash="", is_admin=False, created_at=self.store.clock()
-            )
         datasets = DatasetService(self.store, self.storage)
-        allowed = await datasets.manageable(user, [records[ds] for ds in replaced])
+        allowed = await datasets.manageable_by_owner(owner, [records[ds] for ds in replaced])
         refused = sorted(aid for ds, aid in replaced.items() if ds not in allowed)
         if not refused:
             return
