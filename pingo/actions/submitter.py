@@ -29,7 +29,7 @@ from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Claimed, InputPaths, Scraper
 from pingo.callbacks import tokens
 from pingo.config import Settings
-from pingo.store.protocol import ActionChanges, ActionRecord, Store
+from pingo.store.protocol import ActionChanges, ActionRecord, Store, UserRecord
 
 logger = logging.getLogger(__name__)
 
@@ -228,8 +228,7 @@ class Submitter(loops.Loop):
         """
         if not self.refuse_unsandboxed or action.type != sandbox.COMMAND_LINE:
             return
-        workflow = await self.store.get_workflow(action.workflow_id)
-        owner = None if workflow is None else await self.store.get_user(workflow.owner)
+        owner = await self._owner(action)
         if owner is None or not owner.is_admin:
             raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
@@ -237,14 +236,13 @@ class Submitter(loops.Loop):
         """Raise Forbidden for a non-admin's local unmanaged output outside the roots, or
         a non-admin's cluster action that would run its code here (`PINGO_HOST_CLIENTS`).
 
-        The API refuses it at submission (`PINGO_UNMANAGED_ROOTS`); this gate stops
-        what came another way: a node with other roots, a schedule or a workflow
-        accepted before the roots changed. It reads the store only for such an output.
+        The API refuses them at submission; this gate stops what came another way: a
+        node with other settings, a schedule or a workflow accepted before they
+        changed. It reads the store only for such an action.
         """
         refusal = sandbox.host_client_refusal(action.type, self.settings)
         if refusal is not None:
-            workflow = await self.store.get_workflow(action.workflow_id)
-            user = None if workflow is None else await self.store.get_user(workflow.owner)
+            user = await self._owner(action)
             # A workflow of no known user is the node's own (tests, the simulator).
             if user is not None and not user.is_admin:
                 raise errors.Forbidden(refusal)
@@ -252,13 +250,16 @@ class Submitter(loops.Loop):
         if definition.get("isManaged", True) is not False:
             return
         path = str(definition.get("outputPath") or "")
-        if not sandbox.outside_roots(path, self.settings.unmanaged_roots):
-            return
+        refusal = sandbox.unmanaged_root_refusal(path, self.settings.unmanaged_roots)
+        if refusal is not None:
+            user = await self._owner(action)
+            if user is None or not user.is_admin:
+                raise errors.Forbidden(refusal)
+
+    async def _owner(self, action: ActionRecord) -> UserRecord | None:
+        """The user record of the owner of `action`'s workflow, if there is one."""
         workflow = await self.store.get_workflow(action.workflow_id)
-        owner = None if workflow is None else await self.store.get_user(workflow.owner)
-        if owner is None or not owner.is_admin:
-            roots = ":".join(self.settings.unmanaged_roots) or "none"
-            raise errors.Forbidden(sandbox.UNMANAGED_ROOTS_DETAIL.format(path=path, roots=roots))
+        return None if workflow is None else await self.store.get_user(workflow.owner)
 
     async def _submission(
         self, action: ActionRecord, input_paths: asyncio.Future[InputPaths] | None

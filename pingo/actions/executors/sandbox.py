@@ -117,8 +117,9 @@ def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
     time goes").
     """
     dirs = [str(settings.home)]
-    if "://" not in settings.data_root or settings.data_root.startswith("file://"):
-        dirs.append(settings.data_root.removeprefix("file://"))
+    data_root = _local_path(settings.data_root)
+    if data_root is not None:
+        dirs.append(data_root)
     hidden_dirs = _outermost(os.path.realpath(d) for d in dirs)
     files: list[str] = []
     if settings.store_url.startswith("sqlite://"):
@@ -132,6 +133,14 @@ def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
         f for f in _unique(os.path.realpath(f) for f in files) if not _within(f, hidden_dirs)
     ]
     return tuple(hidden_dirs), tuple(hidden_files)
+
+
+def _local_path(path: str) -> str | None:
+    """`path` as a plain path on this machine (`file://` taken off); None for a remote
+    one (hdfs://, s3://), which a job writes with its own rights."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    return path.removeprefix("file://")
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:
@@ -210,7 +219,7 @@ class Sandbox:
             elif os.path.lexists(path):
                 # Bound from where it resolves now, which must not be Pingo's own.
                 real = os.path.realpath(path)
-                if self.hides(real) and not (
+                if self._hides_real(real) and not (
                     self.data_root is not None and _within(real, (self.data_root,))
                 ):
                     raise errors.Forbidden(OWN_INPUT_DETAIL.format(path=path))
@@ -227,7 +236,10 @@ class Sandbox:
         """Whether `path`, links resolved, is Pingo's own: in a hidden directory or a
         hidden file. The executor moves an unmanaged output onto the user's path with
         the server's rights, so that path must never be one of these."""
-        real = os.path.realpath(path)
+        return self._hides_real(os.path.realpath(path))
+
+    def _hides_real(self, real: str) -> bool:
+        """`hides` for a path already resolved."""
         return _within(real, self.hidden_dirs) or real in self.hidden_files
 
 
@@ -269,13 +281,13 @@ UNMANAGED_ROOTS_DETAIL = (
 )
 
 
-def outside_roots(path: str, roots: Iterable[str]) -> bool:
-    """Whether a local `path` (links resolved) lies outside every one of `roots`; a
-    remote one (hdfs://, s3://) never does: the job writes it with its own rights."""
-    if "://" in path and not path.startswith("file://"):
-        return False
-    real = os.path.realpath(path.removeprefix("file://"))
-    return not _within(real, [os.path.realpath(r) for r in roots])
+def unmanaged_root_refusal(path: str, roots: tuple[str, ...]) -> str | None:
+    """Why a non-admin's unmanaged output may not land at `path`: a local one (links
+    resolved) outside every one of `roots`. A remote one is the job's to write."""
+    local = _local_path(path)
+    if local is None or _within(os.path.realpath(local), [os.path.realpath(r) for r in roots]):
+        return None
+    return UNMANAGED_ROOTS_DETAIL.format(path=path, roots=":".join(roots) or "none")
 
 
 #: Why an input that resolves into Pingo's own files is refused.
@@ -474,8 +486,9 @@ def from_settings(settings: Settings) -> Sandbox | None:
             " give it authentication or set PINGO_SANDBOX_NETWORK=off (docs/security.md)",
             extra={"event": "sandbox_store_reachable"},
         )
-    local_root = "://" not in settings.data_root or settings.data_root.startswith("file://")
-    data_root = os.path.realpath(settings.data_root.removeprefix("file://")) if local_root else None
+    data_root = _local_path(settings.data_root)
+    if data_root is not None:
+        data_root = os.path.realpath(data_root)
     return Sandbox(bwrap, network, dirs, files, data_root=data_root)
 
 

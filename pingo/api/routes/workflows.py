@@ -254,8 +254,7 @@ class ExecutorCheck:
         if self.sandbox_refused:
             _check_sandbox(document)
         if self.restricted:
-            _check_unmanaged_roots(document, self.settings.unmanaged_roots)
-            _check_host_clients(document, self.settings)
+            _check_restricted(document, self.settings)
         if isinstance(document, Mapping) and "webhooks" in document:
             hooks.parse_webhooks(document["webhooks"], "/webhooks", self.settings)
         issues = _missing_executor_issues(document, self.executor_types, self.action_types)
@@ -278,29 +277,18 @@ def _check_sandbox(document: Any) -> None:
         raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
 
-def _check_unmanaged_roots(document: Any, roots: tuple[str, ...]) -> None:
-    """Refuse (403) a local unmanaged `outputPath` outside `roots` (a non-admin's).
-
-    The server moves an unmanaged output onto its path with its own rights: anywhere
-    else, a user could write whatever the server's OS user may (its code, its home).
-    """
+def _check_restricted(document: Any, settings: Settings) -> None:
+    """Refuse (403) what a non-admin may not run here: a local unmanaged `outputPath`
+    outside `Settings.unmanaged_roots` (the server moves the output there with its own
+    rights), or a cluster action whose client would run their code on this machine."""
     actions = document.get("actions") if isinstance(document, Mapping) else None
     for action in actions if isinstance(actions, list) else ():
-        if not isinstance(action, Mapping) or action.get("isManaged", True) is not False:
+        if not isinstance(action, Mapping):
             continue
-        path = action.get("outputPath")
-        if isinstance(path, str) and sandbox.outside_roots(path, roots):
-            raise errors.Forbidden(sandbox.UNMANAGED_ROOTS_DETAIL.format(
-                path=path, roots=":".join(roots) or "none"
-            ))  # fmt: skip
-
-
-def _check_host_clients(document: Any, settings: Settings) -> None:
-    """Refuse (403) a non-admin's cluster action that would run its code on this machine."""
-    actions = document.get("actions") if isinstance(document, Mapping) else None
-    for action in actions if isinstance(actions, list) else ():
-        kind = action.get("type") if isinstance(action, Mapping) else None
+        kind, path = action.get("type"), action.get("outputPath")
         refusal = sandbox.host_client_refusal(kind, settings) if isinstance(kind, str) else None
+        if refusal is None and action.get("isManaged", True) is False and isinstance(path, str):
+            refusal = sandbox.unmanaged_root_refusal(path, settings.unmanaged_roots)
         if refusal is not None:
             raise errors.Forbidden(refusal)
 
