@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -55,14 +56,25 @@ def record_completion(staging: str, runtime_s: float) -> None:
     finds the note (or, for a sandboxed attempt, bwrap's exit status, written as the
     command exits) and records the success instead of running the work again.
     """
-    # Never through a link: beside an unmanaged output the path is the user's.
-    path = staging + COMPLETED_SUFFIX
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.islink(path):
-            os.unlink(path)
-    with os.fdopen(os.open(path, flags, 0o600), "w") as f:
+    with os.fdopen(open_own(staging + COMPLETED_SUFFIX), "w") as f:
         f.write(f"{runtime_s:.6f}\n")
+
+
+def open_own(path: str) -> int:
+    """Create or truncate `path` for writing (mode 0600), never through a link.
+
+    Beside an unmanaged output the path is the user's: a link planted there would make
+    the server truncate whatever it named. One found there is removed, and the file
+    created anew (`O_EXCL`: a link planted again meanwhile fails it).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    os.unlink(path)
+    return os.open(path, flags | os.O_EXCL, 0o600)
 
 
 def forget_completion(staging: str) -> None:

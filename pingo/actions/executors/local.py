@@ -564,17 +564,8 @@ _ARGS_FD = 4
 
 
 def _status_file(path: str) -> int:
-    """Open (truncate) the exit status file, never through a link: the path is beside a
-    user's unmanaged output, and the server would truncate whatever a link named."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        os.unlink(path)
-        fd = os.open(path, flags | os.O_EXCL, 0o600)
-    return _above_child_fds(fd)
+    """Open (truncate) the exit status file, never through a link (`storage.open_own`)."""
+    return _above_child_fds(storage.open_own(path))
 
 
 def _args_file(data: bytes) -> int:
