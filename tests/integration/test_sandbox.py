@@ -467,7 +467,8 @@ def test_a_link_at_an_outputs_box_or_status_is_not_followed(
     server: Server, alice: Client, bob: Client
 ) -> None:
     """The server creates `<outputPath>.box` (bound writable into the sandbox) and
-    `<outputPath>.exit`: links planted there must not reach Pingo's files or a dataset."""
+    `<outputPath>.exit` and `.completed`: links planted there must not reach Pingo's files
+    or a dataset."""
     home = server.home
     bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
     dataset = _dataset_path(server, bobs, 1)
@@ -477,6 +478,7 @@ def test_a_link_at_an_outputs_box_or_status_is_not_followed(
         (scratch / "out.box").symlink_to(home)
         (scratch / "out.exit").symlink_to(dataset)
         (scratch / "two.exit").symlink_to(home / "pingo.db")
+        (scratch / "two.completed").symlink_to(dataset)
         steal = (
             f"cat {scratch}/admin.token; ls {scratch}; touch {scratch}/written-by-alice;"
             " echo mine > $PINGO_OUTPUT"
