@@ -243,8 +243,8 @@ class Submitter(loops.Loop):
         refusal = sandbox.host_client_refusal(action.type, self.settings)
         if refusal is not None:
             user = await self._owner(action)
-            # A workflow of no known user is the node's own (tests, the simulator).
-            if user is not None and not user.is_admin:
+            # A revoked owner is no admin: revoking must not turn a refusal into a run.
+            if user is None or not user.is_admin:
                 raise errors.Forbidden(refusal)
         definition = action.definition
         if definition.get("isManaged", True) is not False:

@@ -50,15 +50,24 @@ async def test_a_non_admins_client_side_code_is_refused(users_api: Api) -> None:
         assert (await _dry_run(api, _cluster(kind), "admin"))[0] in (200, 422)
 
 
-async def test_the_refusal_holds_for_work_that_did_not_pass_the_api(users_api: Api) -> None:
+@pytest.mark.parametrize("owner", ["bob", "carol"])
+async def test_the_refusal_holds_for_work_that_did_not_pass_the_api(
+    users_api: Api, owner: str
+) -> None:
+    """bob's work came another way (another node, a schedule); carol's was queued before
+    an admin revoked her: an owner who no longer exists is no admin either."""
     api = users_api
     node = api.app[runtime.STATE_KEY].node
     assert node is not None
     if "spark" not in node.executors:
         pytest.skip("this node has no spark-submit (the pyspark package)")
+    if owner == "carol":
+        await api.add_user("carol")
+        response = await api.client.delete("/api/v1/users/carol", headers=api.auth("admin"))
+        assert response.status == 204
     document = _cluster("spark")
     document["actions"][0]["maxAttempts"] = 1
-    stored = await node.workflows.submit(document, owner="bob")
+    stored = await node.workflows.submit(document, owner=owner)
     assert (await api.wait(stored.id))["state"] == "FAILED"
     action = await api.wait_action(stored.id, 1, {"FAILED"})
     assert "PINGO_HOST_CLIENTS" in action["error"]

@@ -455,7 +455,8 @@ async def test_a_kill_through_another_node_kills_the_yarn_application(
     yarn_record = tmp_path / "yarn.jsonl"
     monkeypatch.setenv("YARN_STANDIN_RECORD", str(yarn_record))
     node_a = await nodes("a", executors={"command-line": local.create}, lease_s=3.0)
-    node_b = await nodes("b", lease_s=3.0)
+    # alice has no user record, so she is no admin: b must let cluster clients run for all.
+    node_b = await nodes("b", lease_s=3.0, host_clients="everyone")
     job = {"id": 1, "name": "job", "type": "mapreduce-v2", "jar": "/opt/j.jar"}
     job["arguments"] = ["{output}"]
     document = {"name": "mr", "startActionId": 1, "endActionId": 1, "actions": [job]}
