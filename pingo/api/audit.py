@@ -45,6 +45,16 @@ AUDITED: Mapping[tuple[str, str], str] = {
 }
 
 
+#: Where a handler leaves what its entry should say beyond the route (`note`).
+_NOTES_KEY = web.RequestKey("pingo.audit.notes", dict[str, str])
+
+
+def note(request: web.Request, **fields: str) -> None:
+    """Add `fields` to the target of the audit entry `request` will make, if it makes one:
+    for what only the body says, such as a user added to reclaim a revoked name."""
+    request[_NOTES_KEY] = {**request.get(_NOTES_KEY, {}), **fields}
+
+
 def _audited(request: web.Request) -> str | None:
     """The action `request` performs (its `AUDITED` name), if it is one the log records."""
     resource = request.match_info.route.resource
@@ -66,6 +76,7 @@ async def _record(request: web.Request, named: str, response: web.StreamResponse
     location = response.headers.get("Location")
     if location is not None:
         target["location"] = location
+    target.update(request.get(_NOTES_KEY, {}))
     await events.audit(
         runtime.node(request).store,
         actor=user.name,

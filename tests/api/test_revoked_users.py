@@ -87,6 +87,11 @@ async def test_a_revoked_name_is_not_given_to_a_new_user(users_api: Api) -> None
     feed = await api.client.get("/api/v1/events", headers=api.auth("alice"))
     assert submitted["id"] in {e["workflowId"] for e in (await feed.json())["items"]}
     assert (await api.client.get("/api/v1/me", headers=bearer(old))).status == 401
+    # The audit log tells a reclaim from a plain add.
+    log = await api.client.get("/api/v1/audit?limit=100", headers=api.auth("admin"))
+    added = [e["target"] for e in (await log.json())["items"] if e["action"] == "user.add"]
+    assert {"location": "/api/v1/users/alice", "reclaim": "true"} in added
+    assert {"location": "/api/v1/users/bob"} in added
 
 
 async def test_a_name_that_owns_only_a_schedule_is_refused(users_api: Api) -> None:

@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 
 from pingo import errors, limits
-from pingo.api import auth, bodies, documents, models, runtime
+from pingo.api import audit, auth, bodies, documents, models, runtime
 from pingo.store.protocol import Store, UserRecord
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ async def add_user(
                 "user of that name would get them; choose another name, or reclaim it "
                 '("reclaim": true) if the same person is coming back'
             )
+    if reclaim:
+        audit.note(request, reclaim="true")
     token = auth.generate_token()
     user = await store.create_user(
         UserRecord(
