@@ -198,6 +198,26 @@ def test_an_action_cannot_read_the_server_environment(server: Server, alice: Cli
     _assert_no_secret_anywhere(server)
 
 
+def test_an_action_has_no_capability_and_no_user_namespace_of_its_own(
+    server: Server, alice: Client
+) -> None:
+    """bwrap run by root keeps every capability in the sandbox: enough to unmount the tmpfs
+    over `$PINGO_HOME` and read its secrets, or remount `/` writable. A user namespace made
+    inside would give them back (and is most kernel exploits' way in)."""
+    probe = (
+        "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status > $PINGO_OUTPUT;"
+        f" umount {server.home} 2>/dev/null && echo unmounted >> $PINGO_OUTPUT;"
+        " mount -o remount,rw / 2>/dev/null && echo remounted >> $PINGO_OUTPUT;"
+        " unshare -U true 2>/dev/null && echo userns >> $PINGO_OUTPUT; true"
+    )
+    workflow = _run(alice, _workflow(_sh(probe)))
+    assert workflow["state"] == "SUCCEEDED", workflow
+    seen = _dataset_path(server, workflow, 1).read_text().splitlines()
+    assert sorted(line.split()[0] for line in seen) == ["CapBnd:", "CapEff:", "CapPrm:"], seen
+    assert all(int(line.split()[1], 16) == 0 for line in seen), seen
+    _assert_no_secret_anywhere(server)
+
+
 def test_an_action_cannot_make_its_user_admin_through_the_store(
     server: Server, alice: Client
 ) -> None:

@@ -99,6 +99,10 @@ def _base_args(*, network: bool) -> list[str]:
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
         "--new-session",
+        # bwrap run by root keeps every capability in the sandbox, enough to unmount
+        # what hides the server's files; a user namespace inside would give them back.
+        "--cap-drop", "ALL",
+        "--disable-userns",
     ]  # fmt: skip
     if not network:
         args.append("--unshare-net")
@@ -477,6 +481,13 @@ def from_settings(settings: Settings) -> Sandbox | None:
         )
         return None
     assert bwrap is not None
+    if os.geteuid() == 0:
+        logger.warning(
+            "running as root: the sandbox drops every capability, but an action stays root"
+            " on this machine's files and sockets that the sandbox does not hide; run the"
+            " server as an unprivileged user (see docs/security.md)",
+            extra={"event": "sandbox_as_root"},
+        )
     dirs, files = _hidden(settings)
     network = settings.sandbox_network == "on"
     if network and _open_mongo_store(settings.store_url):
