@@ -48,6 +48,7 @@ until then.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -113,6 +114,8 @@ class Reaper(loops.Loop):
         self.node_id = settings.node_id
         self.grace = timedelta(seconds=settings.reconcile_grace_s)
         self.lease_s = settings.lease_s
+        #: Collect sandboxed outputs as fresh copies (`sandbox.collect`).
+        self.fresh_outputs = settings.sandbox_network == "on"
         self.executors = executors
         self.outcomes = outcomes
         self.held = held
@@ -241,7 +244,9 @@ class Reaper(loops.Loop):
         )
         completion = await self.storage.completion(staging)
         if completion is not None:
-            await asyncio.to_thread(sandbox.collect, staging)
+            await asyncio.to_thread(
+                functools.partial(sandbox.collect, staging, fresh=self.fresh_outputs)
+            )
         return completion
 
     async def _resolve(

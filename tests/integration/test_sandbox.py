@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,58 @@ def test_an_action_has_no_capability_and_no_user_namespace_of_its_own(
     assert sorted(line.split()[0] for line in seen) == ["CapBnd:", "CapEff:", "CapPrm:"], seen
     assert all(int(line.split()[1], 16) == 0 for line in seen), seen
     _assert_no_secret_anywhere(server)
+
+
+_HOLDER = """
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind("\\0" + sys.argv[1]); s.listen(1)
+print("listening", flush=True)
+_, fds, _, _ = socket.recv_fds(s.accept()[0], 16, 1)
+while not os.path.exists(sys.argv[2]):  # the test says the dataset is stored
+    time.sleep(0.02)
+os.pwrite(fds[0], b"EVIL", 0)
+print("tampered", flush=True)
+time.sleep(600)
+"""
+_PRODUCER = """
+import os, socket, sys
+out = os.environ["PINGO_OUTPUT"]
+with open(out, "w") as f:
+    f.write("GOOD DATA\\n")
+c = socket.socket(socket.AF_UNIX); c.connect("\\0" + sys.argv[1])
+socket.send_fds(c, [b"x"], [os.open(out, os.O_RDWR)])
+"""
+
+
+def _until_logged(client: Client, workflow_id: str, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while text not in client.logs(workflow_id, 1):
+        assert time.monotonic() < deadline, client.logs(workflow_id, 1)
+        time.sleep(0.05)
+
+
+def test_a_stored_dataset_is_not_the_file_a_sandbox_held_open(
+    server: Server, alice: Client
+) -> None:
+    """Sandboxes sharing the host's network share its abstract Unix sockets: a producer can
+    hand a writable descriptor of its output to another running action of its user. The
+    stored dataset must not be that file, or it changes after its digest was taken."""
+    address = "pingo-test-" + uuid.uuid4().hex  # abstract: the scripts prefix a NUL
+    scratch = _scratch()
+    stored = scratch / "stored"  # on the root filesystem, which the sandbox sees
+    holder = alice.submit(_workflow(["python3", "-c", _HOLDER, address, str(stored)]))
+    try:
+        _until_logged(alice, holder["id"], "listening")
+        produced = _run(alice, _workflow(["python3", "-c", _PRODUCER, address]))
+        assert produced["state"] == "SUCCEEDED", produced
+        stored.touch()
+        _until_logged(alice, holder["id"], "tampered")
+        assert _dataset_path(server, produced, 1).read_bytes() == b"GOOD DATA\n"
+        dataset = alice.verify(produced["endDatasetId"])
+        assert dataset["verification"]["status"] == "match", dataset
+    finally:
+        alice.kill(holder["id"])
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_an_action_cannot_make_its_user_admin_through_the_store(
@@ -492,7 +545,7 @@ def test_a_link_at_an_outputs_box_or_status_is_not_followed(
     home = server.home
     bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
     dataset = _dataset_path(server, bobs, 1)
-    kept = {p: p.read_bytes() for p in (home / "pingo.db", dataset)}
+    kept = dataset.read_bytes()
     scratch = _scratch()
     try:
         (scratch / "out.box").symlink_to(home)
@@ -507,8 +560,12 @@ def test_a_link_at_an_outputs_box_or_status_is_not_followed(
             document = {**_workflow(["true"]), "actions": [_unmanaged(scratch / name, steal)]}
             assert _run(alice, document)["state"] == "SUCCEEDED"
             assert (scratch / name).read_text() == "mine\n"
-        for path, content in kept.items():
-            assert path.read_bytes() == content, path
+        assert dataset.read_bytes() == kept
+        # The store changes as the server works (a WAL checkpoint rewrites its pages):
+        # what must not happen is bwrap's exit status written over it.
+        assert (home / "pingo.db").read_bytes().startswith(b"SQLite format 3\x00")
+        with contextlib.closing(sqlite3.connect(home / "pingo.db")) as db:
+            assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
         assert not (home / "written-by-alice").exists()
         assert not (scratch / "out.box").is_symlink()
         _assert_no_secret_anywhere(server)

@@ -466,7 +466,7 @@ class LocalExecutor:
         """
         output = _local(proc.submission.output_path)
         if self.sandbox is not None:
-            sandbox.collect(output)
+            sandbox.collect(output, fresh=self.sandbox.network)
         if self._completed(proc, returncode):
             storage.record_completion(output, runtime_s)
 

@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -432,17 +433,58 @@ def box_for(output: str) -> str:
     return output + BOX_SUFFIX
 
 
-def collect(output: str) -> None:
+def collect(output: str, *, fresh: bool) -> None:
     """Move what the action wrote in its box to the staging path; drop the box.
 
     A symlink is moved as the link itself (rename does not follow it):
     promotion and the integrity checks decide what to make of it.
+
+    `fresh` (sandboxes sharing the host's network namespace): copy it into new files
+    instead. Such sandboxes share abstract Unix sockets, over which the action could
+    hand a writable descriptor of its output to another running action of its user;
+    renamed, the stored dataset would be that same file, still writable after the
+    digest was taken. A copy no sandbox ever opened is what gets hashed and stored.
     """
     box = box_for(output)
     written = os.path.join(box, os.path.basename(output))
     if os.path.lexists(written):
-        os.rename(written, output)
+        if fresh and not os.path.islink(written):
+            _copy_fresh(written, output)
+        else:
+            os.rename(written, output)
     shutil.rmtree(box, ignore_errors=True)
+
+
+def _copy_fresh(source: str, target: str) -> None:
+    """Copy a file or a tree (links as links) into new inodes; other files are left out."""
+    if os.path.isdir(source):
+        shutil.copytree(source, target, symlinks=True, ignore=_special_files)
+    elif stat.S_ISREG(os.lstat(source).st_mode):
+        shutil.copy2(source, target)
+    else:
+        logger.warning(
+            "output %s is neither a file, a directory nor a link: not stored",
+            target,
+            extra={"event": "output_special_file", "path": target},
+        )
+
+
+def _special_files(directory: str, names: list[str]) -> set[str]:
+    """The FIFOs, sockets and devices among `names`: no bytes to store, and opening a
+    FIFO to copy it would wait for a writer."""
+    special = set()
+    for name in names:
+        mode = os.lstat(os.path.join(directory, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            special.add(name)
+    if special:
+        logger.warning(
+            "left out of the output at %s (neither files, directories nor links): %s",
+            directory,
+            ", ".join(sorted(special)),
+            extra={"event": "output_special_file", "path": directory},
+        )
+    return special
 
 
 def environment(action_env: Mapping[str, str]) -> dict[str, str]:
