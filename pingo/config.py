@@ -133,6 +133,9 @@ class Settings:
     deletor_interval_s: float = 1.0
     max_body_bytes: int = 16 * 2**20
     max_actions: int = 100_000
+    #: Event streams (SSE) open at once on this node, all users together (429 beyond):
+    #: each holds a descriptor and reads the store twice every half second.
+    max_event_streams: int = 256
     #: Per-user limits, unless an admin set the user's own (`PATCH /users/{name}`);
     #: None (env: `unlimited`) lifts the limit. Workflows RUNNING at once (429 beyond):
     user_max_workflows: int | None = 100
@@ -142,6 +145,10 @@ class Settings:
     user_submissions_per_minute: int | None = 600
     #: Submissions a user may make at once before the rate applies (the bucket's size).
     user_submission_burst: int = 60
+    #: Event streams (SSE) one user may have open at once on this node (429 beyond).
+    user_max_event_streams: int = 8
+    #: `?verify=true` hashes one user may have running at once on this node (429 beyond).
+    user_max_verifications: int = 1
     #: SQLite `synchronous` pragma: NORMAL survives process crashes (kill -9), FULL power loss.
     sqlite_synchronous: str = "NORMAL"
     #: SQLite's page cache per connection, in MiB: bounds the server's memory however
@@ -229,6 +236,12 @@ class Settings:
                     f"PINGO_{name.upper()} must be at least 1 (or 'unlimited'), not {value!r}"
                 )
 
+        for name in _AT_LEAST_ONE:
+            if getattr(self, name) < 1:
+                raise errors.ConfigurationError(
+                    f"PINGO_{name.upper()} must be at least 1, not {getattr(self, name)!r}"
+                )
+
     @property
     def base_url(self) -> str:
         return self.public_url.rstrip("/")
@@ -256,7 +269,10 @@ class Settings:
 
 _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_body_bytes",
          "max_actions", "sqlite_cache_mb", "user_submission_burst",
-         "cluster_in_flight", "webhook_max_attempts"}  # fmt: skip
+         "cluster_in_flight", "webhook_max_attempts",
+         "max_event_streams", "user_max_event_streams", "user_max_verifications"}  # fmt: skip
+#: Caps that must let at least one through (0 would refuse everyone).
+_AT_LEAST_ONE = ("max_event_streams", "user_max_event_streams", "user_max_verifications")
 #: Per-user limits: a positive int, or `unlimited` for None.
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst")  # fmt: skip

@@ -9,14 +9,19 @@ Three limits keep one user from taking the server (docs/limits.md):
 - submissions a minute: a token bucket per user, kept in this node's memory,
   so with N nodes a user may submit up to N times the rate.
 
+Beside them, `Slots` caps what a user holds open at once on this node (event
+streams, verifications), so that one user cannot take threads or descriptors
+the others need.
+
 Each limit is the user's own (`UserLimits`, set by an admin) or else the
 server's default (`Settings.user_*`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pingo import errors, metrics
@@ -141,3 +146,69 @@ class SubmissionRate:
     def forget(self, user: str) -> None:
         """Drop `user`'s bucket (the user was revoked)."""
         self._buckets.pop(user, None)
+
+
+class Slots:
+    """Things held open at once (event streams, verifications): per user and in total.
+
+    In this node's memory, like the submission buckets: each node caps what it
+    serves itself, which is what its threads and descriptors need. Beyond a cap,
+    `take` refuses with `errors.TooManyRequests` (429) and takes nothing, so a
+    refused request never has to give anything back.
+    """
+
+    def __init__(
+        self, what: str, *, per_user: int, total: int | None, retry_after_s: float
+    ) -> None:
+        self.what = what
+        self.per_user = per_user
+        self.total = total
+        self.retry_after_s = retry_after_s
+        self._held: dict[str, int] = {}
+        self._count = 0
+
+    def held_by(self, user: str) -> int:
+        """How many `user` holds now."""
+        return self._held.get(user, 0)
+
+    @property
+    def count(self) -> int:
+        """How many are held now, by everyone."""
+        return self._count
+
+    def take(self, user: str) -> None:
+        """Hold one more for `user`, or raise `errors.TooManyRequests`."""
+        if self.held_by(user) >= self.per_user:
+            raise errors.TooManyRequests(
+                f"{user} already has {self.per_user} {self.what} open, the most allowed "
+                "per user; close one or retry later",
+                self.retry_after_s,
+            )
+        if self.total is not None and self._count >= self.total:
+            raise errors.TooManyRequests(
+                f"this server already has {self.total} {self.what} open, the most it "
+                "allows; retry later",
+                self.retry_after_s,
+            )
+        self._held[user] = self.held_by(user) + 1
+        self._count += 1
+
+    def give_back(self, user: str) -> None:
+        """Release one of `user`'s; a user with none left is forgotten (bounded memory)."""
+        left = self.held_by(user) - 1
+        if left < 0:
+            raise AssertionError(f"{user} gave back {self.what} they did not hold")
+        if left:
+            self._held[user] = left
+        else:
+            del self._held[user]
+        self._count -= 1
+
+    @contextlib.contextmanager
+    def held(self, user: str) -> Iterator[None]:
+        """One slot for the block, given back however it ends (errors, cancellation)."""
+        self.take(user)
+        try:
+            yield
+        finally:
+            self.give_back(user)

@@ -306,6 +306,7 @@ def _event_paths() -> dict[str, Any]:
                         },
                     },
                     "400": bad_position,
+                    "429": _too_many("RATE_LIMITED: event streams open, per user or on the node"),
                 },
                 description="Only your own workflows' events, admins included. A stream "
                 "resumes after `Last-Event-ID`. See docs/api.md#events.",
@@ -671,7 +672,11 @@ def _paths() -> dict[str, Any]:
                 "getDataset",
                 "Get a dataset",
                 "datasets",
-                {"200": _json_body(_ref("Dataset"), "The dataset."), "404": _NOT_FOUND},
+                {
+                    "200": _json_body(_ref("Dataset"), "The dataset."),
+                    "404": _NOT_FOUND,
+                    "429": _too_many("RATE_LIMITED: verifications running, per user"),
+                },
                 parameters=[
                     _DATASET_ID_PARAM,
                     _param(

@@ -121,7 +121,8 @@ DOCUMENTED_CODES: dict[str, str] = {
     "VALIDATION_FAILED": "The workflow document is invalid; `errors` lists every issue (422).",
     "UNKNOWN_EXECUTOR": "An action type has no executor on this node (422).",
     "IDEMPOTENCY_KEY_REUSED": "The Idempotency-Key was used for a different document (422).",
-    "RATE_LIMITED": "More submissions a minute than the user's limit; see Retry-After (429).",
+    "RATE_LIMITED": "Over a per-user or server cap (submissions a minute, open event streams,"
+    " running verifications); see Retry-After (429).",
     "TOO_MANY_WORKFLOWS": "The user has their limit of RUNNING workflows; see Retry-After (429).",
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",

@@ -19,6 +19,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -118,6 +119,14 @@ def _sandbox_completion(staging: str) -> Completion | None:
 #: Where a replaced directory copy waits, under the data root, while readers that
 #: started on it still hold claims (`promote(..., readers=True)`, the reaper's sweep).
 REPLACED_DIR = ".replaced"
+#: Threads that hash for `verify`, apart from asyncio's default pool: a flood of
+#: `?verify=true` then queues behind these alone, never behind (or in front of) the
+#: log reads, promotions and planning checks the default pool runs. Two keep a
+#: verification going while another user's holds a thread (the API caps each user
+#: below this: `PINGO_USER_MAX_VERIFICATIONS`), and bound the disk and CPU spent on it.
+VERIFY_THREADS = 2
+#: The names of those threads (`pingo-verify_0`, …), for logs and profilers.
+VERIFY_THREAD_PREFIX = "pingo-verify"
 
 
 class DatasetStorage:
@@ -142,6 +151,10 @@ class DatasetStorage:
         self._staging_ready = False
         #: What this node last hashed, so reuse checks need not hash unchanged files again.
         self.digests = integrity.DigestCache()
+        # Its threads start on the first verification, so a node that never verifies has none.
+        self._verifying = ThreadPoolExecutor(
+            VERIFY_THREADS, thread_name_prefix=VERIFY_THREAD_PREFIX
+        )
 
     @property
     def is_local(self) -> bool:
@@ -307,7 +320,8 @@ class DatasetStorage:
     async def verify(
         self, path: str, expected: str | None, *, full: bool = True
     ) -> integrity.Verdict:
-        """Check the files at `path` against the digest recorded for them, in a worker thread.
+        """Check the files at `path` against the digest recorded for them, on one of the
+        `VERIFY_THREADS` threads kept for verifications (never asyncio's default pool).
 
         `full` hashes the content again; otherwise an unchanged stat fingerprint
         since this node last hashed it vouches for it (`integrity.DigestCache`).
@@ -316,7 +330,8 @@ class DatasetStorage:
             return integrity.Verdict(integrity.Status.UNVERIFIABLE)
         started = time.perf_counter()
         check = self.digests.verify if full else self.digests.check
-        verdict = await asyncio.to_thread(check, path, expected)
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(self._verifying, check, path, expected)
         if verdict.hashed:
             metrics.DIGEST_SECONDS.observe(time.perf_counter() - started)
         return verdict

@@ -12,3 +12,4 @@ def setup_routes(app: web.Application) -> None:
     for module in (workflows, schedules, datasets, callbacks, users, events, system):
         app.router.add_routes(module.routes)
     events.setup(app)
+    datasets.setup(app)

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from pingo import errors, heap, states
+from pingo import errors, heap, limits, states
 from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.retention.policy import recent_decisions
 from pingo.store import lookup
@@ -17,6 +17,19 @@ from pingo.store.protocol import DatasetRecord, Store
 
 PREFIX = "/api/v1"
 routes = web.RouteTableDef()
+
+#: Retry-After for a user at their verification cap: a hint, about what hashing 1 GiB takes.
+VERIFY_RETRY_S = 3
+#: The verifications running on this app, by user (`PINGO_USER_MAX_VERIFICATIONS`).
+VERIFYING = web.AppKey("pingo.datasets.verifying", limits.Slots)
+
+
+def setup(app: web.Application) -> None:
+    """Cap the verifications each user may have running at once."""
+    per_user = app[runtime.STATE_KEY].settings.user_max_verifications
+    app[VERIFYING] = limits.Slots(
+        "verifications", per_user=per_user, total=None, retry_after_s=VERIFY_RETRY_S
+    )
 
 
 async def visible_dataset(request: web.Request) -> DatasetRecord:
@@ -150,13 +163,18 @@ async def get_dataset(request: web.Request) -> web.Response:
     """One dataset: state, size, digest, producer and parents.
 
     `?verify=true` hashes its files again and adds `verification` (match,
-    mismatch, missing or unverifiable); a mismatch is never reused.
+    mismatch, missing or unverifiable); a mismatch is never reused. Each user may
+    have `PINGO_USER_MAX_VERIFICATIONS` running at once (429 beyond); the hashing
+    runs on the storage's own few threads (`storage.VERIFY_THREADS`).
     """
     verify = bodies.query_bool(request, "verify")
     record = await visible_dataset(request)
     (document,) = await dataset_documents(request, [record])
     if verify:
-        verdict = await runtime.node(request).datasets.verify(record)
+        # Held for the whole hash, even once the client left (aiohttp does not cancel its
+        # handler): the thread is busy until then, so a retry must not start another.
+        with request.app[VERIFYING].held(auth.current_user(request).name):
+            verdict = await runtime.node(request).datasets.verify(record)
         document.verification = documents.verification_document(verdict, record)
     return bodies.json_response(document)
 

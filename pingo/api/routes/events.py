@@ -9,7 +9,7 @@ import re
 
 from aiohttp import web
 
-from pingo import errors, events
+from pingo import errors, events, limits
 from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.store.protocol import EventRecord, Store, UserRecord
 
@@ -25,13 +25,25 @@ _STREAM_POLL_S = 0.5
 _KEEP_ALIVE_S = 15.0
 #: Set when the app shuts down: open streams end, rather than hold up the shutdown.
 STOPPING = web.AppKey("pingo.events.stopping", asyncio.Event)
+#: The streams open on this app, by user: each holds a descriptor and polls the store,
+#: so a cap per user and one in total keep one user from taking the server.
+STREAMS = web.AppKey("pingo.events.streams", limits.Slots)
+#: Retry-After for a refused stream: a hint, since nobody knows when another one ends.
+STREAM_RETRY_S = 5
 #: A sequence number: what cursors and `Last-Event-ID` hold.
 _SEQ = re.compile(r"[0-9]{1,18}")
 
 
 def setup(app: web.Application) -> None:
-    """End the app's open event streams when it shuts down."""
+    """Cap the app's open event streams, and end them when it shuts down."""
     app[STOPPING] = asyncio.Event()
+    settings = app[runtime.STATE_KEY].settings
+    app[STREAMS] = limits.Slots(
+        "event streams",
+        per_user=settings.user_max_event_streams,
+        total=settings.max_event_streams,
+        retry_after_s=STREAM_RETRY_S,
+    )
 
     async def stop_streams(app: web.Application) -> None:
         app[STOPPING].set()
@@ -89,8 +101,19 @@ async def list_events(request: web.Request) -> web.StreamResponse:
 async def _stream(
     request: web.Request, user: UserRecord, kind: str | None, after: int | None
 ) -> web.StreamResponse:
-    """Server-sent events: each new event once, as `id`, `event` and `data` lines, until
-    the client leaves, the app stops or the token is revoked."""
+    """Server-sent events, within the user's and the server's caps on open streams (429
+    beyond them): the slot is taken before anything is sent and given back however the
+    stream ends (client gone, token revoked, app stopping, store down, a bug)."""
+    streams = request.app[STREAMS]
+    with streams.held(user.name):
+        return await _follow(request, user, kind, after)
+
+
+async def _follow(
+    request: web.Request, user: UserRecord, kind: str | None, after: int | None
+) -> web.StreamResponse:
+    """Each new event once, as `id`, `event` and `data` lines, until the client leaves,
+    the app stops or the token is revoked."""
     store = runtime.node(request).store
     owner = user.name
     if after is None:
