@@ -90,5 +90,8 @@ async def test_a_driver_on_the_cluster_or_an_admins_choice_lets_users_run_spark(
     client = await aiohttp_client(app)
     api = Api(client=client, app=app, tokens={"admin": "admin-token-for-tests"})
     await api.add_user("bob")
-    status, text = await _dry_run(api, _cluster("spark"), "bob")
+    document = _cluster("spark")
+    # A local application would be shipped from this machine (tests/api/test_cluster_paths.py).
+    document["actions"][0]["application"] = "hdfs://nn/jobs/job.py"
+    status, text = await _dry_run(api, document, "bob")
     assert status != 403, text

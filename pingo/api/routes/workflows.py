@@ -233,7 +233,7 @@ class ExecutorCheck:
     action_types: frozenset[str]
     #: Whether the submitter is not an admin (403): local unmanaged outputs must lie
     #: under `Settings.unmanaged_roots`, and no cluster action may run code on this
-    #: machine (`Settings.host_clients`).
+    #: machine or name a local file its client would read (`Settings.host_clients`).
     restricted: bool = False
 
     @classmethod
@@ -280,17 +280,43 @@ def _check_sandbox(document: Any) -> None:
 def _check_restricted(document: Any, settings: Settings) -> None:
     """Refuse (403) what a non-admin may not run here: a local unmanaged `outputPath`
     outside `Settings.unmanaged_roots` (the server moves the output there with its own
-    rights), or a cluster action whose client would run their code on this machine."""
-    actions = document.get("actions") if isinstance(document, Mapping) else None
-    for action in actions if isinstance(actions, list) else ():
-        if not isinstance(action, Mapping):
-            continue
+    rights), a cluster action whose client would run their code on this machine, or
+    one whose client would read and ship a file of this machine (`cluster.host_file_refusal`)."""
+    listed = document.get("actions") if isinstance(document, Mapping) else None
+    actions = [a for a in listed if isinstance(a, Mapping)] if isinstance(listed, list) else []
+    by_id = {a["id"]: a for a in actions if isinstance(a.get("id"), int)}
+    for action in actions:
         kind, path = action.get("type"), action.get("outputPath")
         refusal = sandbox.host_client_refusal(kind, settings) if isinstance(kind, str) else None
         if refusal is None and action.get("isManaged", True) is False and isinstance(path, str):
             refusal = sandbox.unmanaged_root_refusal(path, settings.unmanaged_roots)
+        if refusal is None:
+            output, inputs = _planned_paths(action, by_id, settings.data_root)
+            refusal = cluster.host_file_refusal(action, output, inputs, settings)
         if refusal is not None:
             raise errors.Forbidden(refusal)
+
+
+def _planned_paths(
+    action: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]], data_root: str
+) -> tuple[str, dict[int, str]]:
+    """What `{output}` and `{input:<id>}` of `action` will resolve to, as far as it is known
+    before planning: an unmanaged action's own `outputPath`, else a path under the data
+    root (where every managed dataset and staging path lies). Only whether each is local
+    matters to `cluster.host_file_refusal`, and that is known."""
+
+    def path(of: Mapping[str, Any]) -> str:
+        own = of.get("outputPath")
+        managed = of.get("isManaged", True) is not False
+        return f"{data_root}/dataset" if managed or not isinstance(own, str) else own
+
+    parents = action.get("parentActions")
+    inputs: dict[int, str] = {}
+    for parent in parents if isinstance(parents, list) else ():
+        pid = parent.get("id") if isinstance(parent, Mapping) else None
+        if isinstance(pid, int) and pid in by_id:
+            inputs[pid] = path(by_id[pid])
+    return path(action), inputs
 
 
 def check_executors(request: web.Request, document: Any) -> None:
