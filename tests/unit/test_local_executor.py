@@ -455,3 +455,31 @@ def test_a_box_is_made_afresh_and_a_link_at_its_place_is_removed(tmp_path: Path)
     os.symlink("/etc", Path(box) / "out" / "inner")
     assert sandbox.planted_link(output) == "inner"
     assert sandbox.make_box(output) == box and not any(Path(box).iterdir())
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_collecting_a_box_copies_it_into_new_files_when_asked(tmp_path: Path, fresh: bool) -> None:
+    """Fresh: new inodes (a descriptor the action handed out reaches none of them), links
+    kept as links, a FIFO left out (copying it would wait for a writer); else a rename."""
+    output = str(tmp_path / "out")
+    written = Path(sandbox.make_box(output)) / "out"
+    (written / "part").mkdir(parents=True)
+    (written / "part" / "data").write_text("rows\n")
+    os.symlink("/etc/passwd", written / "link")
+    os.mkfifo(written / "fifo")
+    held = os.open(written / "part" / "data", os.O_RDWR)
+    try:
+        before = os.fstat(held).st_ino
+        sandbox.collect(output, fresh=fresh)
+        os.pwrite(held, b"EVIL", 0)
+    finally:
+        os.close(held)
+    stored = Path(output)
+    assert not os.path.lexists(sandbox.box_for(output))
+    assert os.readlink(stored / "link") == "/etc/passwd"
+    data = stored / "part" / "data"
+    if fresh:
+        assert data.read_text() == "rows\n" and data.stat().st_ino != before
+        assert not (stored / "fifo").exists()
+    else:
+        assert data.read_text() == "EVIL\n" and data.stat().st_ino == before
