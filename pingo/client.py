@@ -4,13 +4,17 @@ Built on the standard library (`urllib`), so scripts and the CLI need no event
 loop. Configuration comes from the environment, as the CLI's does:
 
 - `PINGO_URL` (default `http://$PINGO_HOST:$PINGO_PORT`, i.e. http://127.0.0.1:8642);
-- `PINGO_TOKEN` (default: the admin token file `$PINGO_HOME/admin.token`).
+- `PINGO_TOKEN` (default: the admin token file `$PINGO_HOME/admin.token`, read only
+  when the URL's host is loopback: 127.0.0.0/8, ::1 or localhost).
 
 Every error answer (RFC 9457 problem+json) raises `ApiError` with its `code`.
+Redirects are never followed: the token would go wherever the redirect points, so
+one is reported as an `ApiError` (code `REDIRECT`) naming its target.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import time
@@ -105,11 +109,33 @@ def token_file(environ: Mapping[str, str] | None = None) -> Path:
     return home / "admin.token"
 
 
+def is_loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine: 127.0.0.0/8, ::1 or localhost."""
+    try:
+        host = urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        return False
+    if host is None:
+        return False
+    if host.rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def default_token(environ: Mapping[str, str] | None = None) -> str | None:
-    """`PINGO_TOKEN`, else the admin token file in `PINGO_HOME` (or the default home)."""
+    """`PINGO_TOKEN`, else the admin token file in `PINGO_HOME` (or the default home).
+
+    The file is read only when the URL (`default_url`) is loopback: the local
+    server's admin token is never sent to another machine that PINGO_URL names.
+    """
     env = os.environ if environ is None else environ
     if env.get("PINGO_TOKEN"):
         return env["PINGO_TOKEN"].strip()
+    if not is_loopback(default_url(env)):
+        return None
     try:
         return token_file(env).read_text().strip() or None
     except OSError:
@@ -119,7 +145,10 @@ def default_token(environ: Mapping[str, str] | None = None) -> str | None:
 def _no_token_hint(path: Path | None) -> str:
     """Why no token was sent, naming the file that was looked for."""
     if path is None:
-        return "no token was sent (set PINGO_TOKEN)"
+        return (
+            "no token was sent (set PINGO_TOKEN; the admin token file is used only "
+            "for a loopback PINGO_URL)"
+        )
     try:
         found = "is empty" if path.is_file() else "does not exist"
     except OSError:
@@ -149,6 +178,29 @@ def _problem(status: int, body: bytes) -> ApiError:
     )
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect: the answer comes back as the `HTTPError` it is."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+#: urllib's opener without redirect handling (the default one follows them with the
+#: request's headers, Authorization included, to any host).
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _redirect(status: int, location: str | None, url: str) -> ApiError:
+    """A redirect, refused: where it pointed and what to do instead."""
+    target = urllib.parse.urljoin(url, location) if location else "nowhere"
+    return ApiError(
+        status,
+        "REDIRECT",
+        f"{url} redirects to {target}; redirects are not followed, so that the token is "
+        "never sent elsewhere: set PINGO_URL to the server's own address",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     status: int
@@ -173,8 +225,9 @@ class Client:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Client:
         """A client configured from `PINGO_URL`/`PINGO_HOST`/`PINGO_PORT` and `PINGO_TOKEN`."""
         token = default_token(environ)
-        looked_at = None if token else token_file(environ)
-        return cls(base_url=default_url(environ), token=token, token_file=looked_at)
+        url = default_url(environ)
+        looked_at = None if token or not is_loopback(url) else token_file(environ)
+        return cls(base_url=url, token=token, token_file=looked_at)
 
     # ------------------------------------------------------------------ transport
 
@@ -194,19 +247,22 @@ class Client:
         if params:
             url += "?" + urllib.parse.urlencode(params, doseq=True)
         all_headers = {"Accept": "application/json", **(headers or {})}
-        if self.token:
-            all_headers["Authorization"] = f"Bearer {self.token}"
         data = raw_body
         if body is not None:
             data = json.dumps(body).encode()
         if data is not None:
             all_headers.setdefault("Content-Type", "application/json")
         request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
+        if self.token:
+            # Unredirected as well: even a redirect followed by mistake would not carry it.
+            request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+            with _OPENER.open(request, timeout=self.timeout_s) as answer:
                 return Response(answer.status, dict(answer.headers.items()), answer.read())
         except urllib.error.HTTPError as exc:
             with exc:
+                if 300 <= exc.code < 400:
+                    raise _redirect(exc.code, exc.headers.get("Location"), url) from None
                 error = _problem(exc.code, exc.read())
             if error.status == 401 and not self.token:
                 error = error.with_hint(_no_token_hint(self.token_file))

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -73,30 +73,148 @@ class Session:
 
 
 @dataclass(slots=True)
-class Sessions:
-    """Live sessions by id; expired ones are dropped when looked up."""
+class _Failures:
+    tokens: float
+    at: float
+    #: Whether the refusal was logged already (one log line per throttled spell).
+    logged: bool = False
 
-    by_id: dict[str, Session] = field(default_factory=dict)
+
+class SignInThrottle:
+    """Failed sign-ins per peer address: a token bucket, in this node's memory.
+
+    An address may fail `burst` times in a row, then once every `refill_s` seconds;
+    beyond that its sign-ins are refused (429, Retry-After) before the token is
+    looked at, correct or not, so that a throttled address gets no answers to its
+    guesses. Successful sign-ins cost nothing. Buckets are kept least recently failed
+    first: one that has refilled is forgotten, and beyond `max_addresses` the oldest
+    is, so memory stays bounded whatever the number of addresses.
+    """
+
+    def __init__(
+        self,
+        burst: int = 10,
+        refill_s: float = 6.0,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.refill_s = refill_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        self._buckets: OrderedDict[str, _Failures] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def check(self, address: str) -> None:
+        """Raise `errors.TooManyRequests` when `address` has no failures left."""
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            return
+        tokens = self._refilled(bucket, self.clock())
+        if tokens >= 1:
+            return
+        if not bucket.logged:
+            bucket.logged = True
+            logger.warning(
+                "UI sign-ins from %s refused: too many failed sign-ins",
+                address,
+                extra={"event": "ui_login_throttled", "remote": address},
+            )
+        raise errors.TooManyRequests(
+            "too many failed sign-ins from your address; wait and try again",
+            (1 - tokens) * self.refill_s,
+        )
+
+    def failed(self, address: str) -> None:
+        """Count one failed sign-in of `address`."""
+        now = self.clock()
+        self._forget_refilled(now)
+        bucket = self._buckets.pop(address, None)
+        if bucket is None:
+            bucket = _Failures(tokens=self.burst, at=now)
+        bucket.tokens = self._refilled(bucket, now) - 1
+        bucket.at = now
+        if bucket.tokens >= 1:
+            bucket.logged = False
+        self._buckets[address] = bucket
+        while len(self._buckets) > self.max_addresses:
+            self._buckets.popitem(last=False)
+
+    def _refilled(self, bucket: _Failures, now: float) -> float:
+        return min(self.burst, bucket.tokens + (now - bucket.at) / self.refill_s)
+
+    def _forget_refilled(self, now: float) -> None:
+        # Least recently failed first: stop at the first bucket that is not full again.
+        while self._buckets:
+            bucket = next(iter(self._buckets.values()))
+            if self._refilled(bucket, now) < self.burst:
+                return
+            self._buckets.popitem(last=False)
+
+
+@dataclass(slots=True)
+class Sessions:
+    """Live sessions by id, at most `per_user` for one token; expired ones are dropped.
+
+    Every session lives `SESSION_TTL_S`, so creation order is expiry order: `by_id`
+    keeps it, and signing in drops expired sessions from its front only (no scan).
+    `by_user` holds each token hash's sessions, least recently used first; a sign-in
+    beyond `per_user` ends the least recently used one, so sign-ins in a loop keep
+    memory bounded by users times `per_user`.
+    """
+
+    per_user: int = 16
+    by_id: OrderedDict[str, Session] = field(default_factory=OrderedDict)
+    by_user: dict[str, OrderedDict[str, None]] = field(default_factory=dict)
+    #: Failed sign-ins per peer address.
+    throttle: SignInThrottle = field(default_factory=SignInThrottle)
 
     def open(self, token_hash: str) -> tuple[str, Session]:
         self._drop_expired()
+        mine = self.by_user.setdefault(token_hash, OrderedDict())
+        while len(mine) >= self.per_user:
+            oldest, _ = mine.popitem(last=False)
+            self.by_id.pop(oldest, None)
         session_id = secrets.token_urlsafe(32)
         session = Session(token_hash, secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
         self.by_id[session_id] = session
+        mine[session_id] = None
         return session_id, session
 
     def get(self, session_id: str | None) -> Session | None:
         session = self.by_id.get(session_id or "")
-        if session is not None and session.expires_at < time.time():
-            del self.by_id[session_id or ""]
+        if session is None or session_id is None:
             return None
+        if session.expires_at < time.time():
+            self.close(session_id)
+            return None
+        mine = self.by_user.get(session.token_hash)
+        if mine is not None and session_id in mine:
+            mine.move_to_end(session_id)
         return session
+
+    def close(self, session_id: str) -> None:
+        """End one session (signing out, expiry, eviction); an unknown id is ignored."""
+        session = self.by_id.pop(session_id, None)
+        if session is None:
+            return
+        mine = self.by_user.get(session.token_hash)
+        if mine is not None:
+            mine.pop(session_id, None)
+            if not mine:
+                del self.by_user[session.token_hash]
 
     def _drop_expired(self) -> None:
         # Sessions never looked up again (a closed browser) would otherwise stay forever.
+        # Oldest first: the walk stops at the first live one.
         now = time.time()
-        for session_id in [k for k, v in self.by_id.items() if v.expires_at < now]:
-            del self.by_id[session_id]
+        while self.by_id:
+            session_id, session = next(iter(self.by_id.items()))
+            if session.expires_at >= now:
+                return
+            self.close(session_id)
 
 
 def _reuse_summary(planned: list[PlannedAction]) -> dict[str, int]:
@@ -246,12 +364,28 @@ async def login_page(request: web.Request) -> dict[str, object]:
 
 @routes.post("/login")
 async def login(request: web.Request) -> web.Response:
+    # Refused before the form is read: a throttled address gets no answer to its guess.
+    address = request.remote or "unknown"
+    throttle = request.app[SESSIONS_KEY].throttle
+    try:
+        throttle.check(address)
+    except errors.TooManyRequests as exc:
+        refused = _error_page(request, HTTPStatus.TOO_MANY_REQUESTS, exc.message)
+        refused.headers["Retry-After"] = exc.retry_after
+        return refused
     form = await _form(request)
     token = form.get("token")
     user = None
     if isinstance(token, str) and token:
         user = await runtime.node(request).store.get_user_by_token_hash(auth.hash_token(token))
     if user is None:
+        throttle.failed(address)
+        # Never the submitted token: it may be a real one typed into the wrong place.
+        logger.warning(
+            "UI sign-in failed from %s",
+            address,
+            extra={"event": "ui_login_failed", "remote": address},
+        )
         return aiohttp_jinja2.render_template(
             "login.html", request, {"error": "That token is not valid."}, status=401
         )
@@ -274,7 +408,7 @@ async def login(request: web.Request) -> web.Response:
 async def logout(request: web.Request) -> web.Response:
     _, session = await _session_user(request)
     await _check_csrf(request, session)
-    request.app[SESSIONS_KEY].by_id.pop(request.cookies.get(COOKIE, ""), None)
+    request.app[SESSIONS_KEY].close(request.cookies.get(COOKIE, ""))
     response = web.HTTPSeeOther("/login")
     response.del_cookie(COOKIE, path="/")
     raise response
