@@ -145,6 +145,9 @@ class Settings:
     user_submissions_per_minute: int | None = 600
     #: Submissions a user may make at once before the rate applies (the bucket's size).
     user_submission_burst: int = 60
+    #: Schedules one user may have (403 TOO_MANY_SCHEDULES beyond; admins exempt):
+    #: a server setting only, counted in the store. None (env: `unlimited`) lifts it.
+    user_max_schedules: int | None = 100
     #: Event streams (SSE) one user may have open at once on this node (429 beyond).
     user_max_event_streams: int = 8
     #: `?verify=true` hashes one user may have running at once on this node (429 beyond).
@@ -275,7 +278,8 @@ _INTS = {"port", "queue_size", "claim_batch", "submitters", "local_slots", "max_
 _AT_LEAST_ONE = ("max_event_streams", "user_max_event_streams", "user_max_verifications")
 #: Per-user limits: a positive int, or `unlimited` for None.
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
-                "user_submissions_per_minute", "user_submission_burst")  # fmt: skip
+                "user_submissions_per_minute", "user_submission_burst",
+                "user_max_schedules")  # fmt: skip
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "plan_deadline_s", "claim_ahead_s",
            "fast_poll_s", "idle_poll_s",

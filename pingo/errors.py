@@ -75,6 +75,13 @@ class Forbidden(PingoError):
     code = "FORBIDDEN"
 
 
+class TooManySchedules(Forbidden):
+    """The user has as many schedules as the server allows (PINGO_USER_MAX_SCHEDULES):
+    forbidden rather than 429, since waiting does not help, deleting one does."""
+
+    code = "TOO_MANY_SCHEDULES"
+
+
 class SandboxUnavailable(Forbidden):
     """Command-line actions of non-admin users need the sandbox, which cannot run on this server."""
 

@@ -188,7 +188,11 @@ def _schedule_paths() -> dict[str, Any]:
                 "schedules",
                 {
                     "201": _json_body(_ref("Schedule"), "Created; Location names it."),
-                    "403": _SUBMISSION_FORBIDDEN,
+                    "403": _problem(
+                        "What a submission may be refused for (SANDBOX_UNAVAILABLE,"
+                        " FORBIDDEN), or the user has PINGO_USER_MAX_SCHEDULES schedules"
+                        " already (TOO_MANY_SCHEDULES)."
+                    ),
                     "404": _problem("`workflow` names no workflow of yours (NOT_FOUND)."),
                     "422": _problem(
                         "Invalid schedule or workflow; `errors` points at each issue "

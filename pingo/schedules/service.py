@@ -34,6 +34,13 @@ from pingo.workflows.planner import WorkflowManager
 
 logger = logging.getLogger(__name__)
 
+#: Due schedules read from the store at a time.
+DUE_PAGE = 100
+#: Pages of due schedules one pass reads at most. A pass reads on, page after page, until
+#: it saw every due schedule, so that no schedule is hidden behind others that sort
+#: first (a data trigger's watermark is always due); past this many pages the next pass
+#: goes on where this one stopped (after the first page again), a rotation.
+DUE_PAGES = 20
 #: How many schedules one scheduler pass handles at once.
 _PARALLEL = 50
 #: How many due cron ticks one pass claims (in one store call).
@@ -94,6 +101,9 @@ class ScheduleService:
         #: The soonest instant the last pass saw something become due (a tick, or another
         #: node's claim expiring): the scheduler wakes then rather than at its next poll.
         self._soonest: datetime | None = None
+        #: Where the next pass goes on reading due schedules, when the last one stopped
+        #: after `DUE_PAGES` pages (None: it saw them all).
+        self._resume: tuple[datetime, str] | None = None
 
     def spec(self, schedule: ScheduleRecord) -> rules.ScheduleSpec:
         """The schedule's parsed definition (cached: parsing checks the cron every time)."""
@@ -112,6 +122,7 @@ class ScheduleService:
         now = self.store.clock()
         self.check_workflow(spec, now)
         hooks.parse_webhooks(spec.webhooks, "/webhooks", self.settings)
+        await self.check_schedule_cap(owner)
         record = ScheduleRecord(
             id=new_schedule_id(),
             owner=owner,
@@ -137,6 +148,26 @@ class ScheduleService:
             extra={"event": "schedule_created", "schedule_id": created.id},
         )
         return created
+
+    async def check_schedule_cap(self, owner: str) -> None:
+        """Refuse (403) a new schedule of `owner` when they have `user_max_schedules`.
+
+        Counted in the store, so every node sharing it sees the same number; admins are
+        exempt. Two creations at the same instant may both pass the count. Not a 429:
+        waiting does not help, only deleting a schedule does.
+        """
+        cap = self.settings.user_max_schedules
+        if cap is None:
+            return
+        user = await self.store.get_user(owner)
+        if user is not None and user.is_admin:
+            return
+        held = len(await self.store.list_schedules(owner=owner, limit=cap))
+        if held >= cap:
+            raise errors.TooManySchedules(
+                f"{owner} has {held} schedules, the most allowed ({cap}); "
+                "delete one to make another"
+            )
 
     def check_workflow(self, spec: rules.ScheduleSpec, now: datetime) -> None:
         """Validate the workflow document as a tick at `now` would submit it."""
@@ -195,7 +226,7 @@ class ScheduleService:
         self._soonest = None
         now = self.store.clock()
         horizon = now + timedelta(seconds=self.settings.schedule_interval_s)
-        found = await self.store.list_due_schedules(horizon, self.settings.node_id, limit=100)
+        found = await self._list_due(horizon)
         due = [s for s in found if self._due_now(s, now)]
         self._soonest = min(
             (at for s in found if (at := self._due_next(s, now)) is not None), default=None
@@ -217,6 +248,43 @@ class ScheduleService:
             *(self._guarded_settle(c, d, now) for c, d in claimed),
         )
         return any(progressed) or len(ticking) > _CLAIM_BATCH
+
+    async def _list_due(self, horizon: datetime) -> list[ScheduleRecord]:
+        """The schedules due by `horizon`: the first page (pending ticks and the soonest),
+        then page after page of the others, at most `DUE_PAGES` in all; a pass that
+        stopped there makes the next one go on after the last it read."""
+        node_id = self.settings.node_id
+        found = await self.store.list_due_schedules(horizon, node_id, limit=DUE_PAGE)
+        if len(found) < DUE_PAGE:
+            self._resume = None
+            return found
+        # Schedules without a pending tick come in (next_fire_at, id) order on every
+        # page, those of the first page before any other: go on after its last one.
+        cursor = max(
+            (
+                (at, s.id)
+                for s in found
+                if s.pending_tick_at is None and (at := s.next_fire_at) is not None
+            ),
+            default=(datetime.min.replace(tzinfo=horizon.tzinfo), ""),
+        )
+        if self._resume is not None and self._resume > cursor:
+            cursor = self._resume
+        seen = {s.id for s in found}
+        for _ in range(DUE_PAGES - 1):
+            page = await self.store.list_due_schedules(
+                horizon, node_id, limit=DUE_PAGE, after=cursor
+            )
+            found += [s for s in page if s.id not in seen]
+            seen.update(s.id for s in page)
+            if len(page) < DUE_PAGE:
+                self._resume = None
+                return found
+            last = page[-1]
+            assert last.next_fire_at is not None
+            cursor = (last.next_fire_at, last.id)
+        self._resume = cursor
+        return found
 
     def wait_s(self, interval_s: float) -> float:
         """How long the scheduler may sleep: until the soonest due instant the last pass
@@ -516,13 +584,28 @@ class ScheduleService:
             return await self._clear(schedule)
         document = self.with_schedule_webhooks(spec, rules.render(spec, tick))
         try:
+            # The owner's workflow cap applies as to their own submissions (a tick taken
+            # over after its workflow was made replays it, uncapped).
             workflow = await self.workflows.submit(
                 document,
                 owner=schedule.owner,
                 idempotency_key=rules.idempotency_key(schedule.id, tick),
+                cap=owner.limits,
             )
         except errors.StoreUnavailable:
             raise
+        except errors.TooManyWorkflows as exc:
+            # Like `maxConcurrent`: the tick is skipped, not failed, and not retried.
+            await self._record(schedule, tick, "skipped", reason="maxWorkflows")
+            metrics.SCHEDULE_TICKS.labels(outcome="skipped").inc()
+            logger.info(
+                "schedule %s: tick %s skipped: %s",
+                schedule.id,
+                tick.isoformat(),
+                exc.message,
+                extra={"event": "schedule_tick_skipped", "schedule_id": schedule.id},
+            )
+            return await self._clear(schedule)
         except errors.PingoError as exc:
             # The document was valid when the schedule was made; an executor may have
             # gone since. The tick is settled as failed rather than retried forever.

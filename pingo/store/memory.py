@@ -1047,9 +1047,21 @@ class MemoryStore:
         return found[:limit]
 
     async def list_due_schedules(
-        self, now: datetime, node_id: str, limit: int = 100
+        self,
+        now: datetime,
+        node_id: str,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
     ) -> list[ScheduleRecord]:
         def due(s: ScheduleRecord) -> bool:
+            if after is not None:
+                return (
+                    s.pending_tick_at is None
+                    and not s.paused
+                    and s.next_fire_at is not None
+                    and s.next_fire_at <= now
+                    and (s.next_fire_at, s.id) > after
+                )
             if s.pending_tick_at is not None:
                 return s.claimed_by == node_id or is_lease_expired(s.claim_expires_at, now)
             return not s.paused and s.next_fire_at is not None and s.next_fire_at <= now

@@ -2277,9 +2277,27 @@ class MongoStore:
 
     @_translated
     async def list_due_schedules(
-        self, now: datetime, node_id: str, limit: int = 100
+        self,
+        now: datetime,
+        node_id: str,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
     ) -> list[ScheduleRecord]:
         now_us = _us(now)
+        order = [("next_fire_at_us", pymongo.ASCENDING), ("_id", pymongo.ASCENDING)]
+        if after is not None:
+            # The cursor's own instant, then what comes after it, rather than one `$or`
+            # (nx-27017 matches no null in an `$or`); the ties' ids compared here, since
+            # nx-27017 did not match `_id: {"$gt": …}` beside the instant either.
+            at, last_id = _us(after[0]), after[1]
+            waiting = {"pending_tick_at_us": None, "paused": False}
+            ties = self._schedules.find({**waiting, "next_fire_at_us": at}, sort=order)
+            later = self._schedules.find(
+                {**waiting, "next_fire_at_us": {"$gt": at, "$lte": now_us}}, sort=order
+            ).limit(limit)
+            page = [_schedule(d) for d in await ties.to_list(None) if d["_id"] > last_id]
+            page += [_schedule(d) for d in await later.to_list(None)]
+            return page[:limit]
         pending = self._schedules.find(
             {
                 "pending_tick_at_us": {"$ne": None},
@@ -2288,7 +2306,7 @@ class MongoStore:
         ).limit(limit)
         due = self._schedules.find(
             {"next_fire_at_us": {"$lte": now_us}, "pending_tick_at_us": None, "paused": False},
-            sort=[("next_fire_at_us", pymongo.ASCENDING)],
+            sort=order,
         ).limit(limit)
         found = [_schedule(d) for d in await pending.to_list(None)]
         found += [_schedule(d) for d in await due.to_list(None)]

@@ -929,11 +929,19 @@ class Store(Protocol):
         ...
 
     async def list_due_schedules(
-        self, now: datetime, node_id: str, limit: int = 100
+        self,
+        now: datetime,
+        node_id: str,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
     ) -> list[ScheduleRecord]:
         """Schedules with a tick to act on, soonest first: not paused with
         `next_fire_at <= now`, or with a pending tick whose claim expired or is
-        held by `node_id`."""
+        held by `node_id`.
+
+        `after` pages on: given the `(next_fire_at, id)` of the last schedule without a
+        pending tick that a page held, only schedules without a pending tick that sort
+        after it, by `(next_fire_at, id)` (the pending ones were on the first page)."""
         ...
 
     async def update_schedule(

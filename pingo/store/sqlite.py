@@ -2846,9 +2846,22 @@ class SQLiteStore:
         )
 
     async def list_due_schedules(
-        self, now: datetime, node_id: str, limit: int = 100
+        self,
+        now: datetime,
+        node_id: str,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
     ) -> list[ScheduleRecord]:
         at = _us(now)
+        if after is not None:
+            return await self._run(
+                self._all,
+                _SCHEDULES.record,
+                f"SELECT {_SCHEDULES.columns} FROM schedules "
+                "WHERE next_fire_at <= ? AND pending_tick_at IS NULL AND paused = 0 "
+                "AND (next_fire_at, id) > (?, ?) ORDER BY next_fire_at, id LIMIT ?",
+                (at, _us(after[0]), after[1], limit),
+            )
         # Two index ranges (pending ticks, due ticks) rather than one OR over both.
         return await self._run(
             self._all,

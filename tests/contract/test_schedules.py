@@ -151,6 +151,30 @@ async def test_due_schedules(store: Store, clock: FakeClock) -> None:
     assert len(await store.list_due_schedules(later, "me", limit=1)) == 1
 
 
+async def test_due_schedules_page_on_after_a_cursor(store: Store, clock: FakeClock) -> None:
+    """`after` pages through the due schedules without a pending tick, by (next_fire_at,
+    id), ties included: a pass reads them all, whatever sorts first."""
+    now = clock()
+    earlier = now - timedelta(seconds=5)
+    due = [
+        await store.create_schedule(make_schedule(clock, id=f"sch-{name}", next_fire_at=at))
+        for name, at in (("b", earlier), ("a", earlier), ("c", now), ("d", earlier))
+    ]
+    await store.create_schedule(make_schedule(clock, next_fire_at=earlier, paused=True))
+    await store.create_schedule(
+        make_schedule(clock, next_fire_at=earlier, pending_tick_at=now, claimed_by="me")
+    )
+    ordered = sorted(due, key=lambda s: (s.next_fire_at, s.id))
+    seen: list[str] = []
+    cursor = (earlier - timedelta(seconds=1), "")
+    while page := await store.list_due_schedules(now, "me", limit=2, after=cursor):
+        seen += [s.id for s in page]
+        last = page[-1]
+        assert last.next_fire_at is not None
+        cursor = (last.next_fire_at, last.id)
+    assert seen == [s.id for s in ordered] == ["sch-a", "sch-b", "sch-d", "sch-c"]
+
+
 async def test_runs_are_recorded_once_per_tick(store: Store, clock: FakeClock) -> None:
     schedule = await store.create_schedule(make_schedule(clock))
     tick = clock() + timedelta(seconds=1)
