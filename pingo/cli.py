@@ -31,12 +31,65 @@ app = typer.Typer(
 )
 
 
+#: The server log's line: every record is one line of this shape.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: What `OneLineFormatter` escapes: C0 controls (newlines, carriage returns, escape
+#: sequences, tabs), DEL, C1 controls (NEL among them) and Unicode's line and paragraph
+#: separators, the characters terminals and log readers act on or split lines at.
+_LOG_ESCAPES: dict[int, str] = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+#: What a traceback's lines are indented with: no line of one starts like a record.
+_TRACEBACK_INDENT = "  | "
+#: The same escapes, but a traceback keeps its line breaks (indented instead).
+_TRACEBACK_ESCAPES = {c: e for c, e in _LOG_ESCAPES.items() if c != 0x0A}
+
+
+class OneLineFormatter(logging.Formatter):
+    """A formatter whose records cannot be forged: a record's own line has its control
+    characters escaped, and a traceback's lines are indented.
+
+    Messages quote what users chose (workflow, action and user names, paths, keys):
+    raw, a name holding "\\n" would end the record and start a forged one, and an
+    escape sequence would drive the operator's terminal. A traceback stays readable,
+    line by line, under its record; every line of it, the exception's message (which
+    may quote a user's text) included, starts with `_TRACEBACK_INDENT`.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).translate(_LOG_ESCAPES)
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    """`text` escaped but for its line breaks, each line under `_TRACEBACK_INDENT`."""
+    lines = text.translate(_TRACEBACK_ESCAPES).split("\n")
+    return "\n".join(_TRACEBACK_INDENT + line for line in lines)
+
+
+def log_formatter() -> logging.Formatter:
+    """The formatter of the server's log (and of every command's)."""
+    return OneLineFormatter(LOG_FORMAT)
+
+
 def configure_logging(level: str = "INFO") -> None:
-    """Log to stderr, one line per event."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Log to stderr, one line per event (see `OneLineFormatter`)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(log_formatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def _version(value: bool) -> None:

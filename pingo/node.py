@@ -516,12 +516,103 @@ def _open_store(settings: Settings) -> Store:
     )
 
 
+#: Files in `$PINGO_HOME` the server trusts or writes secrets into: one planted there by
+#: another user (or a link) would hand them the admin token or the callback secret.
+_HOME_SECRETS = ("admin.token", tokens.SECRET_FILE)
+
+
+def _refuse(path: object, problem: str, remedy: str) -> errors.ConfigurationError:
+    return errors.ConfigurationError(f"refusing to start: {path} {problem}; {remedy}")
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_home(settings: Settings) -> None:
+    """Create `$PINGO_HOME` (mode 0700), or refuse one another user could have tampered with.
+
+    The home holds the store, the admin token, the callback secret and the logs. Started
+    on a home that another user owns (or may write), the server would write its secrets
+    where they can read them and trust files they planted. So the home must be owned by
+    the server's effective uid and writable by no group or other user; and the files the
+    server trusts in it (`admin.token`, `callback.secret`, a SQLite store there) must be
+    its own regular files, not links. A link as the home itself is followed (a home moved
+    to another disk is common) only when the link is the server's or root's, so nobody
+    else can re-point it, and its target passes the same checks.
+    """
+    import os
+    import stat
+
+    home = settings.home
+    euid = os.geteuid()
+    remedy = (
+        f"run the server as the directory's owner, or give it to uid {euid} "
+        f"(chown {euid} DIR; chmod 0700 DIR), or choose another PINGO_HOME"
+    )
+    try:
+        link = os.lstat(home)
+    except FileNotFoundError:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link = os.lstat(home)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (euid, 0):
+        raise _refuse(
+            home,
+            f"is a symbolic link owned by {_owner(link.st_uid)}, who may re-point it",
+            remedy.replace("DIR", str(home)),
+        )
+    st = os.stat(home)
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(home, "is not a directory", "choose another PINGO_HOME")
+    if st.st_uid != euid:
+        raise _refuse(
+            home,
+            f"(PINGO_HOME) is owned by {_owner(st.st_uid)}, not by the server's {_owner(euid)}",
+            remedy.replace("DIR", str(home)),
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _refuse(
+            home,
+            f"(PINGO_HOME) is writable by its group or others (mode {stat.S_IMODE(st.st_mode):o})",
+            f"make it the server's only (chmod 0700 {home}) after checking nobody planted "
+            "files in it",
+        )
+    # Pingo's home holds the store, the secrets and the logs: its owner's only.
+    os.chmod(home, 0o700)
+    trusted = [home / name for name in _HOME_SECRETS]
+    if settings.store_url.startswith("sqlite://"):
+        from pingo.store.sqlite import path_from_url
+
+        db = path_from_url(settings.store_url)
+        if os.path.dirname(os.path.abspath(db)) == os.path.abspath(home):
+            trusted += [home / (os.path.basename(db) + s) for s in ("", "-wal", "-shm", "-journal")]
+    for path in trusted:
+        try:
+            found = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        remove = f"remove it (after checking what it is) or chown {euid} {path}"
+        if stat.S_ISLNK(found.st_mode):
+            raise _refuse(path, "is a symbolic link, which the server will not follow", remove)
+        if not stat.S_ISREG(found.st_mode):
+            raise _refuse(path, "is not a regular file", remove)
+        if found.st_uid != euid:
+            raise _refuse(
+                path,
+                f"is owned by {_owner(found.st_uid)}, not by the server's {_owner(euid)}",
+                remove,
+            )
+
+
 @contextlib.asynccontextmanager
 async def running_node(settings: Settings) -> AsyncIterator[Node]:
     """Open the store `settings` names and run a node on it while the block runs."""
-    # Pingo's home holds the store, the secrets and the logs: its owner's only.
-    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    settings.home.chmod(0o700)
+    check_home(settings)
     async with _open_store(settings) as store:
         node = Node(settings, store)
         await node.start()

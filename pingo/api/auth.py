@@ -65,13 +65,21 @@ def check_user_name(name: str) -> None:
 
 
 def write_token_file(path: Path, token: str) -> None:
-    """Write `token` to `path`, readable by its owner only (mode 0600)."""
+    """Write `token` to `path`, readable by its owner only (mode 0600), never through a link.
+
+    A link planted at `path` would have the token written into (and the mode set on)
+    whatever it names: `open_own` opens with O_NOFOLLOW and replaces such a link by a
+    new file, and the mode is set on the open descriptor, not by name.
+    """
+    from pingo.datasets.storage import open_own
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Create with 0600 from the start: a chmod after writing would leave a window.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Created with 0600 from the start: a chmod after writing would leave a window.
+    fd = open_own(str(path))
     with os.fdopen(fd, "w") as f:
+        # An existing file keeps its mode through O_TRUNC: make it 0600 before writing.
+        os.fchmod(f.fileno(), 0o600)
         f.write(token + "\n")
-    os.chmod(path, 0o600)
 
 
 async def ensure_admin(store: Store, settings: Settings) -> str | None:

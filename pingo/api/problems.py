@@ -124,6 +124,7 @@ DOCUMENTED_CODES: dict[str, str] = {
     "RATE_LIMITED": "Over a per-user or server cap (submissions a minute, open event streams,"
     " running verifications); see Retry-After (429).",
     "TOO_MANY_WORKFLOWS": "The user has their limit of RUNNING workflows; see Retry-After (429).",
+    "TOO_MANY_SCHEDULES": "The user has PINGO_USER_MAX_SCHEDULES schedules; delete one (403).",
     "INTERNAL": "An unexpected error; the server log has the reference given (500).",
     "STORE_UNAVAILABLE": "The state store cannot be reached (503).",
     "SUBMISSION_INTERRUPTED": (
@@ -155,27 +156,59 @@ def problem_response(
     headers: dict[str, str] | None = None,
     instance: str | None = None,
 ) -> web.Response:
-    """An `application/problem+json` response."""
+    """An `application/problem+json` response.
+
+    Every response that reports an error is built here, so here alone its text is made
+    encodable: a detail, message or pointer may quote the client's input, and JSON lets
+    that hold a lone surrogate (`"\\ud800"`), which no UTF-8 encoder takes. Such
+    characters are written as their escape (`\\ud800`) rather than turn a 4xx into a 500.
+    """
+    try:
+        encoded = _encode_problem(status, code, detail, issues, instance, _same)
+    except UnicodeEncodeError:
+        encoded = _encode_problem(status, code, detail, issues, instance, encodable)
+    return web.Response(
+        status=status,
+        body=encoded,
+        content_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def encodable(text: str) -> str:
+    """`text` with whatever UTF-8 cannot encode (lone surrogates) as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _encode_problem(
+    status: int,
+    code: str,
+    detail: str,
+    issues: Sequence[errors.ValidationIssue],
+    instance: str | None,
+    text: Callable[[str], str],
+) -> bytes:
     body = models.Problem(
-        type=problem_type(code),
+        type=problem_type(text(code)),
         title=status_title(status),
         status=status,
-        detail=detail,
-        code=code,
-        instance=msgspec.UNSET if instance is None else instance,
+        detail=text(detail),
+        code=text(code),
+        instance=msgspec.UNSET if instance is None else text(instance),
         errors=[
-            models.ValidationIssue(code=i.code, message=i.message, pointer=i.pointer)
+            models.ValidationIssue(
+                code=text(i.code), message=text(i.message), pointer=text(i.pointer)
+            )
             for i in issues
         ]
         if issues
         else msgspec.UNSET,
     )
-    return web.Response(
-        status=status,
-        body=msgspec.json.encode(body),
-        content_type=PROBLEM_JSON,
-        headers=headers,
-    )
+    return msgspec.json.encode(body)
 
 
 def status_for(exc: errors.PingoError) -> int:
