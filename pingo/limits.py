@@ -11,7 +11,7 @@ Three limits keep one user from taking the server (docs/limits.md):
 
 Beside them, `Slots` caps what a user holds open at once on this node (event
 streams, verifications), so that one user cannot take threads or descriptors
-the others need.
+the others need, and `SignInThrottle` the web UI's failed sign-ins per address.
 
 Each limit is the user's own (`UserLimits`, set by an admin) or else the
 server's default (`Settings.user_*`).
@@ -20,13 +20,17 @@ server's default (`Settings.user_*`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pingo import errors, metrics
 from pingo.config import Settings
 from pingo.store.protocol import Store, UserLimits
+
+logger = logging.getLogger(__name__)
 
 #: The largest limit an admin may set (fits every store's integers).
 MAX_LIMIT = 2**31 - 1
@@ -103,8 +107,17 @@ def count_refusal(refused: type[errors.TooManyRequests]) -> None:
 
 @dataclass(slots=True)
 class _Bucket:
+    """A token bucket's state: its tokens when last counted, and when that was."""
+
     tokens: float
     at: float
+    #: Whether a refusal was logged already (one log line per refused spell).
+    logged: bool = False
+
+    def refilled(self, size: float, per_s: float, now: float) -> float:
+        """The tokens at `now`: refilled at `per_s` since `at`, never above `size` (so a
+        lowered size takes effect at once)."""
+        return min(size, self.tokens + (now - self.at) * per_s)
 
 
 class SubmissionRate:
@@ -131,8 +144,7 @@ class SubmissionRate:
         bucket = self._buckets.get(user)
         if bucket is None:
             bucket = self._buckets[user] = _Bucket(tokens=size, at=now)
-        # A lowered limit takes effect at once: the bucket never holds more than its size.
-        bucket.tokens = min(size, bucket.tokens + (now - bucket.at) * per_s)
+        bucket.tokens = bucket.refilled(size, per_s, now)
         bucket.at = now
         if bucket.tokens >= 1:
             bucket.tokens -= 1
@@ -212,3 +224,77 @@ class Slots:
             yield
         finally:
             self.give_back(user)
+
+
+class SignInThrottle:
+    """Failed sign-ins per peer address: a token bucket, in this node's memory.
+
+    An address may fail `burst` times in a row, then once every `refill_s` seconds;
+    beyond that its sign-ins are refused (429, Retry-After) before the token is
+    looked at, correct or not, so that a throttled address gets no answers to its
+    guesses. Successful sign-ins cost nothing. Buckets are kept least recently failed
+    first: one that has refilled is forgotten, and beyond `max_addresses` the oldest
+    is, so memory stays bounded whatever the number of addresses.
+    """
+
+    def __init__(
+        self,
+        burst: int = 10,
+        refill_s: float = 6.0,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.refill_s = refill_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def check(self, address: str) -> None:
+        """Raise `errors.TooManyRequests` when `address` has no failures left."""
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            return
+        tokens = self._refilled(bucket, self.clock())
+        if tokens >= 1:
+            return
+        if not bucket.logged:
+            bucket.logged = True
+            logger.warning(
+                "UI sign-ins from %s refused: too many failed sign-ins",
+                address,
+                extra={"event": "ui_login_throttled", "remote": address},
+            )
+        raise errors.TooManyRequests(
+            "too many failed sign-ins from your address; wait and try again",
+            (1 - tokens) * self.refill_s,
+        )
+
+    def failed(self, address: str) -> None:
+        """Count one failed sign-in of `address`."""
+        now = self.clock()
+        self._forget_refilled(now)
+        bucket = self._buckets.pop(address, None)
+        if bucket is None:
+            bucket = _Bucket(tokens=self.burst, at=now)
+        bucket.tokens = self._refilled(bucket, now) - 1
+        bucket.at = now
+        if bucket.tokens >= 1:
+            bucket.logged = False
+        self._buckets[address] = bucket
+        while len(self._buckets) > self.max_addresses:
+            self._buckets.popitem(last=False)
+
+    def _refilled(self, bucket: _Bucket, now: float) -> float:
+        return bucket.refilled(self.burst, 1 / self.refill_s, now)
+
+    def _forget_refilled(self, now: float) -> None:
+        # Least recently failed first: stop at the first bucket that is not full again.
+        while self._buckets:
+            bucket = next(iter(self._buckets.values()))
+            if self._refilled(bucket, now) < self.burst:
+                return
+            self._buckets.popitem(last=False)

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -26,7 +26,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from pingo import errors, states
+from pingo import errors, limits, states
 from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.api.routes import datasets as dataset_routes
@@ -73,88 +73,6 @@ class Session:
 
 
 @dataclass(slots=True)
-class _Failures:
-    tokens: float
-    at: float
-    #: Whether the refusal was logged already (one log line per throttled spell).
-    logged: bool = False
-
-
-class SignInThrottle:
-    """Failed sign-ins per peer address: a token bucket, in this node's memory.
-
-    An address may fail `burst` times in a row, then once every `refill_s` seconds;
-    beyond that its sign-ins are refused (429, Retry-After) before the token is
-    looked at, correct or not, so that a throttled address gets no answers to its
-    guesses. Successful sign-ins cost nothing. Buckets are kept least recently failed
-    first: one that has refilled is forgotten, and beyond `max_addresses` the oldest
-    is, so memory stays bounded whatever the number of addresses.
-    """
-
-    def __init__(
-        self,
-        burst: int = 10,
-        refill_s: float = 6.0,
-        max_addresses: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.burst = burst
-        self.refill_s = refill_s
-        self.max_addresses = max_addresses
-        self.clock = clock
-        self._buckets: OrderedDict[str, _Failures] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def check(self, address: str) -> None:
-        """Raise `errors.TooManyRequests` when `address` has no failures left."""
-        bucket = self._buckets.get(address)
-        if bucket is None:
-            return
-        tokens = self._refilled(bucket, self.clock())
-        if tokens >= 1:
-            return
-        if not bucket.logged:
-            bucket.logged = True
-            logger.warning(
-                "UI sign-ins from %s refused: too many failed sign-ins",
-                address,
-                extra={"event": "ui_login_throttled", "remote": address},
-            )
-        raise errors.TooManyRequests(
-            "too many failed sign-ins from your address; wait and try again",
-            (1 - tokens) * self.refill_s,
-        )
-
-    def failed(self, address: str) -> None:
-        """Count one failed sign-in of `address`."""
-        now = self.clock()
-        self._forget_refilled(now)
-        bucket = self._buckets.pop(address, None)
-        if bucket is None:
-            bucket = _Failures(tokens=self.burst, at=now)
-        bucket.tokens = self._refilled(bucket, now) - 1
-        bucket.at = now
-        if bucket.tokens >= 1:
-            bucket.logged = False
-        self._buckets[address] = bucket
-        while len(self._buckets) > self.max_addresses:
-            self._buckets.popitem(last=False)
-
-    def _refilled(self, bucket: _Failures, now: float) -> float:
-        return min(self.burst, bucket.tokens + (now - bucket.at) / self.refill_s)
-
-    def _forget_refilled(self, now: float) -> None:
-        # Least recently failed first: stop at the first bucket that is not full again.
-        while self._buckets:
-            bucket = next(iter(self._buckets.values()))
-            if self._refilled(bucket, now) < self.burst:
-                return
-            self._buckets.popitem(last=False)
-
-
-@dataclass(slots=True)
 class Sessions:
     """Live sessions by id, at most `per_user` for one token; expired ones are dropped.
 
@@ -169,7 +87,7 @@ class Sessions:
     by_id: OrderedDict[str, Session] = field(default_factory=OrderedDict)
     by_user: dict[str, OrderedDict[str, None]] = field(default_factory=dict)
     #: Failed sign-ins per peer address.
-    throttle: SignInThrottle = field(default_factory=SignInThrottle)
+    throttle: limits.SignInThrottle = field(default_factory=limits.SignInThrottle)
 
     def open(self, token_hash: str) -> tuple[str, Session]:
         self._drop_expired()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pingo import ui
+from pingo import limits, ui
 from tests.api.conftest import Api
 
 
@@ -133,7 +133,7 @@ async def test_failed_sign_ins_are_logged_without_the_token_and_throttled(
 
 def test_the_throttle_forgets_addresses() -> None:
     now = [0.0]
-    throttle = ui.SignInThrottle(burst=3, refill_s=1.0, max_addresses=100, clock=lambda: now[0])
+    throttle = limits.SignInThrottle(burst=3, refill_s=1.0, max_addresses=100, clock=lambda: now[0])
     for i in range(1000):
         throttle.failed(f"10.0.{i // 256}.{i % 256}")
     assert len(throttle) == 100
