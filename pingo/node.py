@@ -13,7 +13,10 @@ import contextlib
 import gc
 import logging
 import multiprocessing
+import os
+import pwd
 import signal
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -41,6 +44,7 @@ from pingo.schedules.loop import Scheduler
 from pingo.schedules.service import ScheduleService
 from pingo.store import open_store
 from pingo.store.protocol import ActionRecord, Store, UserLimits, WorkflowRecord
+from pingo.store.sqlite import path_from_url
 from pingo.webhooks import hooks
 from pingo.webhooks.sender import WebhookSender
 from pingo.workflows.keep import KeepHook
@@ -526,8 +530,6 @@ def _refuse(path: object, problem: str, remedy: str) -> errors.ConfigurationErro
 
 
 def _owner(uid: int) -> str:
-    import pwd
-
     try:
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
     except KeyError:
@@ -546,9 +548,6 @@ def check_home(settings: Settings) -> None:
     to another disk is common) only when the link is the server's or root's, so nobody
     else can re-point it, and its target passes the same checks.
     """
-    import os
-    import stat
-
     home = settings.home
     euid = os.geteuid()
     remedy = (
@@ -586,8 +585,6 @@ def check_home(settings: Settings) -> None:
     os.chmod(home, 0o700)
     trusted = [home / name for name in _HOME_SECRETS]
     if settings.store_url.startswith("sqlite://"):
-        from pingo.store.sqlite import path_from_url
-
         db = path_from_url(settings.store_url)
         if os.path.dirname(os.path.abspath(db)) == os.path.abspath(home):
             trusted += [home / (os.path.basename(db) + s) for s in ("", "-wal", "-shm", "-journal")]

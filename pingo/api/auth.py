@@ -21,6 +21,7 @@ from aiohttp import web
 from pingo import errors, untrusted
 from pingo.api import models
 from pingo.config import Settings
+from pingo.datasets.storage import open_own
 from pingo.store.protocol import Store, UserRecord
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ def write_token_file(path: Path, token: str) -> None:
     whatever it names: `open_own` opens with O_NOFOLLOW and replaces such a link by a
     new file, and the mode is set on the open descriptor, not by name.
     """
-    from pingo.datasets.storage import open_own
-
     path.parent.mkdir(parents=True, exist_ok=True)
     # Created with 0600 from the start: a chmod after writing would leave a window.
     fd = open_own(str(path))

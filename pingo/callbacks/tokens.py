@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
 import secrets
+import stat
 from pathlib import Path
 
-from pingo import untrusted
+from pingo import errors, untrusted
 
 SECRET_FILE = "callback.secret"
 
@@ -44,11 +46,6 @@ def _read_own_secret(path: Path) -> bytes:
     sign callbacks for any action. Checked on the open descriptor, so nothing can be
     swapped in between the check and the read.
     """
-    import errno
-    import stat
-
-    from pingo import errors
-
     remedy = f"remove it (after checking what it is), or chown {os.geteuid()} {path}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
