@@ -134,7 +134,7 @@ class Submitter(loops.Loop):
             try:
                 submission = await self._submission(record, item.input_paths)
                 await self._ensure_sandbox(record)
-                await self._ensure_allowed_here(record)
+                await self._ensure_allowed_here(record, submission)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -232,18 +232,22 @@ class Submitter(loops.Loop):
         if owner is None or not owner.is_admin:
             raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
 
-    async def _ensure_allowed_here(self, action: ActionRecord) -> None:
+    async def _ensure_allowed_here(self, action: ActionRecord, submission: base.Submission) -> None:
         """Raise Forbidden for a non-admin's local unmanaged output outside the roots, or
         a non-admin's cluster action that would run its code here or have its client read
         a local file here (`PINGO_HOST_CLIENTS`, `cluster.host_file_refusal`).
 
         The API refuses them at submission; this gate stops what came another way: a
         node with other settings, a schedule or a workflow accepted before they
-        changed. It reads the store only for a cluster action or an unmanaged output.
+        changed. It reads the store only for a refused action or an unmanaged output.
         """
         refusal = sandbox.host_client_refusal(action.type, self.settings)
-        if refusal is None:
-            refusal = await self._host_file_refusal(action)
+        if refusal is None and cluster.names_host_files(action.type):
+            # Judged on the paths this attempt's placeholders resolve to (the inputs' as
+            # stored: a data root changed since planning counts as it is now on disk).
+            refusal = cluster.host_file_refusal(
+                action.definition, submission.output_path, submission.inputs, self.settings
+            )
         if refusal is not None:
             user = await self._owner(action)
             # A revoked owner is no admin: revoking must not turn a refusal into a run.
@@ -258,27 +262,6 @@ class Submitter(loops.Loop):
             user = await self._owner(action)
             if user is None or not user.is_admin:
                 raise errors.Forbidden(refusal)
-
-    async def _host_file_refusal(self, action: ActionRecord) -> str | None:
-        """`cluster.host_file_refusal` with the paths this attempt's placeholders resolve
-        to (the inputs' as stored: a data root changed since planning counts as it is now
-        on disk). Reads the store only for a cluster action that has inputs."""
-        definition = action.definition
-        if not cluster.names_host_files(action.type) or self.settings.host_clients == "everyone":
-            return None
-        paths = await self._input_paths(action, None) if action.inputs else {}
-        inputs = {
-            int(parent): paths[dataset_id]
-            for parent, dataset_id in action.inputs.items()
-            if dataset_id in paths
-        }
-        if definition.get("isManaged", True) is False:
-            output = str(definition.get("outputPath") or "")
-        else:
-            output = self.staging_path(
-                action.dataset_id, action.workflow_id, action.action_id, action.attempts
-            )
-        return cluster.host_file_refusal(definition, output, inputs, self.settings)
 
     async def _owner(self, action: ActionRecord) -> UserRecord | None:
         """The user record of the owner of `action`'s workflow, if there is one."""
