@@ -457,9 +457,10 @@ def collect(output: str, *, fresh: bool) -> None:
 
 def _copy_fresh(source: str, target: str) -> None:
     """Copy a file or a tree (links as links) into new inodes; other files are left out."""
-    if os.path.isdir(source):
+    mode = os.lstat(source).st_mode
+    if stat.S_ISDIR(mode):
         shutil.copytree(source, target, symlinks=True, ignore=_special_files)
-    elif stat.S_ISREG(os.lstat(source).st_mode):
+    elif _stored(mode):
         shutil.copy2(source, target)
     else:
         logger.warning(
@@ -472,11 +473,7 @@ def _copy_fresh(source: str, target: str) -> None:
 def _special_files(directory: str, names: list[str]) -> set[str]:
     """The FIFOs, sockets and devices among `names`: no bytes to store, and opening a
     FIFO to copy it would wait for a writer."""
-    special = set()
-    for name in names:
-        mode = os.lstat(os.path.join(directory, name)).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-            special.add(name)
+    special = {n for n in names if not _stored(os.lstat(os.path.join(directory, n)).st_mode)}
     if special:
         logger.warning(
             "left out of the output at %s (neither files, directories nor links): %s",
@@ -485,6 +482,11 @@ def _special_files(directory: str, names: list[str]) -> set[str]:
             extra={"event": "output_special_file", "path": directory},
         )
     return special
+
+
+def _stored(mode: int) -> bool:
+    """Whether a file of `mode` is kept in a dataset: a file, a directory or a link."""
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
 
 
 def environment(action_env: Mapping[str, str]) -> dict[str, str]:
