@@ -71,6 +71,8 @@ def _settings(tmp: Path, name: str, store_url: str | None = None, **overrides: A
         "data_root": str(tmp / "datasets"),
         "node_id": name,
         "local_slots": SLOTS,
+        # The benchmark's own commands, on machines that run it as root too (docs/security.md).
+        "root_actions": "everyone",
     }
     values.update(overrides)
     settings = Settings(**values)

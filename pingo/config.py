@@ -179,6 +179,10 @@ class Settings:
     #: this machine, outside the sandbox (`hadoop jar`'s main class, a Spark driver in
     #: client deploy mode or a local master).
     host_clients: str = "admins"
+    #: `admins` (default) or `everyone`: whose command-line actions a server run as root
+    #: runs. Sandboxed without any capability, an action of a root server is still root
+    #: to the files and sockets the sandbox does not hide (`/etc/shadow`, a Docker socket).
+    root_actions: str = "admins"
     #: How often the scheduler looks for due schedule ticks.
     schedule_interval_s: float = 0.2
     #: How long a node's claim on a schedule tick lasts before another node may take it over.
@@ -216,6 +220,10 @@ class Settings:
         if self.host_clients not in ("admins", "everyone"):
             raise errors.ConfigurationError(
                 f"PINGO_HOST_CLIENTS must be admins or everyone, not {self.host_clients!r}"
+            )
+        if self.root_actions not in ("admins", "everyone"):
+            raise errors.ConfigurationError(
+                f"PINGO_ROOT_ACTIONS must be admins or everyone, not {self.root_actions!r}"
             )
         if self.sandbox_network not in ("on", "off"):
             raise errors.ConfigurationError(

@@ -178,7 +178,7 @@ class Node:
                 staging_path=self.storage.staging_path,
                 submit_failed=self.outcomes.submit_failed,
                 secret=self.secret,
-                refuse_unsandboxed=self._runs_users_unsandboxed(),
+                command_line_refusal=self.command_line_refusal,
                 **extra,
             )
             for i in range(max(1, settings.submitters))
@@ -314,16 +314,18 @@ class Node:
             return "on"
         return "off" if self.settings.sandbox == "off" else "unavailable"
 
-    def _runs_users_unsandboxed(self) -> bool:
-        """Whether this node's local executor would spawn processes without the sandbox
-        although PINGO_SANDBOX did not say `off` (other command-line executors, such as
-        the benchmarks' no-op one, spawn nothing)."""
+    @property
+    def command_line_refusal(self) -> str | None:
+        """Why this node refuses non-admins' command-line actions, if it does: its local
+        executor would spawn them without the sandbox although PINGO_SANDBOX did not say
+        `off`, or in the sandbox of a server run as root (`PINGO_ROOT_ACTIONS`). Other
+        command-line executors, such as the benchmarks' no-op one, spawn nothing."""
         executor = self.executors.get(sandbox.COMMAND_LINE)
-        return (
-            self.settings.sandbox != "off"
-            and isinstance(executor, local.LocalExecutor)
-            and executor.sandbox is None
-        )
+        if self.settings.sandbox == "off" or not isinstance(executor, local.LocalExecutor):
+            return None
+        if executor.sandbox is None:
+            return sandbox.UNAVAILABLE_DETAIL
+        return sandbox.as_root_refusal(self.settings)
 
     @property
     def running(self) -> bool:

@@ -8,8 +8,21 @@ from pathlib import Path
 
 import pytest
 
+#: What every Pingo server a test starts is told beyond its own settings. CI runs the
+#: suite as root, where a server runs no non-admin's command-line action unless
+#: PINGO_ROOT_ACTIONS=everyone (docs/security.md); the suite's actions are its own test
+#: commands. tests/api/test_sandbox_policy.py tests the refusal itself.
+SERVER_ENVIRONMENT = {"PINGO_ROOT_ACTIONS": "everyone"}
+
 #: ../shared beside the repository: benchmark workflows and WfCommons traces.
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def server_environ() -> dict[str, str]:
+    """The environment for a server process a test starts: this one's without any
+    PINGO_ variable (the test sets those it means), plus `SERVER_ENVIRONMENT`."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    return {**own, **SERVER_ENVIRONMENT}
 
 
 @pytest.fixture(scope="session")

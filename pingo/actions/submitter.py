@@ -60,7 +60,7 @@ class Submitter(loops.Loop):
         submit_failed: SubmitFailed,
         secret: bytes,
         observe_dispatch: Callable[[float], None] = metrics.DISPATCH_SECONDS.observe,
-        refuse_unsandboxed: bool = False,
+        command_line_refusal: str | None = None,
     ) -> None:
         super().__init__(interval_s=settings.poll_interval_s)
         self.name = f"submitter-{index}"
@@ -75,9 +75,10 @@ class Submitter(loops.Loop):
         self.submit_failed = submit_failed
         self.secret = secret
         self.observe_dispatch = observe_dispatch
-        #: This node's command-line actions would run unsandboxed although the sandbox
-        #: was not turned off (`auto` without user namespaces): only admins' may run.
-        self.refuse_unsandboxed = refuse_unsandboxed
+        #: Why only admins' command-line actions may run on this node, if so: they would
+        #: run unsandboxed although the sandbox was not turned off (`auto` without user
+        #: namespaces), or as root (`Node.command_line_refusal`).
+        self.command_line_refusal = command_line_refusal
         self.finished = asyncio.Event()
         #: The home as text, for the log paths (`base.log_path`).
         self._home = str(settings.home)
@@ -219,18 +220,20 @@ class Submitter(loops.Loop):
         return record
 
     async def _ensure_sandbox(self, action: ActionRecord) -> None:
-        """Raise SandboxUnavailable for a non-admin's command-line action run unsandboxed.
+        """Raise SandboxUnavailable for a non-admin's command-line action that this node
+        would run unsandboxed, or as root (`command_line_refusal`).
 
         The API refuses such workflows at submission on this node, but work also comes
         from elsewhere: another node sharing the store, a schedule's tick, a workflow
         stored before a restart that lost user namespaces. This is the last gate
-        before the process starts. It reads the store only on an unsandboxed node.
+        before the process starts. It reads the store only on a refusing node.
         """
-        if not self.refuse_unsandboxed or action.type != sandbox.COMMAND_LINE:
+        refusal = self.command_line_refusal
+        if refusal is None or action.type != sandbox.COMMAND_LINE:
             return
         owner = await self._owner(action)
         if owner is None or not owner.is_admin:
-            raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
+            raise errors.SandboxUnavailable(refusal)
 
     async def _ensure_allowed_here(self, action: ActionRecord, submission: base.Submission) -> None:
         """Raise Forbidden for a non-admin's local unmanaged output outside the roots, or

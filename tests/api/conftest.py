@@ -32,6 +32,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "poll_interval_s": 0.05,
         "local_slots": 4,
         "retry_backoff_s": 0.05,
+        # CI runs the suite as root (see tests/conftest.py).
+        "root_actions": "everyone",
     }
     values.update(overrides)
     return Settings(**values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from pingo import errors
 from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import LocalExecutor
+from pingo.api import runtime
 from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.node import Node
@@ -171,3 +173,74 @@ def test_auto_without_namespaces_warns_once_and_on_refuses_to_start(
     assert "admins' run unsandboxed" in warnings[0].getMessage()
     with pytest.raises(errors.SandboxUnavailable):
         sandbox.from_settings(make_settings(tmp_path, sandbox="on"))
+
+
+def test_a_bad_root_actions_setting_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(errors.ConfigurationError, match="PINGO_ROOT_ACTIONS"):
+        Settings.from_env({"PINGO_ROOT_ACTIONS": "some", "PINGO_HOME": str(tmp_path)})
+
+
+_AS_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the gate is for a server run as root; CI runs the suite as root"
+)
+
+
+@_AS_ROOT
+async def test_a_server_run_as_root_refuses_users_command_lines_but_not_admins(
+    aiohttp_client: AiohttpClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As root, a sandboxed action is still root to the files the sandbox leaves visible
+    (`/etc/shadow`), so a user's command-line action is refused at every door into the
+    node: a submission, a dry run, a re-run, and work stored another way (a tick)."""
+    settings = make_settings(tmp_path, sandbox="on", root_actions="admins")
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        app = create_app(settings)
+        api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    warning = next(r for r in caplog.records if getattr(r, "event", None) == "sandbox_as_root")
+    assert "refused" in warning.getMessage()
+    assert await _readyz(api) == {"status": "ready", "sandbox": "on"}
+    await api.add_user("alice")
+    for query in ("", "?dryRun=true"):
+        refused = await api.client.post(
+            f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
+        )
+        assert refused.status == 403, await refused.text()
+        problem = await refused.json()
+        assert problem["code"] == "SANDBOX_UNAVAILABLE"
+        assert problem["detail"] == sandbox.AS_ROOT_DETAIL
+    listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
+    assert (await listing.json())["items"] == []
+
+    marker = tmp_path / "ran"
+    document = chain("tick", n=1)
+    document["actions"][0]["command"] = ["sh", "-c", f"cat /etc/shadow > {marker}"]
+    document["actions"][0]["maxAttempts"] = 1
+    node = app[runtime.STATE_KEY].node
+    assert node is not None
+    stored = await node.workflows.submit(document, owner="alice")
+    assert (await api.wait(stored.id))["state"] == "FAILED"
+    action = await api.wait_action(stored.id, 1, {"FAILED"})
+    assert sandbox.AS_ROOT_DETAIL in action["error"]
+    assert not marker.exists()
+    rerun = await api.client.post(
+        f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
+    )
+    assert rerun.status == 403, await rerun.text()
+    assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
+
+    assert (await api.wait((await api.submit(chain("admin")))["id"]))["state"] == "SUCCEEDED"
+
+
+@_AS_ROOT
+async def test_root_actions_everyone_runs_users_command_lines_as_root(
+    aiohttp_client: AiohttpClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(tmp_path, sandbox="on", root_actions="everyone")
+    with caplog.at_level(logging.WARNING, logger="pingo"):
+        app = create_app(settings)
+        api = Api(await aiohttp_client(app), app, {"admin": ADMIN_TOKEN})
+    warning = next(r for r in caplog.records if getattr(r, "event", None) == "sandbox_as_root")
+    assert "PINGO_ROOT_ACTIONS=everyone" in warning.getMessage()
+    await api.add_user("alice")
+    done = await api.wait((await api.submit(chain("everyone"), user="alice"))["id"])
+    assert done["state"] == "SUCCEEDED"

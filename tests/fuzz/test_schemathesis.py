@@ -13,7 +13,6 @@ replayed by tests/api/test_fuzz_corpus.py in every run.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import server_environ
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def _request(url: str, token: str, body: dict[str, object] | None = None) -> dic
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Served]:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update(
         {
             "PINGO_HOME": str(tmp_path / "home"),

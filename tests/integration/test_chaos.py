@@ -41,6 +41,7 @@ from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.store import open_store, protocol
 from pingo.workflows.planner import WorkflowManager
+from tests.conftest import server_environ
 from tests.integration.test_crash import Server, free_port
 
 A = states.ActionState
@@ -173,8 +174,8 @@ def lost_attempts(node_logs: Path) -> set[tuple[int, int]]:
     }
 
 
-def node_env(base: dict[str, str], store_url: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith("PINGO_")}
+def node_env(store_url: str) -> dict[str, str]:
+    env = server_environ()
     env.update(
         {
             "PINGO_STORE_URL": store_url,
@@ -196,7 +197,7 @@ def node_env(base: dict[str, str], store_url: str) -> dict[str, str]:
 def nodes(home: Path, store_url: str, logs: Path, count: int = 3) -> Iterator[list[Server]]:
     servers = []
     for i in range(count):
-        env = node_env(dict(os.environ), store_url)
+        env = node_env(store_url)
         env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(free_port())})
         servers.append(Server(env, logs / f"node-{i}.log"))
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import stat
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import server_environ
 
 REPO = Path(__file__).resolve().parents[2]
 PINGO = str(Path(sys.executable).parent / "pingo")
@@ -50,7 +51,7 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("pingo-home")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
                 "PINGO_POLL_INTERVAL_S": "0.05"})  # fmt: skip
     process = subprocess.Popen(
@@ -231,7 +232,7 @@ def test_storage_command_shows_usage_by_state(server: Server) -> None:
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update({"PINGO_URL": f"http://127.0.0.1:{_free_port()}", "PINGO_TOKEN": "x",
                 "PINGO_HOME": str(tmp_path)})  # fmt: skip
     result = subprocess.run([PINGO, "list"], env=env, capture_output=True, text=True, timeout=30)

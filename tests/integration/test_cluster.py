@@ -27,6 +27,7 @@ from aiohttp import web
 
 from pingo.api.app import create_app
 from pingo.config import Settings
+from tests.conftest import server_environ
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_BIN = REPO / "tests" / "fixtures" / "bin"
@@ -111,6 +112,7 @@ async def _serve(tmp_path: Path, **overrides: Any) -> AsyncIterator[Server]:
         "retry_backoff_s": 0.05,
         "lease_s": 2.0,
         "reconcile_grace_s": 0.5,
+        "root_actions": "everyone",  # CI runs as root (tests/conftest.py)
     }
     values.update(overrides)
     settings = Settings(**values)
@@ -349,7 +351,7 @@ async def test_pingo_logs_says_where_the_cluster_logs_are_and_fetches_them(
     command_line = await server.get(f"/api/v1/workflows/{workflow['id']}/actions/1/cluster-jobs")
     assert command_line["applications"] == command_line["urls"] == []
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update({"PINGO_URL": server.base, "PINGO_TOKEN": TOKEN})
     pingo = str(Path(sys.executable).parent / "pingo")
     shown = await asyncio.to_thread(

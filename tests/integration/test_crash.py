@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.store import open_store, protocol
 from pingo.workflows.planner import WorkflowManager
+from tests.conftest import server_environ
 
 A = states.ActionState
 W = states.WorkflowState
@@ -78,7 +78,7 @@ class Server:
 @pytest.fixture
 def server_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update(
         {
             "PINGO_HOME": str(home),

@@ -42,6 +42,7 @@ def engine_settings(tmp_path: Path, store_url: str, **overrides: Any) -> Setting
         "retry_backoff_s": 0.05,
         "reconcile_grace_s": 0.5,
         "mongo_write_concern": "1",
+        "root_actions": "everyone",  # CI runs as root (tests/conftest.py)
     }
     values.update(overrides)
     return Settings(**values)

@@ -29,6 +29,7 @@ from pingo.datasets.storage import DatasetStorage
 from pingo.node import Node
 from pingo.store import open_store, protocol
 from pingo.workflows.planner import WorkflowManager
+from tests.conftest import server_environ
 from tests.integration.test_crash import Server, free_port
 from tests.integration.test_schedule_nodes import url, wait_ready
 
@@ -47,7 +48,7 @@ def node_of(action: protocol.ActionRecord) -> str:
 @pytest.fixture
 def two_servers(tmp_path: Path) -> Iterator[tuple[list[Server], str, Path]]:
     store_url = f"sqlite:///{tmp_path / 'pingo.db'}"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    base = server_environ()
     base.update(
         {
             "PINGO_STORE_URL": store_url,
@@ -213,6 +214,7 @@ def node_settings(tmp_path: Path, store_url: str, name: str, **overrides: Any) -
         "lease_s": 10.0,
         "local_slots": 2,
         "mongo_write_concern": "1",
+        "root_actions": "everyone",  # CI runs as root (tests/conftest.py)
     }
     values.update(overrides)
     settings = Settings(**values)

@@ -81,6 +81,7 @@ async def running_node(
         poll_interval_s=0.1,
         local_slots=4,
         lease_s=10.0,
+        root_actions="everyone",  # CI runs as root (tests/conftest.py)
     )
     settings.home.mkdir(parents=True)
     async with open_store(settings.store_url) as store:
@@ -269,6 +270,7 @@ async def test_a_plugin_declining_new_intermediates_makes_them_transient(
         retention_policy="drop-new",
         deletor_interval_s=0.05,
         poll_interval_s=0.1,
+        root_actions="everyone",  # CI runs as root (tests/conftest.py)
     )
     settings.home.mkdir(parents=True)
     async with open_store(settings.store_url) as store:

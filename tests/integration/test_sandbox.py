@@ -29,6 +29,7 @@ import pytest
 from pingo.actions.executors import sandbox
 from pingo.client import ApiError, Client
 from pingo.testing import free_port
+from tests.conftest import server_environ
 
 REPO = Path(__file__).resolve().parents[2]
 PINGO = str(Path(sys.executable).parent / "pingo")
@@ -54,7 +55,7 @@ class Server:
 
 def start_server(home: Path, port: int | None = None, **settings: str) -> Server:
     port = port or free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
                 "PINGO_POLL_INTERVAL_S": "0.05", "PINGO_SANDBOX": "on",
                 "PINGO_ADMIN_TOKEN": ADMIN_TOKEN, "PINGO_LOG_LEVEL": "DEBUG",

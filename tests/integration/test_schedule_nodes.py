@@ -25,6 +25,7 @@ import pytest
 
 from pingo import testing
 from pingo.outcomes.service import UNWRITTEN_ERROR
+from tests.conftest import server_environ
 from tests.integration.test_crash import Server, free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -57,7 +58,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def servers(tmp_path: Path, store_url: str) -> Iterator[list[Server]]:
     nodes = []
     for i in range(NODES):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+        env = server_environ()
         env.update(
             {
                 "PINGO_HOME": str(tmp_path / "home"),

@@ -62,6 +62,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "data_root": str(tmp_path / "data"),
         "retry_backoff_s": 1.0,
         "lease_s": 30.0,
+        "root_actions": "everyone",  # CI runs as root (tests/conftest.py)
     }
     values.update(overrides)
     return Settings(**values)

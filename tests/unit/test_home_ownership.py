@@ -19,6 +19,7 @@ from pingo.api import auth
 from pingo.callbacks import tokens
 from pingo.config import Settings
 from pingo.node import running_node
+from tests.conftest import server_environ
 
 REPO = Path(__file__).resolve().parents[2]
 PINGO = str(Path(sys.executable).parent / "pingo")
@@ -59,7 +60,7 @@ def _free_port() -> int:
 
 def test_pingo_server_refuses_a_home_owned_by_another_user(tmp_path: Path) -> None:
     home = _foreign_home(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PINGO_")}
+    env = server_environ()
     env.update({"PINGO_HOME": str(home), "PINGO_HOST": "127.0.0.1",
                 "PINGO_PORT": str(_free_port())})  # fmt: skip
     process = subprocess.Popen(

@@ -60,6 +60,13 @@ UNAVAILABLE_DETAIL = (
     "this server cannot sandbox command-line actions (user namespaces do not work"
     " here), so only admins may run them; see docs/security.md"
 )
+#: Why a non-admin's command-line action is refused on a server run as root.
+AS_ROOT_DETAIL = (
+    "this server runs as root, where a sandboxed action is still root to the machine's"
+    " files the sandbox does not hide, so only admins may run command-line actions; the"
+    " admin can run the server as an unprivileged user, or set PINGO_ROOT_ACTIONS=everyone"
+    " (see docs/security.md)"
+)
 
 
 def bwrap_binary() -> str | None:
@@ -268,6 +275,14 @@ def runs_on_host(action_type: str, settings: Settings) -> str | None:
         if settings.spark_deploy_mode != "cluster":
             return "Spark's driver runs in client deploy mode"
     return None
+
+
+def as_root_refusal(settings: Settings) -> str | None:
+    """Why a non-admin may not run a sandboxed command-line action here, if they may not:
+    the server runs as root and `PINGO_ROOT_ACTIONS` does not say `everyone`."""
+    if os.geteuid() != 0 or settings.root_actions == "everyone":
+        return None
+    return AS_ROOT_DETAIL
 
 
 def host_client_refusal(action_type: str, settings: Settings) -> str | None:
@@ -528,8 +543,11 @@ def from_settings(settings: Settings) -> Sandbox | None:
     if os.geteuid() == 0:
         logger.warning(
             "running as root: the sandbox drops every capability, but an action stays root"
-            " on this machine's files and sockets that the sandbox does not hide; run the"
-            " server as an unprivileged user (see docs/security.md)",
+            " on this machine's files and sockets that the sandbox does not hide; %s; run"
+            " the server as an unprivileged user (see docs/security.md)",
+            "non-admin users' command-line actions are refused"
+            if as_root_refusal(settings)
+            else "PINGO_ROOT_ACTIONS=everyone runs every user's",
             extra={"event": "sandbox_as_root"},
         )
     dirs, files = _hidden(settings)

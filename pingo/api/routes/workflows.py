@@ -226,9 +226,10 @@ class ExecutorCheck:
     submission's child process checks it the same way (`pingo.node.BigSubmission`)."""
 
     settings: Settings
-    #: Whether command-line actions are refused (403): the sandbox cannot run and the
-    #: submitter is not an admin.
-    sandbox_refused: bool
+    #: Why command-line actions are refused (403), if they are: the submitter is not an
+    #: admin, and the sandbox cannot run or the server runs as root
+    #: (`Node.command_line_refusal`).
+    sandbox_refused: str | None
     executor_types: frozenset[str]
     action_types: frozenset[str]
     #: Whether the submitter is not an admin (403): local unmanaged outputs must lie
@@ -241,7 +242,7 @@ class ExecutorCheck:
         shared = runtime.api_state(request)
         return cls(
             settings=shared.settings,
-            sandbox_refused=runtime.node(request).sandbox == "unavailable" and not user.is_admin,
+            sandbox_refused=None if user.is_admin else runtime.node(request).command_line_refusal,
             executor_types=shared.executor_types,
             action_types=shared.action_types,
             restricted=not user.is_admin,
@@ -251,8 +252,8 @@ class ExecutorCheck:
         """Refuse (422) a document with actions this node cannot run, with every other
         issue too; (403) command-line actions when the sandbox cannot run; (422) webhooks
         whose URL may not be a target, before anything runs."""
-        if self.sandbox_refused:
-            _check_sandbox(document)
+        if self.sandbox_refused is not None:
+            _check_sandbox(document, self.sandbox_refused)
         if self.restricted:
             _check_restricted(document, self.settings)
         if isinstance(document, Mapping) and "webhooks" in document:
@@ -268,13 +269,14 @@ class ExecutorCheck:
         raise problems.UnknownExecutor(issues)
 
 
-def _check_sandbox(document: Any) -> None:
-    """Refuse (403) command-line actions (of a non-admin user, when the sandbox cannot run)."""
+def _check_sandbox(document: Any, refusal: str) -> None:
+    """Refuse (403, for `refusal`) command-line actions (of a non-admin user, when the
+    sandbox cannot run or the server runs as root)."""
     actions = document.get("actions") if isinstance(document, Mapping) else None
     if isinstance(actions, list) and any(
         isinstance(a, Mapping) and a.get("type") == sandbox.COMMAND_LINE for a in actions
     ):
-        raise errors.SandboxUnavailable(sandbox.UNAVAILABLE_DETAIL)
+        raise errors.SandboxUnavailable(refusal)
 
 
 def _check_restricted(document: Any, settings: Settings) -> None:
