@@ -213,10 +213,14 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class Client:
-    """A Pingo API client. `Client.from_env()` reads PINGO_URL and PINGO_TOKEN."""
+    """A Pingo API client. `Client.from_env()` reads PINGO_URL and PINGO_TOKEN.
+
+    Built directly, it sends only the token it is given: the environment's token, or
+    the admin token file, belongs to the environment's URL, not to `base_url`.
+    """
 
     base_url: str = field(default_factory=default_url)
-    token: str | None = field(default_factory=default_token)
+    token: str | None = None
     timeout_s: float = 60.0
     #: The token file that was looked for (named in the error when no token was found).
     token_file: Path | None = None

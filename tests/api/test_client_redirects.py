@@ -140,3 +140,18 @@ def test_the_token_file_goes_only_to_a_loopback_server(tmp_path: Path) -> None:
     # An explicit PINGO_TOKEN is the user's choice, whatever the URL.
     told = {**home, "PINGO_URL": "https://pingo.example", "PINGO_TOKEN": "mine"}
     assert pingo_client.Client.from_env(told).token == "mine"
+
+
+def test_a_client_built_for_another_url_sends_no_token_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment's token and the home's admin token file belong to the
+    environment's (loopback) URL: `Client(base_url=...)` must not carry them elsewhere."""
+    (tmp_path / "admin.token").write_text(SECRET + "\n")
+    monkeypatch.setenv("PINGO_HOME", str(tmp_path))
+    monkeypatch.delenv("PINGO_TOKEN", raising=False)
+    monkeypatch.delenv("PINGO_URL", raising=False)
+    assert pingo_client.Client(base_url="https://pingo.example").token is None
+    monkeypatch.setenv("PINGO_TOKEN", "mine")
+    assert pingo_client.Client(base_url="https://pingo.example").token is None
+    assert pingo_client.Client(base_url="https://pingo.example", token="mine").token == "mine"
