@@ -291,6 +291,7 @@ class Node:
             await task
         except Exception:
             logger.exception("a loop had died", extra={"event": "node_loop_died"})
+        self.storage.close()
         logger.info(
             "node %s stopped",
             self.settings.node_id,

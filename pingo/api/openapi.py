@@ -474,8 +474,8 @@ _USER_NAME = _param("name", "path", {"type": "string"}, "the user's name")
 _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
 _SUBMISSION_FORBIDDEN = _problem(
     "Command-line actions of a non-admin user while the sandbox cannot run or the"
-    " server runs as root (SANDBOX_UNAVAILABLE), or an action forcing the computation of a stored dataset"
-    " the user may not manage (FORBIDDEN)."
+    " server runs as root (SANDBOX_UNAVAILABLE), or an action forcing the computation"
+    " of a stored dataset the user may not manage (FORBIDDEN)."
 )
 
 

@@ -151,10 +151,16 @@ class DatasetStorage:
         self._staging_ready = False
         #: What this node last hashed, so reuse checks need not hash unchanged files again.
         self.digests = integrity.DigestCache()
-        # Its threads start on the first verification, so a node that never verifies has none.
-        self._verifying = ThreadPoolExecutor(
-            VERIFY_THREADS, thread_name_prefix=VERIFY_THREAD_PREFIX
-        )
+        #: Made on the first verification, so a node that never verifies has no threads;
+        #: `close` shuts it down.
+        self._verifying: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the verification threads: those running finish their file, queued ones
+        are cancelled. A later verification starts them again."""
+        pool, self._verifying = self._verifying, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_local(self) -> bool:
@@ -331,6 +337,10 @@ class DatasetStorage:
         started = time.perf_counter()
         check = self.digests.verify if full else self.digests.check
         loop = asyncio.get_running_loop()
+        if self._verifying is None:
+            self._verifying = ThreadPoolExecutor(
+                VERIFY_THREADS, thread_name_prefix=VERIFY_THREAD_PREFIX
+            )
         verdict = await loop.run_in_executor(self._verifying, check, path, expected)
         if verdict.hashed:
             metrics.DIGEST_SECONDS.observe(time.perf_counter() - started)

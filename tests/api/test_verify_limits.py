@@ -137,3 +137,22 @@ async def test_held_verifications_leave_the_default_pool_to_the_rest(
     gate.release.set()
     for status, document, _ in await asyncio.gather(*held):
         assert status == 200 and document["verification"]["status"] == "match"
+
+
+async def test_a_stopped_node_leaves_no_verification_thread(users_api: Api) -> None:
+    api = users_api
+    (dataset_id, _) = await stored_datasets(api, "verify-stop")
+    status, document, _ = await verify(api, "bob", dataset_id)
+    assert status == 200 and document["verification"]["status"] == "match"
+    assert _verify_threads()
+    await api.client.close()  # the app's cleanup stops its node
+    async with asyncio.timeout(10):
+        while True:
+            if not _verify_threads():
+                return
+            await asyncio.sleep(0.02)
+
+
+def _verify_threads() -> list[str]:
+    prefix = storage.VERIFY_THREAD_PREFIX + "_"
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
