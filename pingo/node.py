@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import multiprocessing
 import os
@@ -196,7 +197,13 @@ class Node:
             sweep_sandboxes=self.sandbox == "on",
         )
         self.deletor = Deletor(store, self.storage, settings)
-        self.schedules = ScheduleService(store, settings, self.workflows, self.storage)
+        self.schedules = ScheduleService(
+            store,
+            settings,
+            self.workflows,
+            self.storage,
+            detached=self.submit_tick if self.detaches else None,
+        )
         self.scheduler = Scheduler(self.schedules)
         self.webhooks = WebhookSender(store, settings)
         self.retention: loops.Loop | None = None
@@ -426,6 +433,26 @@ class Node:
             raise
         return await self.workflows.adopt(persisted, rerun_of=job.rerun_of, started=started)
 
+    async def submit_tick(
+        self,
+        document: dict[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str,
+        cap: UserLimits | None,
+    ) -> WorkflowRecord:
+        """A schedule tick's big workflow, planned through `submit_detached`."""
+        job = BigSubmission(
+            owner=owner,
+            body=json.dumps(document).encode(),
+            decode=json.loads,
+            check=None,
+            cap=cap,
+            idempotency_key=idempotency_key,
+        )
+        record, _ = await self.submit_detached(job)
+        return record
+
 
 @dataclass(frozen=True, slots=True)
 class BigSubmission:
@@ -438,8 +465,10 @@ class BigSubmission:
     body: bytes | None
     #: Decodes `body` as the API decodes request bodies (raising the API's errors).
     decode: Callable[[bytes], Any]
-    #: Refuses a document this node cannot run, as the API does in-process.
-    check: Callable[[Any], None]
+    #: Refuses a document this node cannot run, as the API does in-process; None for a
+    #: schedule's tick, whose document was checked when the schedule was made (what may
+    #: run is checked again before each spawn, as for a tick planned in-process).
+    check: Callable[[Any], None] | None
     #: The owner's limits, whose workflow cap the planner applies (`WorkflowManager.submit`).
     cap: UserLimits | None = None
     idempotency_key: str | None = None
@@ -501,7 +530,8 @@ async def _child_submission(settings: Settings, job: BigSubmission) -> StoredSub
             if original is None:
                 raise errors.NotFound(f"no workflow {job.rerun_of}")
             document = untrusted.plain(original.document)
-        job.check(document)
+        if job.check is not None:
+            job.check(document)
         force: ForceTargets = job.force
         return await manager.persist_detached(
             document,

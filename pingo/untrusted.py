@@ -29,6 +29,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 #: the whole text, so a thread doing it holds the GIL only in short slices and the
 #: event loop keeps answering while a 10 MB workflow is read (issue 13).
 PIECEWISE_CHARS = 1 << 18
+#: A workflow with more actions than this is big: planned in a child process (a re-run,
+#: a schedule's tick; a submission by its body's size, `PIECEWISE_CHARS`) and its
+#: documents built in a worker thread, not on the event loop (issue 13).
+BIG_ACTIONS = 2_000
 #: Bytes of UTF-8 decoded per C call when decoding piece by piece.
 _UTF8_PIECE = 1 << 16
 #: Containers this near the top are walked in Python when decoding piece by piece; every

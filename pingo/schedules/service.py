@@ -19,15 +19,23 @@ import random
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from pingo import errors, events, metrics, states
+from pingo import errors, events, metrics, states, untrusted
 from pingo.config import Settings
 from pingo.datasets.storage import DatasetStorage
 from pingo.schedules import rules
-from pingo.store.protocol import ScheduleChanges, ScheduleRecord, ScheduleRunRecord, Store
+from pingo.store.protocol import (
+    ScheduleChanges,
+    ScheduleRecord,
+    ScheduleRunRecord,
+    Store,
+    UserLimits,
+    WorkflowRecord,
+)
 from pingo.webhooks import hooks
 from pingo.workflows import language
 from pingo.workflows.planner import WorkflowManager
@@ -60,6 +68,23 @@ _AFTER = timedelta(microseconds=1)
 #: The shortest wait between passes while a tick is about to be due (no busy loop on a
 #: clock that reads a hair before the tick).
 _MIN_WAIT_S = 0.001
+#: A tick whose workflow has more actions than this is planned in a child process when
+#: the node can (`Node.submit_detached`), as a big submission over the API is: planning
+#: 20,000 actions here would hold the event loop, and their memory, for seconds.
+DETACHED_ACTIONS = untrusted.BIG_ACTIONS
+
+
+class DetachedSubmit(Protocol):
+    """Plans and stores a tick's big workflow in a child process (`Node.submit_tick`)."""
+
+    def __call__(
+        self,
+        document: dict[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str,
+        cap: UserLimits | None,
+    ) -> Awaitable[WorkflowRecord]: ...
 
 
 def new_schedule_id() -> str:
@@ -85,10 +110,13 @@ class ScheduleService:
         settings: Settings,
         workflows: WorkflowManager,
         storage: DatasetStorage | None = None,
+        detached: DetachedSubmit | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.workflows = workflows
+        #: Where a big tick's workflow is planned, when not here (`DETACHED_ACTIONS`).
+        self.detached = detached
         #: The data root that path triggers watch.
         self.storage = storage
         #: When this node last looked at each path trigger (monotonic seconds).
@@ -586,7 +614,7 @@ class ScheduleService:
         try:
             # The owner's workflow cap applies as to their own submissions (a tick taken
             # over after its workflow was made replays it, uncapped).
-            workflow = await self.workflows.submit(
+            workflow = await self._submit(
                 document,
                 owner=schedule.owner,
                 idempotency_key=rules.idempotency_key(schedule.id, tick),
@@ -629,6 +657,23 @@ class ScheduleService:
             },
         )
         return await self._clear(schedule)
+
+    def _submit(
+        self,
+        document: dict[str, Any],
+        *,
+        owner: str,
+        idempotency_key: str,
+        cap: UserLimits | None,
+    ) -> Awaitable[WorkflowRecord]:
+        """A tick's workflow planned and stored: in a child process when it is big and
+        the node can (`detached`), else here."""
+        actions = document.get("actions")
+        big = isinstance(actions, list) and len(actions) > DETACHED_ACTIONS
+        submit: Callable[..., Awaitable[WorkflowRecord]] = (
+            self.detached if big and self.detached is not None else self.workflows.submit
+        )
+        return submit(document, owner=owner, idempotency_key=idempotency_key, cap=cap)
 
     @staticmethod
     def with_schedule_webhooks(

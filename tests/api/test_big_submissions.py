@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pingo import untrusted
 from pingo.api.app import create_app
 from pingo.api.routes import workflows as workflow_routes
 from pingo.node import BigSubmission, Node
@@ -244,7 +245,7 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
     """Validation first, then the workflow cap: a document that can never be accepted is
     422 (or 400) whatever the cap, in-process and in a child alike; only a valid one is 429."""
     monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
-    monkeypatch.setattr(workflow_routes, "_INLINE_ACTIONS", SMALL_BIG // 2)
+    monkeypatch.setattr(untrusted, "BIG_ACTIONS", SMALL_BIG // 2)
     detached = _Calls(api.node)
     response = await api.client.patch(
         "/api/v1/users/admin", json={"limits": {"maxWorkflows": 1}}, headers=api.auth("admin")

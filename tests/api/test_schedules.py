@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from pingo.config import Settings
+from pingo.node import BigSubmission
+from pingo.schedules import service as schedule_service
 
 from .conftest import Api, command_workflow, make_settings
 
@@ -301,3 +303,55 @@ async def test_a_scheduler_idempotency_key_cannot_be_taken_by_hand(api: Api) -> 
     assert (await api.client.get("/api/v1/workflows", headers=api.auth("admin"))).status == 200
     listed = await (await api.client.get("/api/v1/workflows", headers=api.auth("admin"))).json()
     assert listed["items"] == []
+
+
+async def test_a_big_ticks_workflow_is_planned_in_a_child_process(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like a big submission over the API (tests/api/test_big_submissions.py), a tick
+    whose workflow has more than `DETACHED_ACTIONS` actions is planned and stored by a
+    child process; "big" is made small here by lowering the threshold."""
+    monkeypatch.setattr(schedule_service, "DETACHED_ACTIONS", 2)
+    node = api.node
+    assert node.detaches
+    detached: list[str] = []
+    submit_detached = node.submit_detached
+
+    async def counting(job: BigSubmission) -> tuple[Any, bool]:
+        detached.append(job.owner)
+        return await submit_detached(job)
+
+    monkeypatch.setattr(node, "submit_detached", counting)
+    await api.add_user("alice")
+    chain = command_workflow(
+        {
+            1: ["sh", "-c", 'echo "$1" > "$PINGO_OUTPUT"', "x", "{schedule.time}"],
+            2: ["sh", "-c", 'cat "$PINGO_INPUT_1" > "$PINGO_OUTPUT"'],
+            3: ["sh", "-c", 'cat "$PINGO_INPUT_2" > "$PINGO_OUTPUT"'],
+        },
+        {2: [1], 3: [2]},
+        name="big-tick",
+    )
+    created = await create(api, every_second(chain), user="alice")
+    workflow_id = await first_submitted(api, created["id"])
+    await api.client.post(f"/api/v1/schedules/{created['id']}/pause", headers=api.auth("alice"))
+    document = await api.wait(workflow_id)
+    assert document["state"] == "SUCCEEDED" and document["owner"] == "alice"
+    assert detached and set(detached) == {"alice"}
+    # At the threshold, a tick is planned here as before.
+    monkeypatch.setattr(schedule_service, "DETACHED_ACTIONS", 3)
+    small = await create(api, every_second({**chain, "name": "small-tick"}))
+    assert (await api.wait(await first_submitted(api, small["id"])))["state"] == "SUCCEEDED"
+    assert "admin" not in detached
+
+
+async def first_submitted(api: Api, schedule_id: str, timeout_s: float = 20) -> str:
+    """The workflow of the schedule's first submitted tick. A tick that comes while the
+    scheduler is late is skipped (`catch-up latest`), so the first run may not be it."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            found = [r for r in await runs(api, schedule_id) if r["outcome"] == "submitted"]
+            if found:
+                workflow_id: str = found[-1]["workflowId"]
+                return workflow_id
+            await asyncio.sleep(0.1)

@@ -58,10 +58,6 @@ async def visible_workflow(request: web.Request, workflow_id: str) -> WorkflowRe
     return await lookup.workflow(runtime.node(request).store, workflow_id, owner=owner)
 
 
-#: Workflows with more actions than this have their document (or page) built in a
-#: worker thread.
-_INLINE_ACTIONS = 2_000
-
 T = TypeVar("T")
 
 
@@ -96,7 +92,7 @@ async def workflow_actions(
 
 async def built_off_loop(request: web.Request, build: Callable[[], T], actions: int) -> T:
     """`build()`, linear in `actions`: in a worker thread for a big workflow (issue 13)."""
-    if actions <= _INLINE_ACTIONS:
+    if actions <= untrusted.BIG_ACTIONS:
         return build()
     try:
         with heap.full_collections_deferred():
@@ -127,13 +123,13 @@ async def _encoded_document(request: web.Request, record: WorkflowRecord) -> byt
 
 
 def _is_big(record: WorkflowRecord) -> bool:
-    """Whether the workflow has more than `_INLINE_ACTIONS` actions, without decoding a
+    """Whether the workflow has more than `untrusted.BIG_ACTIONS` actions, without decoding a
     stored document left undecoded (one that long always has)."""
     document = record.document
     if untrusted.is_large(document):
         return True
     actions = document.get("actions")
-    return isinstance(actions, Sequence) and len(actions) > _INLINE_ACTIONS
+    return isinstance(actions, Sequence) and len(actions) > untrusted.BIG_ACTIONS
 
 
 async def _paged_document(request: web.Request, record: WorkflowRecord) -> bytes:
