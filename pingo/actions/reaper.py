@@ -60,6 +60,7 @@ from pingo import errors, loops, metrics, states
 from pingo.actions.executors import base, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.config import Settings
+from pingo.datasets import trees
 from pingo.datasets.storage import (
     COMPLETED_SUFFIX,
     EXIT_STATUS_SUFFIX,
@@ -196,13 +197,20 @@ class Reaper(loops.Loop):
                 self.held.add(action)
             return False
         runtime_s = None
+        failure = None
         if status is base.ExecutorStatus.UNKNOWN:
-            completion = await self.noted_completion(action)
+            try:
+                completion = await self.noted_completion(action)
+            except (OSError, trees.UnstorableOutput) as exc:
+                # Completed, but what it wrote cannot be stored: a failure, not a loss
+                # (a retry would only write it again).
+                completion, status = None, base.ExecutorStatus.FAILED
+                failure = f"the output could not be stored: {exc}"
             if completion is not None:
                 status = base.ExecutorStatus.SUCCEEDED
                 runtime_s = completion.runtime_s
         try:
-            await self._resolve(action, status, runtime_s)
+            await self._resolve(action, status, runtime_s, failure)
         except errors.NotFound:
             return False
         except errors.Conflict as exc:
@@ -250,14 +258,18 @@ class Reaper(loops.Loop):
         return completion
 
     async def _resolve(
-        self, action: ActionRecord, status: base.ExecutorStatus, runtime_s: float | None = None
+        self,
+        action: ActionRecord,
+        status: base.ExecutorStatus,
+        runtime_s: float | None = None,
+        failure: str | None = None,
     ) -> None:
         callback_id, attempt = action.callback_id, action.attempts
         if status is base.ExecutorStatus.SUCCEEDED:
             await self.outcomes.success(callback_id, attempt, runtime_s=runtime_s)
         elif status is base.ExecutorStatus.FAILED:
             await self.outcomes.failed(
-                callback_id, attempt, "the executor reports that the work failed"
+                callback_id, attempt, failure or "the executor reports that the work failed"
             )
         elif status is base.ExecutorStatus.KILLED:
             await self.outcomes.killed(callback_id, attempt)
@@ -278,8 +290,10 @@ class Reaper(loops.Loop):
         for path, mtime in entries:
             if mtime > cutoff or await self._leased(os.path.basename(path)):
                 continue
-            await storage.remove(path)
-            removed += 1
+            # One the server cannot remove is logged and left for the next sweep: it
+            # must not stop the sweep, or the node (a loop that raises stops it).
+            if await storage.remove(path):
+                removed += 1
         if removed:
             logger.info(
                 "removed %d staging leftovers of attempts without a lease",
@@ -319,7 +333,12 @@ class Reaper(loops.Loop):
         """Whether the attempt a staging entry's name names may still be promoted: it is
         its action's submitted attempt (lease or not: the reaper resolves it), or
         claimed under a live lease."""
-        for suffix in (sandbox.BOX_SUFFIX, COMPLETED_SUFFIX, EXIT_STATUS_SUFFIX):
+        for suffix in (
+            sandbox.BOX_SUFFIX,
+            sandbox.COLLECTING_SUFFIX,
+            COMPLETED_SUFFIX,
+            EXIT_STATUS_SUFFIX,
+        ):
             name = name.removesuffix(suffix)
         parts = name.rsplit(".", 3)
         if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():

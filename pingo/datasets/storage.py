@@ -15,7 +15,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
 from pingo import errors, metrics
-from pingo.datasets import integrity
+from pingo.datasets import integrity, trees
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +292,7 @@ class DatasetStorage:
             flat = _flat_dir_size(path)
             if flat is not None:
                 return flat
-            return await asyncio.to_thread(_tree_size, path)
+            return await asyncio.to_thread(trees.size, path)
         return await asyncio.to_thread(self._size_remote, path)
 
     async def measure(self, path: str) -> integrity.Measure | None:
@@ -376,16 +375,13 @@ class DatasetStorage:
         except FileNotFoundError:
             return []
 
-    async def remove(self, path: str) -> None:
-        """Remove the file or tree at `path`; nothing when it is absent."""
+    async def remove(self, path: str) -> bool:
+        """Remove the file or tree at `path`; whether nothing is left there (what is left
+        on a local root is logged, `trees.remove`)."""
         if self._local:
-            if _is_real_dir(path):
-                await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            return
+            return await asyncio.to_thread(trees.remove, path)
         await asyncio.to_thread(self._remove_remote, path)
+        return True
 
     def _remove_remote(self, path: str) -> None:
         p = self._fs._strip_protocol(path)
@@ -441,17 +437,6 @@ def _flat_dir_size(path: str) -> int | None:
     return total
 
 
-def _tree_size(path: str) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        # os.walk lists a link to a directory among `dirnames` (and does not enter it).
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        for name in (*filenames, *links):
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
 def _replace_local(staging: str, final: str, keep_in: str | None = None) -> None:
     """Put `staging` at `final`, whatever `final` held (a forced recompute).
 
@@ -482,11 +467,7 @@ def _replace_local(staging: str, final: str, keep_in: str | None = None) -> None
         moved = True
     _with_parent(os.rename, staging, final)
     if moved and not keep:
-        if _is_real_dir(aside):
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(aside)
+        trees.remove(aside)
 
 
 def _lexists(path: str) -> bool:

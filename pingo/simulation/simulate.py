@@ -129,8 +129,9 @@ class SimulatedStorage(DatasetStorage):
     async def size(self, path: str) -> int:
         return self.files.get(path, 0)
 
-    async def remove(self, path: str) -> None:
+    async def remove(self, path: str) -> bool:
         self.used_bytes -= self.files.pop(path, 0)
+        return True
 
     async def exists(self, path: str) -> bool:
         return path in self.files

@@ -282,6 +282,34 @@ def test_a_stored_dataset_is_not_the_file_a_sandbox_held_open(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def test_an_output_nested_past_the_limit_fails_its_attempt_and_the_server_stays_up(
+    server: Server, bob: Client
+) -> None:
+    """1,200 nested directories stopped the node once (the reaper's staging sweep raised
+    RecursionError), and every restart after. Now the attempt fails, and nothing is left."""
+    nest = 'cd "$PINGO_OUTPUT" && i=0; while [ $i -lt 1200 ]; do mkdir d && cd d; i=$((i+1)); done'
+    document = _workflow(["sh", "-c", 'mkdir "$PINGO_OUTPUT" && ' + nest])
+    document["actions"][0]["maxAttempts"] = 1
+    workflow = _run(bob, document)
+    assert workflow["state"] == "FAILED", workflow
+    action = bob.action(workflow["id"], 1)
+    assert "could not be stored" in action["error"] and "deeper than" in action["error"]
+    staging = server.home / "datasets" / ".staging"
+    assert not [p.name for p in staging.iterdir() if workflow["id"] in p.name]
+    assert server.client(ADMIN_TOKEN).health()
+    assert _run(bob, _workflow(_sh('echo after > "$PINGO_OUTPUT"')))["state"] == "SUCCEEDED"
+
+
+def test_a_sparse_output_is_stored_sparse(server: Server, bob: Client) -> None:
+    """A 4 GiB hole costs the action nothing; copied out of its box, it must not cost
+    the server's disk 4 GiB either."""
+    workflow = _run(bob, _workflow(_sh('truncate -s 4G "$PINGO_OUTPUT"')))
+    assert workflow["state"] == "SUCCEEDED", workflow
+    stored = _dataset_path(server, workflow, 1).stat()
+    assert stored.st_size == 4 << 30
+    assert stored.st_blocks * 512 < 1 << 24
+
+
 def test_an_action_cannot_make_its_user_admin_through_the_store(
     server: Server, alice: Client
 ) -> None:

@@ -59,7 +59,7 @@ from pingo import errors
 from pingo.actions.executors import placeholders, sandbox
 from pingo.actions.executors.base import ExecutorStatus, Reporter, Submission
 from pingo.config import Settings
-from pingo.datasets import storage
+from pingo.datasets import storage, trees
 
 logger = logging.getLogger(__name__)
 
@@ -470,6 +470,34 @@ class LocalExecutor:
         if self._completed(proc, returncode):
             storage.record_completion(output, runtime_s)
 
+    async def _settled_or_why_not(
+        self, proc: _Process, returncode: int, runtime_s: float
+    ) -> str | None:
+        """The attempt's output out of its box and noted (`_settle_output`, in a worker
+        thread), or why a successful attempt fails instead: the server must not move it
+        (`_refused_move`), or it could not be taken out (too deep, a full disk). Never a
+        success then: nothing, or a copy cut short, would be stored as the output. An
+        attempt that failed or was killed keeps its own outcome."""
+        sub = proc.submission
+        try:
+            if self.sandbox is not None:
+                refusal = await asyncio.to_thread(_refused_move, self.sandbox, sub)
+                if refusal is not None:
+                    return refusal
+            await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
+        except (OSError, trees.UnstorableOutput) as exc:
+            logger.warning(
+                "output %s of attempt %d could not be collected: %s",
+                sub.output_path,
+                sub.attempt,
+                exc,
+                extra={"event": "output_not_collected", "path": sub.output_path},
+            )
+            if proc.stopped_for is None and returncode == 0:
+                return f"the output could not be stored: {exc}"
+            await asyncio.to_thread(trees.remove, sandbox.box_for(_local(sub.output_path)))
+        return None
+
     async def _report(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         sub = proc.submission
         local = _is_local(sub.output_path)
@@ -479,16 +507,13 @@ class LocalExecutor:
         evidence = local and (noted or self.sandbox is not None)
         try:
             if evidence:
-                refusal = None
-                if self.sandbox is not None:
-                    refusal = await asyncio.to_thread(_refused_move, self.sandbox, sub)
+                refusal = await self._settled_or_why_not(proc, returncode, runtime_s)
                 if refusal is not None:
                     output = _local(sub.output_path)
-                    await asyncio.to_thread(shutil.rmtree, sandbox.box_for(output), True)
+                    await asyncio.to_thread(trees.remove, sandbox.box_for(output))
                     storage.forget_completion(output)
                     await self.reporter.failed(sub.callback_id, sub.attempt, refusal)
                     return
-                await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
             await self._report_outcome(proc, returncode, runtime_s)
             if evidence:
                 storage.forget_completion(_local(sub.output_path))

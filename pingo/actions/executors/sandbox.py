@@ -42,6 +42,7 @@ from pathlib import Path
 
 from pingo import errors
 from pingo.config import Settings
+from pingo.datasets import trees
 from pingo.store.sqlite import path_from_url as sqlite_path
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 COMMAND_LINE = "command-line"
 #: Suffix of the private directory an attempt's output is written into.
 BOX_SUFFIX = ".box"
+#: Suffix of the fresh copy of an output being made (`collect`), beside its staging path.
+COLLECTING_SUFFIX = ".collecting"
 #: PATH inside the sandbox when the action's own `env` sets none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
@@ -353,7 +356,7 @@ def make_box(output: str) -> str:
     if os.path.islink(box) or (os.path.lexists(box) and not os.path.isdir(box)):
         os.unlink(box)
     elif os.path.lexists(box):
-        shutil.rmtree(box)
+        trees.remove(box)
     os.mkdir(box, 0o700)
     return box
 
@@ -364,10 +367,11 @@ def planted_link(output: str) -> str | None:
     written = os.path.join(box_for(output), os.path.basename(output))
     if os.path.islink(written):
         return "."
-    for dirpath, dirnames, filenames in os.walk(written):
-        for name in (*dirnames, *filenames):
-            if os.path.islink(os.path.join(dirpath, name)):
-                return os.path.relpath(os.path.join(dirpath, name), written)
+    if not os.path.isdir(written):
+        return None
+    for path, st in trees.entries(written, trees.MAX_DEPTH):
+        if stat.S_ISLNK(st.st_mode):
+            return os.path.relpath(path, written)
     return None
 
 
@@ -459,49 +463,29 @@ def collect(output: str, *, fresh: bool) -> None:
     hand a writable descriptor of its output to another running action of its user;
     renamed, the stored dataset would be that same file, still writable after the
     digest was taken. A copy no sandbox ever opened is what gets hashed and stored.
+    It is made beside the staging path and renamed onto it once whole, so a copy cut
+    short (a full disk, a killed server) is never taken for the output.
+
+    Raises `trees.UnstorableOutput` for an output nested deeper than `trees.MAX_DEPTH`,
+    OSError for one the filesystem would not copy; the attempt then failed, and
+    nothing is left at the staging path.
     """
     box = box_for(output)
     written = os.path.join(box, os.path.basename(output))
-    if os.path.lexists(written):
+    try:
+        if not os.path.lexists(written):
+            return
         if fresh and not os.path.islink(written):
-            _copy_fresh(written, output)
+            copy = output + COLLECTING_SUFFIX
+            trees.remove(copy)  # a copy an earlier collect left when its server died
+            trees.copy_fresh(written, copy)
+            if os.path.lexists(copy):
+                os.rename(copy, output)
         else:
+            trees.check_depth(written)
             os.rename(written, output)
-    shutil.rmtree(box, ignore_errors=True)
-
-
-def _copy_fresh(source: str, target: str) -> None:
-    """Copy a file or a tree (links as links) into new inodes; other files are left out."""
-    mode = os.lstat(source).st_mode
-    if stat.S_ISDIR(mode):
-        shutil.copytree(source, target, symlinks=True, ignore=_special_files)
-    elif _stored(mode):
-        shutil.copy2(source, target)
-    else:
-        logger.warning(
-            "output %s is neither a file, a directory nor a link: not stored",
-            target,
-            extra={"event": "output_special_file", "path": target},
-        )
-
-
-def _special_files(directory: str, names: list[str]) -> set[str]:
-    """The FIFOs, sockets and devices among `names`: no bytes to store, and opening a
-    FIFO to copy it would wait for a writer."""
-    special = {n for n in names if not _stored(os.lstat(os.path.join(directory, n)).st_mode)}
-    if special:
-        logger.warning(
-            "left out of the output at %s (neither files, directories nor links): %s",
-            directory,
-            ", ".join(sorted(special)),
-            extra={"event": "output_special_file", "path": directory},
-        )
-    return special
-
-
-def _stored(mode: int) -> bool:
-    """Whether a file of `mode` is kept in a dataset: a file, a directory or a link."""
-    return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+    finally:
+        trees.remove(box)
 
 
 def environment(action_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,128 @@
+"""Trees actions wrote, taken apart by the server without recursion (`pingo.datasets.trees`):
+any depth removed, too deep refused, holes kept, and a copy cut short never left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pingo.datasets import trees
+
+
+def _nest(top: Path, levels: int) -> Path:
+    """`levels` directories nested under `top`, built through descriptors so that no path
+    the test opens grows with the depth; the deepest one's path."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as leaf:
+            leaf.write("deep")
+    finally:
+        os.close(fd)
+    return top
+
+
+def test_a_tree_deeper_than_pythons_recursion_is_removed(tmp_path: Path) -> None:
+    # 1,200 levels: Python 3.11's shutil.rmtree raises RecursionError about 1,000 down.
+    top = _nest(tmp_path / "deep", 1_200)
+    assert trees.remove(str(top))
+    assert not top.exists()
+
+
+def test_a_tree_with_paths_past_path_max_is_removed(tmp_path: Path) -> None:
+    top = tmp_path / "long"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(40):  # 40 x 200 characters: past PATH_MAX (4,096)
+            os.mkdir("n" * 200, dir_fd=fd)
+            deeper = os.open("n" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    assert trees.remove(str(top))
+    assert not top.exists()
+
+
+def test_removing_nothing_or_a_file_or_a_link_never_follows_it(tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "precious").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(kept)
+    assert trees.remove(str(link)) and trees.remove(str(tmp_path / "absent"))
+    assert (kept / "precious").read_text() == "x"
+
+
+def test_an_output_deeper_than_the_limit_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
+    source = _nest(tmp_path / "deep", trees.MAX_DEPTH + 5)
+    target = tmp_path / "copy"
+    with pytest.raises(trees.UnstorableOutput, match="deeper than"):
+        trees.copy_fresh(str(source), str(target))
+    assert not target.exists()
+    with pytest.raises(trees.UnstorableOutput):
+        trees.check_depth(str(source))
+    trees.check_depth(str(_nest(tmp_path / "shallow", 10)))
+
+
+def test_a_copy_keeps_holes_content_links_and_modes(tmp_path: Path) -> None:
+    source = tmp_path / "out"
+    (source / "sub").mkdir(parents=True)
+    sparse = source / "sparse"
+    with sparse.open("wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of hole: no block on disk
+        f.seek(1 << 20)
+        f.write(b"middle")
+    (source / "sub" / "tool").write_text("#!/bin/sh\n")
+    (source / "sub" / "tool").chmod(0o755)
+    (source / "to-tool").symlink_to("sub/tool")
+    os.mkfifo(source / "fifo")
+    target = tmp_path / "copy"
+    trees.copy_fresh(str(source), str(target))
+    copied = target / "sparse"
+    assert copied.stat().st_size == 1 << 30
+    assert copied.stat().st_blocks * 512 < 1 << 24, "the hole was written out"
+    with copied.open("rb") as f:
+        f.seek(1 << 20)
+        assert f.read(6) == b"middle"
+        f.seek(0)
+        assert f.read(16) == bytes(16)
+    assert os.readlink(target / "to-tool") == "sub/tool"
+    assert (target / "sub" / "tool").stat().st_mode & 0o777 == 0o755
+    assert not (target / "fifo").exists()
+    assert copied.stat().st_ino != sparse.stat().st_ino
+
+
+def test_a_copy_cut_short_leaves_nothing(tmp_path: Path) -> None:
+    """A file size limit stands in for a full disk: the write fails part-way (EFBIG)."""
+    source = tmp_path / "out"
+    source.mkdir()
+    (source / "a").write_bytes(os.urandom(1 << 20))
+    (source / "b").write_bytes(os.urandom(4 << 20))
+    target = tmp_path / "copy"
+    script = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        from pingo.datasets import trees
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
+        try:
+            trees.copy_fresh({str(source)!r}, {str(target)!r})
+        except OSError as exc:
+            print("refused", exc.errno)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.startswith("refused"), done.stdout + done.stderr
+    assert not target.exists()
