@@ -18,6 +18,7 @@ from pingo import errors
 from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import ExecutorClosed, LocalExecutor, create, server_environment
 from pingo.config import Settings
+from pingo.datasets import trees
 from pingo.datasets.storage import (
     COMPLETED_SUFFIX,
     EXIT_STATUS_SUFFIX,
@@ -483,3 +484,19 @@ def test_collecting_a_box_copies_it_into_new_files_when_asked(tmp_path: Path, fr
         assert not (stored / "fifo").exists()
     else:
         assert data.read_text() == "EVIL\n" and data.stat().st_ino == before
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_collecting_an_output_nested_too_deep_leaves_nothing(tmp_path: Path, fresh: bool) -> None:
+    """Copied or renamed, an output deeper than `trees.MAX_DEPTH` is refused: nothing at
+    the staging path (nor a partial copy beside it), and its box is gone."""
+    output = str(tmp_path / "out")
+    deepest = Path(sandbox.make_box(output)) / "out"
+    for _ in range(trees.MAX_DEPTH + 2):
+        deepest = deepest / "d"
+    deepest.mkdir(parents=True)
+    with pytest.raises(trees.UnstorableOutput):
+        sandbox.collect(output, fresh=fresh)
+    assert not os.path.lexists(output)
+    assert not os.path.lexists(output + sandbox.COLLECTING_SUFFIX)
+    assert not os.path.lexists(sandbox.box_for(output))
