@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pingo import __version__
+from pingo import __version__, untrusted
 
 if TYPE_CHECKING:
     # Imported where used: `pingo validate` must not pay for an HTTP client (cli_validate_s).
@@ -36,7 +36,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: What `OneLineFormatter` escapes: C0 controls (newlines, carriage returns, escape
 #: sequences, tabs), DEL, C1 controls (NEL among them) and Unicode's line and paragraph
-#: separators, the characters terminals and log readers act on or split lines at.
+#: separators, the characters terminals and log readers act on or split lines at; and
+#: the bidirectional controls (`untrusted.BIDI_ESCAPES`), which make a viewer show a
+#: line's text out of order, as the web UI escapes them.
 _LOG_ESCAPES: dict[int, str] = {
     **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
     0x09: "\\t",
@@ -44,6 +46,7 @@ _LOG_ESCAPES: dict[int, str] = {
     0x0D: "\\r",
     0x2028: "\\u2028",
     0x2029: "\\u2029",
+    **untrusted.BIDI_ESCAPES,
 }
 
 
@@ -164,10 +167,10 @@ def _api_errors() -> Iterator[None]:
     try:
         yield
     except pingo_client.ApiError as exc:
-        typer.echo(f"error: {exc.describe()}", err=True)
+        typer.echo(f"error: {_shown(exc.describe())}", err=True)
         raise typer.Exit(1) from None
     except pingo_client.ClientError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_shown(str(exc))}", err=True)
         raise typer.Exit(1) from None
     except TimeoutError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -192,12 +195,20 @@ def _print_json(data: Any) -> None:
 _JSON = typer.Option(False, "--json", help="Print the server's answer as JSON.")
 
 
+def _shown(text: str) -> str:
+    """Untrusted text (names, problem details) as a terminal may show it: controls,
+    escape sequences and bidirectional controls as escapes, as in the log
+    (`_LOG_ESCAPES`). Another user's name must not move the cursor or reorder a line."""
+    return text.translate(_LOG_ESCAPES)
+
+
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """Rows under headers, never cut.
 
     On a terminal, rich draws the table and folds a long cell onto more lines; piped
     (or redirected), plain space-aligned columns at full width, one row per line,
-    for grep and awk. Cells are plain text: untrusted names are never read as markup.
+    for grep and awk. Cells are plain text: untrusted names are never read as markup,
+    and their controls are shown as escapes (`_shown`).
     """
     if sys.stdout.isatty():
         from rich.console import Console
@@ -208,9 +219,10 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         for column in table.columns:
             column.overflow = "fold"
         for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
+            table.add_row(*(Text(_shown(cell)) for cell in row))
         Console().print(table)
         return
+    rows = [[_shown(cell) for cell in row] for row in rows]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
     for line in (headers, *rows):
         typer.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

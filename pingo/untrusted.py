@@ -33,6 +33,14 @@ PIECEWISE_CHARS = 1 << 18
 #: a schedule's tick; a submission by its body's size, `PIECEWISE_CHARS`) and its
 #: documents built in a worker thread, not on the event loop (issue 13).
 BIG_ACTIONS = 2_000
+#: Unicode's bidirectional formatting characters: marks (LRM, RLM, ALM), embeddings and
+#: overrides (LRE to RLO), isolates (LRI to PDI). HTML escaping leaves them be, and one in
+#: a name makes a viewer show its text out of order ("a\u202egnp.exe" reads "aexe.png");
+#: an unclosed one reorders what follows it too.
+BIDI_CONTROLS = (0x200E, 0x200F, 0x061C, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+#: A `str.translate` table showing each bidirectional control as its escape (`\u202e`):
+#: what the web UI prints and what the log and the CLI write.
+BIDI_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in BIDI_CONTROLS}
 #: Bytes of UTF-8 decoded per C call when decoding piece by piece.
 _UTF8_PIECE = 1 << 16
 #: Containers this near the top are walked in Python when decoding piece by piece; every

@@ -26,7 +26,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from pingo import errors, limits, states
+from pingo import errors, limits, states, untrusted
 from pingo.actions.executors import base as executors_base
 from pingo.api import auth, bodies, documents, problems, runtime
 from pingo.api.routes import datasets as dataset_routes
@@ -981,12 +981,23 @@ async def ui_middleware(request: web.Request, handler: problems.Handler) -> web.
     return response
 
 
+def _bidi_escaped(value: object) -> object:
+    """What a template prints of `value`: its bidirectional controls as escapes.
+
+    The templates' `finalize`, so it runs on every `{{ … }}` of every page, fragment
+    and drawing (before HTML escaping): names, paths, errors and logs are untrusted
+    wherever a template prints them, and no template has to remember it.
+    """
+    return value.translate(untrusted.BIDI_ESCAPES) if isinstance(value, str) else value
+
+
 def setup(app: web.Application) -> None:
     """Register the UI's routes, template loader and middleware on the API's app."""
     aiohttp_jinja2.setup(
         app,
         loader=jinja2.PackageLoader("pingo.ui", "templates"),
         autoescape=jinja2.select_autoescape(default=True),
+        finalize=_bidi_escaped,
     )
     app[SESSIONS_KEY] = Sessions()
     app[REUSE_KEY] = ReuseCounts()

@@ -9,8 +9,10 @@ nodes ending the same workflow queue it once.
 
 The URL is hostile: only http and https, and unless the server allows private
 targets (`PINGO_WEBHOOK_PRIVATE_TARGETS=allow`), no loopback, private,
-link-local, multicast, reserved or unspecified address, checked on the address
-the sender resolved and then connects to (so DNS cannot swap it in between).
+link-local, multicast, reserved or unspecified address, nor one IANA lists as not
+globally reachable (`NOT_GLOBAL`), nor an IPv6 address that carries such an IPv4
+address (6to4, Teredo, IPv4-mapped or -compatible), checked on the address the
+sender resolved and then connects to (so DNS cannot swap it in between).
 """
 
 from __future__ import annotations
@@ -121,14 +123,41 @@ def url_problem(url: Any, settings: Settings) -> str | None:
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+#: Blocks IANA's special-purpose registries mark not globally reachable that Python
+#: 3.11's `is_global` still calls global (newer Pythons know some of them).
+NOT_GLOBAL: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = (
+    # IETF protocol assignments (RFC 6890): 3.11 knows only 192.0.0.170/31 of it. The
+    # PCP and TURN anycasts (.9, .10) reach a service near the sender, not a receiver.
+    ipaddress.IPv4Network("192.0.0.0/24"),
+    ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215)
+    ipaddress.IPv6Network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.IPv6Network("5f00::/16"),  # SRv6 segment ids (RFC 9602)
+    ipaddress.IPv6Network("fec0::/10"),  # site-local: deprecated, yet routed inside a site
+)
+
 
 def address_problem(address: Address, settings: Settings) -> str | None:
     """Why a resolved address may not be connected to, or None."""
     if settings.webhook_private_targets == "allow":
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        # The connection goes over IPv4, to the mapped address: it alone is judged.
         address = address.ipv4_mapped
-    if (
+    if not _is_public(address):
+        return f"{address} is not a public address (see PINGO_WEBHOOK_PRIVATE_TARGETS)"
+    if isinstance(address, ipaddress.IPv6Address):
+        for carried in _carried_ipv4(address):
+            if not _is_public(carried):
+                return (
+                    f"{address} carries {carried}, not a public address"
+                    " (see PINGO_WEBHOOK_PRIVATE_TARGETS)"
+                )
+    return None
+
+
+def _is_public(address: Address) -> bool:
+    """Whether `address` itself (not what it may carry) is one webhooks may reach."""
+    return not (
         address.is_loopback
         or address.is_private
         or address.is_link_local
@@ -136,9 +165,25 @@ def address_problem(address: Address, settings: Settings) -> str | None:
         or address.is_reserved
         or address.is_unspecified
         or not address.is_global
-    ):
-        return f"{address} is not a public address (see PINGO_WEBHOOK_PRIVATE_TARGETS)"
-    return None
+        or any(address in network for network in NOT_GLOBAL)
+    )
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses a transition mechanism would send `address`'s packets to.
+
+    The stdlib judges a 6to4 (`2002:7f00:1::`, carrying 127.0.0.1) or Teredo address
+    by its IPv6 prefix alone; a relay or the host's own tunnel would deliver it to the
+    IPv4 address inside. IPv4-compatible addresses (`::a.b.c.d`) are judged the same.
+    """
+    carried: list[ipaddress.IPv4Address] = []
+    if address.sixtofour is not None:
+        carried.append(address.sixtofour)
+    if address.teredo is not None:
+        carried.extend(address.teredo)  # the Teredo server and the client's address
+    if int(address) >> 32 == 0:
+        carried.append(ipaddress.IPv4Address(int(address)))
+    return carried
 
 
 def redact(webhooks: Any) -> list[dict[str, Any]]:

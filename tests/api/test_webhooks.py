@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -234,6 +235,8 @@ async def test_private_targets_are_refused_by_default(api: Api) -> None:
         "http://169.254.169.254/",
         "http://localhost./hook",
         "http://0.0.0.0/",
+        "http://192.0.0.8/",
+        "http://[2002:7f00:1::]/",
     ):
         hook = {"url": url, "secret": "s"}
         response = await api.client.post(
@@ -270,6 +273,50 @@ def test_address_rules(tmp_path: Path) -> None:
         "",
     ):
         assert hooks.url_problem(bad, settings) is not None, bad
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "192.0.0.8",  # IANA's IETF protocol assignments, global to Python 3.11
+        "192.0.0.9",  # its PCP anycast: a service near the sender
+        "::ffff:192.0.0.8",  # IPv4-mapped
+        "2002:7f00:1::",  # 6to4 carrying 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 carrying 169.254.169.254, the metadata address
+        "2002:c000:8::",  # 6to4 carrying 192.0.0.8
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, its client 127.0.0.1
+        "::127.0.0.1",  # IPv4-compatible
+        "64:ff9b:1::a00:1",  # local-use NAT64
+        "3fff::1",  # documentation
+        "5f00::1",  # SRv6 segment ids
+        "fec0::1",  # site-local
+    ],
+)
+def test_addresses_not_globally_reachable_are_refused(tmp_path: Path, address: str) -> None:
+    literal = ipaddress.ip_address(address)
+    host = f"[{address}]" if literal.version == 6 else address
+    assert hooks.url_problem(f"http://{host}/hook", Settings(home=tmp_path)) is not None
+    assert hooks.address_problem(literal, Settings(home=tmp_path)) is not None
+    allowed = Settings(home=tmp_path, webhook_private_targets="allow")
+    assert hooks.address_problem(literal, allowed) is None
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "93.184.216.34",
+        "::ffff:93.184.216.34",
+        "2002:5db8:d822::1",  # 6to4 carrying 93.184.216.34
+        "2606:4700:4700::1111",
+    ],
+)
+def test_public_addresses_are_allowed(tmp_path: Path, address: str) -> None:
+    assert hooks.address_problem(ipaddress.ip_address(address), Settings(home=tmp_path)) is None
+
+
+def test_a_refusal_names_the_carried_address(tmp_path: Path) -> None:
+    problem = hooks.address_problem(ipaddress.ip_address("2002:7f00:1::"), Settings(home=tmp_path))
+    assert problem is not None and "127.0.0.1" in problem
 
 
 async def test_a_schedules_webhooks_are_called_for_each_of_its_runs(

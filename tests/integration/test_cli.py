@@ -461,3 +461,24 @@ def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
     output = server.process.stdout.read()
     token = (server.home / "admin.token").read_text().strip()
     assert token in output  # printed once, at first start
+
+
+def test_names_with_controls_are_shown_escaped(server: Server, tmp_path: Path) -> None:
+    """A workflow or action name is anyone's text: an escape sequence in it must not
+    drive the reader's terminal, nor a bidirectional control reorder the line."""
+    evil = "report\x1b[2J\x1b]0;owned\x07\u202egnp.exe"
+    document = {
+        "name": evil,
+        "startActionId": 1,
+        "endActionId": 1,
+        "actions": [{"id": 1, "name": evil, "type": "command-line", "command": ["true"]}],
+    }
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(document))
+    plan = server.run("submit", str(path), "--dry-run")
+    submitted = server.run("submit", str(path), "--wait")
+    listed = server.run("list", "--limit", "1000")
+    for shown in (plan, submitted, listed):
+        assert shown.returncode == 0, shown.stderr
+        assert not set("\x1b\x07\u202e") & set(shown.stdout + shown.stderr), shown.stdout
+    assert "report\\x1b[2J\\x1b]0;owned\\x07\\u202egnp.exe" in plan.stdout + listed.stdout

@@ -13,6 +13,10 @@ from pingo.retention.policy import DECLINE_EVENT
 from tests.api.conftest import Api, chain, command_workflow, sleeper
 
 SCRIPT = "<script>alert(1)</script>"
+#: Unicode's bidirectional formatting characters: marks, embeddings, overrides, isolates.
+BIDI = "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+#: What a page shows of `BIDI`: each character's escape, as text.
+ESCAPED_BIDI = "".join(f"\\u{ord(c):04x}" for c in BIDI)
 
 
 async def sign_in(api: Api, user: str) -> str:
@@ -103,6 +107,26 @@ async def test_html_in_names_is_escaped(users_api: Api) -> None:
     for html in (listing, page):
         assert "<script>" not in html
         assert "&lt;script&gt;" in html
+
+
+async def test_bidi_controls_in_names_are_shown_as_escapes(users_api: Api) -> None:
+    # Raw, U+202E shows bob's "a<RLO>gnp.exe" as "aexe.png" on other users' pages.
+    document = chain("ui-bidi", 1, name=f"w{BIDI}x")
+    document["actions"][0]["name"] = "a\u202egnp.exe"
+    submitted = await users_api.submit(document, user="bob")
+    await users_api.wait(submitted["id"])
+    workflow = f"/workflows/{submitted['id']}"
+    await sign_in(users_api, "alice")
+    pages = {"/datasets": await (await users_api.client.get("/datasets")).text()}
+    await sign_in(users_api, "admin")
+    for path in ("/workflows", workflow, f"{workflow}/live", f"{workflow}/actions/1"):
+        pages[path] = await (await users_api.client.get(path)).text()
+    for path, page in pages.items():
+        assert not set(BIDI) & set(page), path
+    assert "a\\u202egnp.exe" in pages["/datasets"]
+    assert f"w{ESCAPED_BIDI}x" in pages["/workflows"] and f"w{ESCAPED_BIDI}x" in pages[workflow]
+    assert pages[workflow].count("a\\u202egnp.exe") >= 2  # the action table and the graph
+    assert "<h1>a\\u202egnp.exe</h1>" in pages[f"{workflow}/actions/1"]
 
 
 async def test_action_page_shows_the_log_escaped(users_api: Api) -> None:

@@ -12,6 +12,8 @@ from pingo import cli
 
 #: A workflow name that, raw, would end the record and forge an admin-looking one.
 FORGING = "a\n2026-01-01 00:00:00,000 INFO pingo.api.auth: created the first admin user\rb"
+#: Unicode's bidirectional formatting characters: marks, embeddings, overrides, isolates.
+BIDI = "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
 def _record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -49,6 +51,28 @@ def test_control_characters_are_escaped(raw: str, escaped: str) -> None:
     assert f"name {escaped} end" in line
     assert len(line.splitlines()) == 1
     assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in line)
+
+
+@pytest.mark.parametrize("control", BIDI)
+def test_bidi_controls_are_escaped(control: str) -> None:
+    # Raw, U+202E makes a viewer show the action "a<RLO>gnp.exe" as "aexe.png".
+    line = cli.log_formatter().format(_record("action %s failed", f"a{control}gnp.exe"))
+    assert f"action a\\u{ord(control):04x}gnp.exe failed" in line
+    assert not set(BIDI) & set(line)
+
+
+def test_a_traceback_escapes_bidi_controls_too() -> None:
+    try:
+        raise ValueError(f"bad name a{BIDI}gnp.exe")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord(
+            "pingo.test", logging.ERROR, __file__, 1, "failed %s", (BIDI,), sys.exc_info()
+        )
+    text = cli.log_formatter().format(record)
+    assert not set(BIDI) & set(text)
+    assert "  | ValueError: bad name a\\u200e\\u200f\\u061c\\u202a" in text
 
 
 def test_extra_fields_a_format_names_are_escaped() -> None:
