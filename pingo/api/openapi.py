@@ -256,7 +256,14 @@ def _schedule_paths() -> dict[str, Any]:
                 "resumeSchedule",
                 "Resume a schedule from its next tick",
                 "schedules",
-                {"200": schedule_ok, "404": _NOT_FOUND, "409": _problem("Busy (CONFLICT).")},
+                {
+                    "200": schedule_ok,
+                    "404": _NOT_FOUND,
+                    "409": _problem("Busy (CONFLICT)."),
+                    "422": _problem(
+                        "Its stored definition fails the checks of a new one (VALIDATION_FAILED)."
+                    ),
+                },
                 parameters=[sid],
             )
         },

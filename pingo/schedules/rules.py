@@ -36,7 +36,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from croniter.croniter import CroniterError
+from croniter.croniter import CroniterBadDateError, CroniterError
 
 from pingo import errors, untrusted
 from pingo.errors import ValidationIssue
@@ -81,6 +81,13 @@ _NAME_LIMIT = 200
 _DATASET_SHARD = re.compile(r"[0-9a-f]{2}")
 _PLACEHOLDER = re.compile(r"\{(schedule\.time|schedule\.date|param\.[A-Za-z0-9_.-]+)\}")
 _PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+#: Where a cron's expansion starts, and whence it must fire (no start before it is
+#: checked further: ticks are computed from now, which is later).
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: What computing a tick raises when it would fall outside Python's calendar (past the
+#: year 9999, in UTC or in the schedule's zone), or when croniter finds no match within
+#: the 50 years it searches.
+_NO_TICK = (OverflowError, ValueError, CroniterBadDateError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +149,7 @@ def parse_spec(body: Any) -> ScheduleSpec:
     cron = "" if "trigger" in body else _string(body, "cron", issues, required=True, max_length=200)
     timezone = _string(body, "timezone", issues, default="UTC", max_length=100)
     zone = _zone(timezone, issues)
-    if cron and zone is not None:
-        _check_cron(cron, issues)
+    cron_fires = bool(cron) and zone is not None and _check_cron(cron, issues)
     workflow = body.get("workflow")
     if not isinstance(workflow, Mapping):
         issues.append(
@@ -169,7 +175,7 @@ def parse_spec(body: Any) -> ScheduleSpec:
     issues.extend(unknown_parameters(workflow, parameters))
     if issues:
         raise _failed(issues)
-    return ScheduleSpec(
+    spec = ScheduleSpec(
         name=name,
         cron=cron,
         timezone=timezone,
@@ -184,6 +190,19 @@ def parse_spec(body: Any) -> ScheduleSpec:
         webhooks=tuple(w for w in webhooks if isinstance(w, Mapping)),
         trigger=trigger,
     )
+    if cron_fires and not _ticks_from_start(spec):
+        # Checked on the whole spec (its zone, its cron), hence only once all else passed.
+        raise _failed(
+            [
+                ValidationIssue(
+                    SCHEMA_VIOLATION,
+                    "no tick of the cron falls at or after the start within the calendar "
+                    "(which ends with the year 9999)",
+                    "/start",
+                )
+            ]
+        )
+    return spec
 
 
 def _trigger(value: Any, issues: list[ValidationIssue]) -> Trigger | None:
@@ -264,7 +283,8 @@ def _zone(name: str, issues: list[ValidationIssue]) -> ZoneInfo | None:
         return None
 
 
-def _check_cron(cron: str, issues: list[ValidationIssue]) -> None:
+def _check_cron(cron: str, issues: list[ValidationIssue]) -> bool:
+    """Whether `cron` is an expression that fires; if not, say why at `/cron`."""
     fields = cron.split()
     if len(fields) not in (5, 6):
         issues.append(
@@ -272,11 +292,32 @@ def _check_cron(cron: str, issues: list[ValidationIssue]) -> None:
                 INVALID_CRON, "5 fields, or 6 with the seconds first, separated by spaces", "/cron"
             )
         )
-        return
+        return False
     try:
         _expanded(cron)
     except (CroniterError, ValueError, KeyError, IndexError) as exc:
         issues.append(ValidationIssue(INVALID_CRON, f"not a cron expression: {exc}", "/cron"))
+        return False
+    try:
+        # Each field may be valid and the date they make impossible (30 February):
+        # croniter then searches 50 years for a match and gives up.
+        _iterator(cron, _EPOCH).get_next(datetime)
+    except CroniterBadDateError:
+        issues.append(
+            ValidationIssue(
+                INVALID_CRON, "never fires: its fields make no date (like 30 February)", "/cron"
+            )
+        )
+        return False
+    return True
+
+
+def _ticks_from_start(spec: ScheduleSpec) -> bool:
+    """Whether a tick can be computed at or after the start (one in the year 9999 may
+    have none left before the calendar ends)."""
+    if spec.start_at is None or spec.start_at <= _EPOCH:
+        return True
+    return _tick_after(spec, spec.start_at - timedelta(microseconds=1)) is not None
 
 
 def _parameters(value: Any, issues: list[ValidationIssue]) -> dict[str, str]:
@@ -314,7 +355,16 @@ def _instant(
     if at.tzinfo is None:
         # A local time, in the schedule's zone.
         at = at.replace(tzinfo=zone or UTC)
-    return at.astimezone(UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:
+        # 9999-12-31T20:00 at UTC-12 is in the year 10000 in UTC, past what datetime holds.
+        issues.append(
+            ValidationIssue(
+                SCHEMA_VIOLATION, "a date and time from the year 1 to 9999 in UTC", f"/{key}"
+            )
+        )
+        return None
 
 
 def _choice(
@@ -355,7 +405,7 @@ def _int(
 
 @functools.lru_cache(maxsize=4096)
 def _expanded(cron: str) -> croniter:
-    return croniter(cron, datetime(2000, 1, 1, tzinfo=UTC), second_at_beginning=True)
+    return croniter(cron, _EPOCH, second_at_beginning=True)
 
 
 def _iterator(cron: str, start: datetime) -> croniter:
@@ -376,16 +426,40 @@ def first_due(spec: ScheduleSpec, now: datetime) -> datetime | None:
 
 
 def next_tick(spec: ScheduleSpec, after: datetime) -> datetime | None:
-    """The first tick strictly after `after` (and at or after the start), or None past the end."""
+    """The first tick strictly after `after` (and at or after the start), or None past the
+    end: the schedule's `end`, or the calendar's (the year 9999)."""
     if spec.start_at is not None and after < spec.start_at:
         after = spec.start_at - timedelta(microseconds=1)
-    it = _iterator(spec.cron, after.astimezone(spec.zone))
-    tick = it.get_next(datetime).astimezone(UTC)
-    if _repeats_wall_time(spec, tick):
-        tick = it.get_next(datetime).astimezone(UTC)
-    if spec.end_at is not None and tick > spec.end_at:
+    tick = _tick_after(spec, after)
+    if tick is None or (spec.end_at is not None and tick > spec.end_at):
         return None
     return tick
+
+
+def _tick_after(spec: ScheduleSpec, after: datetime) -> datetime | None:
+    """The first cron tick strictly after `after`, whatever the start and end; None when
+    none can be computed (`_NO_TICK`): the schedule then ends, as after its `end`, rather
+    than raising in the scheduler at every pass."""
+    try:
+        it = _iterator(spec.cron, after.astimezone(spec.zone))
+        tick = it.get_next(datetime).astimezone(UTC)
+        if _repeats_wall_time(spec, tick):
+            tick = it.get_next(datetime).astimezone(UTC)
+    except _NO_TICK:
+        return None
+    return tick
+
+
+def in_calendar(spec: ScheduleSpec, tick: datetime) -> bool:
+    """Whether a data trigger's occurrence at `tick` can run: its local time in the
+    schedule's zone (`{schedule.time}`) and the watermark just after it exist (a remote
+    file's modification time may be as late as the year 9999)."""
+    try:
+        tick.astimezone(spec.zone)
+        tick + timedelta(microseconds=1)
+    except OverflowError:
+        return False
+    return True
 
 
 def _repeats_wall_time(spec: ScheduleSpec, tick: datetime) -> bool:

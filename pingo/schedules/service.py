@@ -353,7 +353,7 @@ class ScheduleService:
         try:
             return self.spec(schedule).trigger is None
         except errors.PingoError:
-            return False  # `_guarded` logs why
+            return False  # `_advance` ends it, and says why
 
     async def _claim_ticks(
         self, due: list[ScheduleRecord], now: datetime
@@ -421,6 +421,13 @@ class ScheduleService:
 
     async def _advance(self, schedule: ScheduleRecord, now: datetime) -> bool:
         """Claim the schedule's next tick, or take over its pending one; then settle it."""
+        try:
+            spec = self.spec(schedule)
+        except errors.ValidationFailed as exc:
+            # Stored before a check that refuses it now (a cron that never fires, a start
+            # in the year 9999): left due, it would be listed and refused at every pass.
+            tick = schedule.pending_tick_at or schedule.next_fire_at
+            return await self._end(schedule, tick, _invalid(exc))
         node_id = self.settings.node_id
         lease = now + timedelta(seconds=self.settings.schedule_lease_s)
         if schedule.pending_tick_at is not None:
@@ -443,7 +450,6 @@ class ScheduleService:
             return await self._settle(schedule, now)
         if schedule.next_fire_at is None:
             return False
-        spec = self.spec(schedule)
         if spec.trigger is not None:
             return await self._triggered(schedule, spec, now)
         decision = rules.decide(spec, schedule.next_fire_at, now, self.settings.schedule_grace_s)
@@ -493,6 +499,14 @@ class ScheduleService:
             tick = await self._appeared_since(schedule, spec.trigger, schedule.next_fire_at)
         if tick is None:
             return False
+        if not rules.in_calendar(spec, tick):
+            # Nothing later can come after it (the watermark would move past the year 9999).
+            return await self._end(
+                schedule,
+                tick,
+                f"the occurrence at {tick.isoformat()} has no time in {spec.timezone} "
+                "before the calendar ends (the year 9999)",
+            )
         lease = now + timedelta(seconds=self.settings.schedule_lease_s)
         # The same compare-and-set as a cron tick's: the watermark moves past the
         # occurrence, which becomes the pending tick; one node wins it.
@@ -577,7 +591,19 @@ class ScheduleService:
         self._polled[schedule.id] = clock
         if len(self._polled) > _SPEC_CACHE:
             self._polled.pop(next(iter(self._polled)))
-        modified = await self.storage.modified_at(trigger.path)
+        try:
+            modified = await self.storage.modified_at(trigger.path)
+        except (OverflowError, ValueError) as exc:
+            # A modification time past the year 9999 (a remote root, or a filesystem with
+            # 64-bit times) is no datetime: no occurrence, until the path changes again.
+            logger.warning(
+                "schedule %s: %s has no usable modification time: %s",
+                schedule.id,
+                trigger.path,
+                exc,
+                extra={"event": "schedule_tick_error", "schedule_id": schedule.id},
+            )
+            return None
         if modified is None or modified < since:
             return None
         return modified
@@ -713,6 +739,30 @@ class ScheduleService:
             )
         )
 
+    async def _end(self, schedule: ScheduleRecord, tick: datetime | None, reason: str) -> bool:
+        """End a schedule that can have no next tick, as if past its `end` (`next_fire_at`
+        None, no pending tick), with `tick` recorded as failed for `reason`: the run log
+        says why it stopped. One compare-and-set, so one node records it."""
+        ended = await self.store.update_schedule(
+            schedule.id,
+            schedule.version,
+            ScheduleChanges(
+                next_fire_at=None, pending_tick_at=None, claimed_by=None, claim_expires_at=None
+            ),
+        )
+        if ended is None:
+            return False
+        if tick is not None:
+            await self._record(schedule, tick, "failed", reason=reason)
+            metrics.SCHEDULE_TICKS.labels(outcome="failed").inc()
+        logger.warning(
+            "schedule %s ended: %s",
+            schedule.id,
+            reason,
+            extra={"event": "schedule_ended", "schedule_id": schedule.id},
+        )
+        return True
+
     async def _clear(self, schedule: ScheduleRecord) -> bool:
         cleared = await self.store.update_schedule(
             schedule.id,
@@ -724,11 +774,25 @@ class ScheduleService:
         return cleared is not None
 
 
+def _invalid(exc: errors.ValidationFailed) -> str:
+    """Why a stored definition is refused, as a run's reason: its first issue."""
+    if not exc.issues:
+        return exc.message
+    first = exc.issues[0]
+    more = f" (and {len(exc.issues) - 1} more)" if len(exc.issues) > 1 else ""
+    return f"the definition is invalid: {first.code} at '{first.pointer}': {first.message}{more}"
+
+
 def next_fire_times(record: ScheduleRecord, count: int) -> list[datetime]:
     """The schedule's next `count` ticks from its `next_fire_at` (none while paused)."""
     if record.paused or record.next_fire_at is None or "trigger" in record.spec:
         return []
-    spec = rules.parse_spec(record.spec)
+    try:
+        spec = rules.parse_spec(record.spec)
+    except errors.ValidationFailed:
+        # Stored before a check that refuses it now: the scheduler ends it; a view of it
+        # still answers meanwhile.
+        return []
     times = [record.next_fire_at]
     while len(times) < count:
         following = rules.next_tick(spec, times[-1])

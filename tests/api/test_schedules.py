@@ -12,6 +12,7 @@ import pytest
 from pingo.config import Settings
 from pingo.node import BigSubmission
 from pingo.schedules import service as schedule_service
+from pingo.store.protocol import ScheduleRecord
 
 from .conftest import Api, command_workflow, make_settings
 
@@ -236,6 +237,116 @@ async def test_bad_definitions_are_refused_with_a_pointer(
     )
     listed = await api.client.get("/api/v1/schedules", headers=api.auth("admin"))
     assert (await listed.json())["items"] == []
+
+
+#: Definitions from which no tick can be computed (a security review found each answered
+#: 500): a cron that never fires, a start or end past the calendar (datetime ends with the
+#: year 9999), in UTC or in the schedule's zone.
+NO_TICK = [
+    ({"cron": "0 0 30 2 *"}, "/cron", "INVALID_CRON"),
+    ({"cron": "0 0 31 2 *"}, "/cron", "INVALID_CRON"),
+    ({"cron": "0 0 0 31 4 *"}, "/cron", "INVALID_CRON"),
+    ({"start": "9999-12-31T23:59:59Z"}, "/start", "SCHEMA_VIOLATION"),
+    # Its next UTC midnight is in the year 10000.
+    ({"cron": "0 0 * * *", "start": "9999-12-31T23:59:59+14:00"}, "/start", "SCHEMA_VIOLATION"),
+    # A local time whose UTC instant is in the year 10000.
+    ({"timezone": "Etc/GMT+12", "start": "9999-12-31T20:00:00"}, "/start", "SCHEMA_VIOLATION"),
+    ({"timezone": "Etc/GMT+12", "cron": "0 0 1 1 *", "start": "9999-06-01T00:00:00"}, "/start",
+     "SCHEMA_VIOLATION"),
+    ({"timezone": "Etc/GMT+12", "end": "9999-12-31T23:59:59"}, "/end", "SCHEMA_VIOLATION"),
+    ({"trigger": {"path": "in/_SUCCESS"}, "timezone": "Etc/GMT+12",
+      "start": "9999-12-31T20:00:00"}, "/start", "SCHEMA_VIOLATION"),
+]  # fmt: skip
+
+
+def no_tick(body: dict[str, Any]) -> dict[str, Any]:
+    """A whole definition with `body`'s fields (a trigger instead of the cron if it has one)."""
+    full = {"name": "no-tick", "cron": "* * * * *", "workflow": dated("no-tick"), **body}
+    if "trigger" in body:
+        del full["cron"]
+    return full
+
+
+async def refused_at(response: Any, pointer: str, code: str) -> None:
+    """The answer is a 422 with exactly one issue, `code` at `pointer`."""
+    assert response.status == 422, await response.text()
+    problem = await response.json()
+    assert problem["code"] == "VALIDATION_FAILED"
+    assert [(e["pointer"], e["code"]) for e in problem["errors"]] == [(pointer, code)], problem
+
+
+@pytest.mark.parametrize(("body", "pointer", "code"), NO_TICK)
+async def test_a_definition_without_a_tick_is_refused_with_a_pointer(
+    users_api: Api, body: dict[str, Any], pointer: str, code: str
+) -> None:
+    api = users_api
+    response = await api.client.post(
+        "/api/v1/schedules", json=no_tick(body), headers=api.auth("alice")
+    )
+    await refused_at(response, pointer, code)
+    listed = await api.client.get("/api/v1/schedules", headers=api.auth("alice"))
+    assert (await listed.json())["items"] == []
+
+
+async def store_directly(api: Api, body: dict[str, Any], *, paused: bool) -> str:
+    """A schedule written to the store as it was before the checks refused its definition
+    (the API would not make it now); due now unless paused."""
+    now = api.node.store.clock()
+    record = await api.node.store.create_schedule(
+        ScheduleRecord(
+            id=schedule_service.new_schedule_id(),
+            owner="alice",
+            name="no-tick",
+            spec=no_tick(body),
+            paused=paused,
+            next_fire_at=now,
+            pending_tick_at=None,
+            claimed_by=None,
+            claim_expires_at=None,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return record.id
+
+
+@pytest.mark.parametrize(("body", "pointer", "code"), NO_TICK)
+async def test_resuming_a_stored_definition_without_a_tick_is_refused_with_a_pointer(
+    users_api: Api, body: dict[str, Any], pointer: str, code: str
+) -> None:
+    api = users_api
+    schedule_id = await store_directly(api, body, paused=True)
+    response = await api.client.post(
+        f"/api/v1/schedules/{schedule_id}/resume", headers=api.auth("alice")
+    )
+    await refused_at(response, pointer, code)
+    kept = await api.node.store.get_schedule(schedule_id)
+    assert kept is not None and kept.paused
+
+
+async def test_the_scheduler_ends_a_stored_definition_without_a_tick_and_goes_on(
+    users_api: Api,
+) -> None:
+    """Such a schedule, stored unpaused and due, made the scheduler loop raise and the
+    node stop. Now its tick is recorded as failed, with why, it is due no more, and the
+    other schedules keep firing; viewing or listing it still answers."""
+    api = users_api
+    broken = [
+        await store_directly(api, {"cron": "0 0 30 2 *"}, paused=False),
+        await store_directly(api, {"start": "9999-12-31T23:59:59Z"}, paused=False),
+    ]
+    created = await create(api, every_second(dated("still-firing")), user="alice")
+    await wait_runs(api, created["id"], 2)
+    for schedule_id, pointer in zip(broken, ("/cron", "/start"), strict=True):
+        [run] = await wait_runs(api, schedule_id, 1)
+        assert run["outcome"] == "failed" and run["workflowId"] is None
+        assert f"at '{pointer}'" in run["reason"], run
+        shown = await api.client.get(f"/api/v1/schedules/{schedule_id}", headers=api.auth("alice"))
+        assert shown.status == 200
+        view = await shown.json()
+        assert (view["nextFireAt"], view["nextFireTimes"], view["paused"]) == (None, [], False)
+    listed = await api.client.get("/api/v1/schedules", headers=api.auth("alice"))
+    assert listed.status == 200 and len((await listed.json())["items"]) == 3
 
 
 async def test_the_secret_is_never_echoed(tmp_path: Any, aiohttp_client: Any) -> None:

@@ -18,7 +18,7 @@ from pingo.config import Settings
 from pingo.node import Node
 from pingo.schedules import rules
 from pingo.store import open_store
-from pingo.store.protocol import Store, UserRecord
+from pingo.store.protocol import ScheduleRecord, Store, UserRecord
 from tests.contract.conftest import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -112,6 +112,58 @@ def test_none_runs_a_tick_that_is_on_time() -> None:
     decision = rules.decide(s, first, START + timedelta(seconds=1, milliseconds=300), 2.0)
     assert decision.run == first
     assert decision.skipped == ()
+
+
+def test_the_ticks_end_with_the_calendar() -> None:
+    """A tick past the year 9999 cannot be computed: the schedule ends there, as past
+    its `end`, instead of raising in the scheduler."""
+    last = spec(cron="* * * * *", start="9999-12-31T23:57:30Z")
+    ticks = [rules.first_due(last, START)]
+    while ticks[-1] is not None:
+        ticks.append(rules.next_tick(last, ticks[-1]))
+    end = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    assert ticks == [end - timedelta(minutes=1), end, None]
+    decision = rules.decide(last, end, end + timedelta(seconds=1), 2.0)
+    assert (decision.run, decision.next_fire_at) == (end, None)
+    # West of UTC, local ticks late on 31 December 9999 are already in the year 10000 in UTC.
+    west = spec(cron="0 * * * *", timezone="Etc/GMT+12", start="9999-12-31T10:00:00")
+    last_hour = datetime(9999, 12, 31, 23, tzinfo=UTC)  # 11:00 local; noon is in 10000 in UTC
+    assert rules.next_tick(west, last_hour - timedelta(minutes=30)) == last_hour
+    assert rules.next_tick(west, last_hour) is None
+    # A data trigger's occurrence must have a local time, and a watermark after it.
+    east = spec(timezone="Etc/GMT-14")
+    assert rules.in_calendar(east, datetime(9999, 12, 31, 9, tzinfo=UTC))
+    assert not rules.in_calendar(east, datetime(9999, 12, 31, 10, tzinfo=UTC))
+    assert not rules.in_calendar(spec(), datetime.max.replace(tzinfo=UTC))
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer", "code"),
+    [
+        ({"cron": "0 0 30 2 *"}, "/cron", rules.INVALID_CRON),
+        ({"cron": "0 0 0 31 4 *"}, "/cron", rules.INVALID_CRON),
+        ({"start": "9999-12-31T23:59:59Z"}, "/start", rules.SCHEMA_VIOLATION),
+        ({"timezone": "Etc/GMT+12", "start": "9999-12-31T20:00:00"}, "/start",
+         rules.SCHEMA_VIOLATION),
+        ({"timezone": "Etc/GMT-14", "start": "0001-01-01T00:00:00"}, "/start",
+         rules.SCHEMA_VIOLATION),
+        ({"timezone": "Etc/GMT+12", "end": "9999-12-31T23:59:59"}, "/end",
+         rules.SCHEMA_VIOLATION),
+    ],
+)  # fmt: skip
+def test_a_definition_without_a_tick_is_refused_where_it_is_parsed(
+    body: dict[str, Any], pointer: str, code: str
+) -> None:
+    with pytest.raises(errors.ValidationFailed) as refused:
+        spec(**body)
+    assert [(i.pointer, i.code) for i in refused.value.issues] == [(pointer, code)]
+
+
+def test_rare_but_real_dates_and_distant_starts_are_accepted() -> None:
+    assert rules.next_tick(spec(cron="0 0 29 2 *"), START) == datetime(2028, 2, 29, tzinfo=UTC)
+    # A start long past bounds nothing: ticks are computed from now.
+    ancient = spec(cron="* * * * *", timezone="America/New_York", start="0001-01-01T00:00:00Z")
+    assert rules.first_due(ancient, START) == START + timedelta(minutes=1)
 
 
 def test_render_replaces_placeholders_everywhere_but_leaves_others() -> None:
@@ -371,6 +423,58 @@ async def test_pause_resume_and_a_deleted_owner(
     with pytest.raises(errors.NotFound):
         await node.schedules.set_paused("sch-missing", True)
     assert states.WorkflowState.RUNNING  # the enum the service counts on
+
+
+@pytest.mark.parametrize(
+    ("stored", "pointer"),
+    [
+        ({"cron": "0 0 30 2 *"}, "/cron"),
+        ({"cron": "* * * * *", "start": "9999-12-31T23:59:59Z"}, "/start"),
+        ({"cron": "* * * * *", "timezone": "Etc/GMT+12", "start": "9999-12-31T20:00:00"},
+         "/start"),
+    ],
+)  # fmt: skip
+async def test_a_stored_definition_without_a_tick_ends_and_the_others_fire(
+    tmp_path: Path, store: Store, clock: FakeClock, stored: dict[str, Any], pointer: str
+) -> None:
+    """A definition stored before the checks that refuse it (which made croniter or
+    datetime raise in the scheduler loop, stopping the node) is ended: its due tick is
+    recorded as failed with the reason, it is due no more, and the loop goes on firing
+    the other schedules. Resuming it says what is wrong."""
+    node = make_node(tmp_path, store, "a")
+    good = await node.schedules.create(
+        {"name": "good", "cron": "* * * * * *", "workflow": workflow()}, owner="alice"
+    )
+    due = START + timedelta(seconds=1)
+    broken = await store.create_schedule(
+        ScheduleRecord(
+            id="sch-0123456789abcdef",
+            owner="alice",
+            name="broken",
+            spec={"name": "broken", "workflow": workflow(), **stored},
+            paused=False,
+            next_fire_at=due,
+            pending_tick_at=None,
+            claimed_by=None,
+            claim_expires_at=None,
+            created_at=START,
+            updated_at=START,
+        )
+    )
+    for _ in range(3):
+        clock.advance(1)
+        await node.schedules.fire_due()
+    [run] = await store.list_schedule_runs(broken.id)
+    assert (run.tick_at, run.outcome) == (due, "failed")
+    assert run.reason is not None and f"at '{pointer}'" in run.reason
+    ended = await store.get_schedule(broken.id)
+    assert ended is not None and ended.next_fire_at is None and ended.pending_tick_at is None
+    fired = await store.list_schedule_runs(good.id)
+    assert [r.outcome for r in fired] == ["submitted"] * 3
+    await node.schedules.set_paused(broken.id, True)
+    with pytest.raises(errors.ValidationFailed) as refused:
+        await node.schedules.set_paused(broken.id, False)
+    assert [i.pointer for i in refused.value.issues] == [pointer]
 
 
 # ------------------------------------------------------------------ data triggers
