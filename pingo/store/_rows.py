@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Generic, TypeVar
 
+from pingo import untrusted
 from pingo.store import _cursor, _json
 
 R = TypeVar("R")
@@ -37,6 +38,9 @@ TIME = Conversion(_cursor.to_micros, _cursor.from_micros)
 OPTIONAL_TIME = Conversion(_optional(_cursor.to_micros), _optional(_cursor.from_micros))
 BOOL = Conversion(int, bool)
 JSON = Conversion(_json.dumps, json.loads)
+#: A JSON object that may be long (a schedule's whole workflow document): decoded when a
+#: reader first looks into it (`untrusted.stored_object`), not with every row read.
+DOCUMENT = Conversion(_json.dumps, untrusted.stored_object)
 OPTIONAL_JSON = Conversion(_optional(_json.dumps), _optional(json.loads))
 BYTES = Conversion(bytes, bytes)
 

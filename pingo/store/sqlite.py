@@ -434,7 +434,10 @@ _USERS = _rows.Rows(UserRecord, {"is_admin": _rows.BOOL, "created_at": _rows.TIM
 _SCHEDULES = _rows.Rows(
     ScheduleRecord,
     {
-        "spec": _rows.JSON,
+        # The scheduler reads due schedules several times a second; their definitions
+        # (a whole workflow each, up to the body limit) are parsed once per node
+        # (`ScheduleService.spec`), so a long one stays text until then.
+        "spec": _rows.DOCUMENT,
         "paused": _rows.BOOL,
         "next_fire_at": _rows.OPTIONAL_TIME,
         "pending_tick_at": _rows.OPTIONAL_TIME,

@@ -9,12 +9,12 @@ import json
 import sqlite3
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from pingo import errors
+from pingo import errors, untrusted
 from pingo.states import ActionState, DatasetState, WorkflowState
 from pingo.store import open_store, sqlite
 from pingo.store.protocol import (
@@ -28,6 +28,8 @@ from pingo.store.protocol import (
     WorkflowRecord,
 )
 from pingo.store.sqlite import MIGRATIONS, SQLiteStore, path_from_url
+from tests.contract.conftest import FakeClock
+from tests.contract.test_schedules import make_schedule
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -667,3 +669,22 @@ async def test_a_capped_claim_costs_the_same_whatever_the_backlog(tmp_path: Path
         after, chosen = await store._run(_claim_steps, store, 64, wanted)
         assert len(chosen) == 1
         assert after <= before + 5, (before, after)
+
+
+async def test_a_long_schedule_definition_is_decoded_only_when_read(tmp_path: Path) -> None:
+    """The scheduler reads due schedules several times a second; a definition holding a
+    big workflow stays text until a reader looks into it (`untrusted.stored_object`)."""
+    clock = FakeClock()
+    actions = [{"id": i, "name": f"a{i}", "command": ["echo", "x" * 100]} for i in range(4000)]
+    spec = {"cron": "* * * * * *", "workflow": {"name": "big", "actions": actions}}
+    async with open_store(f"sqlite:///{tmp_path / 'pingo.db'}", clock=clock) as store:
+        await store.create_schedule(make_schedule(clock, id="sch-big", spec=spec))
+        await store.create_schedule(make_schedule(clock, id="sch-small"))
+        due = {
+            s.id: s for s in await store.list_due_schedules(clock() + timedelta(hours=1), "node")
+        }
+        big = due["sch-big"].spec
+        assert untrusted.is_large(big) and big.undecoded  # type: ignore[attr-defined]
+        assert not untrusted.is_large(due["sch-small"].spec)
+        assert big["workflow"]["actions"][3999] == actions[3999]
+        assert dict(big) == spec
