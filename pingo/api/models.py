@@ -457,8 +457,13 @@ class RerunRequest(Body, kw_only=True):
 
 # ----------------------------------------------------------------------------- schedules
 
-#: A time as a schedule's definition holds it (RFC 3339 text, as submitted).
-TimeText = Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+#: What a schedule's `start` and `end` may be: not JSON Schema's `date-time` alone.
+SCHEDULE_TIME = (
+    "An RFC 3339 date-time, or one without an offset, which is a local time in the"
+    " schedule's time zone (2026-01-01T00:00:00)."
+)
+#: A time as a schedule's definition holds it (the text as submitted).
+TimeText = Annotated[str, msgspec.Meta(description=SCHEDULE_TIME)]
 
 
 class WebhookView(Model):

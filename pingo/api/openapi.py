@@ -110,8 +110,8 @@ def _schedule_request_schemas() -> dict[str, Any]:
         },
         "overlap": {"enum": list(rules.OVERLAP_POLICIES), "default": "skip"},
         "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
-        "start": {"type": ["string", "null"], "format": "date-time"},
-        "end": {"type": ["string", "null"], "format": "date-time"},
+        "start": {"type": ["string", "null"], "description": models.SCHEDULE_TIME},
+        "end": {"type": ["string", "null"], "description": models.SCHEDULE_TIME},
     }
     return {
         "ScheduleRequest": {

@@ -466,3 +466,14 @@ async def first_submitted(api: Api, schedule_id: str, timeout_s: float = 20) -> 
                 workflow_id: str = found[-1]["workflowId"]
                 return workflow_id
             await asyncio.sleep(0.1)
+
+
+async def test_a_local_start_is_answered_as_given_and_within_the_contract(api: Api) -> None:
+    """A start without an offset is a local time in the schedule's zone (docs/schedules.md);
+    the answer shows it as given, and every answer is checked against the OpenAPI document
+    (which once said `date-time`, which such a time is not)."""
+    body = every_second(dated("local"), start="2026-01-01T00:00:00", timezone="Europe/Paris")
+    created = await create(api, {**body, "paused": True})
+    assert created["start"] == "2026-01-01T00:00:00"
+    shown = await api.client.get(f"/api/v1/schedules/{created['id']}", headers=api.auth("admin"))
+    assert shown.status == 200 and (await shown.json())["start"] == "2026-01-01T00:00:00"
