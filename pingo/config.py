@@ -167,6 +167,9 @@ class Settings:
     spark_deploy_mode: str = "client"
     #: Grace added to a lease before reconciliation asks an executor for an action's status.
     reconcile_grace_s: float = 30.0
+    #: How long a stopping node lets its running command-line actions finish; those still
+    #: running then are killed unreported and left to their lease (another node retries).
+    stop_grace_s: float = 5.0
     log_level: str = "INFO"
     #: Sandbox for command-line actions: `auto` (when user namespaces work), `on` or `off`.
     sandbox: str = "auto"
@@ -236,6 +239,10 @@ class Settings:
             )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
+        if not 0 <= self.stop_grace_s < float("inf"):
+            raise errors.ConfigurationError(
+                f"PINGO_STOP_GRACE_S must be 0 or more seconds, not {self.stop_grace_s!r}"
+            )
         if not 0 <= self.claim_ahead_s < float("inf"):
             raise errors.ConfigurationError(
                 f"PINGO_CLAIM_AHEAD_S must be 0 or more seconds, not {self.claim_ahead_s!r}"
@@ -291,7 +298,8 @@ _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "plan_deadline_s", "claim_ahead_s",
            "fast_poll_s", "idle_poll_s",
-           "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s", "schedule_interval_s",
+           "retry_backoff_s", "deletor_interval_s", "reconcile_grace_s", "stop_grace_s",
+           "schedule_interval_s",
            "schedule_lease_s", "schedule_grace_s", "webhook_interval_s", "webhook_backoff_s",
            "webhook_timeout_s"}  # fmt: skip
 

@@ -34,6 +34,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "retry_backoff_s": 0.05,
         # CI runs the suite as root (see tests/conftest.py).
         "root_actions": "everyone",
+        # Many tests end with actions still running: their node's stop need not wait.
+        "stop_grace_s": 0.5,
     }
     values.update(overrides)
     return Settings(**values)

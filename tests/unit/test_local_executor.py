@@ -385,8 +385,10 @@ async def test_close_lets_short_work_finish(tmp_path: Path, recorder: Recorder) 
 
 
 def test_create_reads_settings(tmp_path: Path, recorder: Recorder) -> None:
-    ex = create(Settings(home=tmp_path, local_slots=3, node_id="me"), recorder)
-    assert ex.slots == 3 and ex.node_id == "me"
+    ex = create(Settings(home=tmp_path, local_slots=3, node_id="me", stop_grace_s=1.5), recorder)
+    assert (ex.slots, ex.node_id, ex.close_grace_s) == (3, "me", 1.5)
+    with pytest.raises(errors.ConfigurationError, match="PINGO_STOP_GRACE_S"):
+        Settings.from_env({"PINGO_STOP_GRACE_S": "-1", "PINGO_HOME": str(tmp_path)})
 
 
 async def test_signal_death_is_reported(

@@ -680,4 +680,5 @@ def create(settings: Settings, reporter: Reporter) -> LocalExecutor:
         slots=settings.local_slots,
         node_id=settings.node_id,
         box=sandbox.from_settings(settings),
+        close_grace_s=settings.stop_grace_s,
     )
