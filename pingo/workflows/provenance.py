@@ -2,19 +2,23 @@
 
 A dataset's id is the sha256 of the canonical JSON of its identity document:
 the producing action's type and type-specific fields, the dataset ids of its
-parents (sorted, so the order of `parentActions` does not matter), the sharing
-scope, and, for an unmanaged action, its `outputPath`. `{input:<parentId>}`
-placeholders are rewritten to name the parent's dataset id instead. Names, action ids,
-`metadata`, `forceComputation`, `timeoutSeconds` and `maxAttempts` say nothing
-about *what* is computed and are left out, so two actions anywhere that compute
-the same thing in the same scope share one dataset.
+parents (sorted), for an action with parents its `inputs` (each parent's action id →
+its dataset id), the sharing scope, and, for an unmanaged action, its `outputPath`.
+
+`inputs` is there because a command sees its inputs under its parents' action ids:
+`{input:<parentId>}`, `PINGO_INPUT_<parentId>`, the keys of `PINGO_INPUTS` and the
+order of `{inputs}` all follow them. Two workflows that numbered the same parents the
+other way round run different commands, and must not share a dataset (a red-team
+review stored one user's merge with its inputs swapped under another's id). The
+action's own id, names, `metadata`, `forceComputation`, `timeoutSeconds` and
+`maxAttempts` say nothing about *what* is computed and are left out, so two actions
+anywhere that compute the same thing in the same scope share one dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,9 +54,7 @@ def identity(
     """The identity document of an action's output (stored as `DatasetRecord.definition`).
 
     `parent_dataset_ids` are the dataset ids of `action.parents`, in that order
-    (or a mapping parent action id → dataset id). `{input:<parentId>}`
-    placeholders are rewritten to name the parent's dataset id, so the identity
-    does not depend on how the workflow numbers its actions.
+    (or a mapping parent action id → dataset id).
     """
     if isinstance(parent_dataset_ids, Mapping):
         by_parent = {p: parent_dataset_ids[p] for p in action.parents}
@@ -66,10 +68,14 @@ def identity(
         by_parent = dict(zip(action.parents, listed, strict=True))
     document: dict[str, Any] = {
         "type": action.type,
-        "spec": _canonical_placeholders(action.spec, by_parent),
+        "spec": dict(action.spec),
         "parents": sorted(by_parent.values()),
         "scope": scope,
     }
+    if by_parent:
+        # What the command sees its inputs as (module docstring). Absent for an action
+        # without parents, so a root's id is the same as before inputs were recorded.
+        document["inputs"] = _inputs(by_parent)
     if not action.is_managed:
         # The user's own path is part of what the action produces.
         document["isManaged"] = False
@@ -77,29 +83,9 @@ def identity(
     return document
 
 
-def _canonical_placeholders(spec: Mapping[str, Any], by_parent: Mapping[int, str]) -> Any:
-    """A plain-JSON copy of `spec` where `{input:<parentId>}` names the parent's dataset."""
-    if not by_parent:
-        return dict(spec)
-    return _rewrite(dict(spec), by_parent)
-
-
-def _rewrite(value: Any, by_parent: Mapping[int, str]) -> Any:
-    if isinstance(value, str):
-        if "{input:" not in value:
-            return value
-
-        def dataset(match: re.Match[str]) -> str:
-            parent = int(match.group(1))
-            # Validation rejects placeholders naming a non-parent; keep them as written.
-            return f"{{input:{by_parent[parent]}}}" if parent in by_parent else match.group(0)
-
-        return language.INPUT_PLACEHOLDER.sub(dataset, value)
-    if isinstance(value, list):
-        return [_rewrite(item, by_parent) for item in value]
-    if isinstance(value, dict):
-        return {key: _rewrite(item, by_parent) for key, item in value.items()}
-    return value
+def _inputs(by_parent: Mapping[int, str]) -> dict[str, str]:
+    """Each parent's action id (as JSON keys are text) → its dataset id."""
+    return {str(parent): dataset_id for parent, dataset_id in by_parent.items()}
 
 
 def hash_identity(document: Mapping[str, Any]) -> str:
@@ -127,13 +113,15 @@ def dataset_ids(definition: WorkflowDefinition, scope: str) -> dict[int, str]:
 def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str) -> str:
     """`hash_identity(identity(...))` without building the document twice.
 
-    The canonical text is assembled with its keys in sorted order (isManaged,
+    The canonical text is assembled with its keys in sorted order (inputs, isManaged,
     outputPath, parents, scope, spec, type); a test holds it equal to the slow path.
     """
     spec_text = _encode(dict(action.spec))
-    if action.parents and "{input:" in spec_text:
-        by_parent = dict(zip(action.parents, parent_ids, strict=True))
-        spec_text = _encode(_rewrite(dict(action.spec), by_parent))
+    inputs = (
+        f'"inputs":{_encode(_inputs(dict(zip(action.parents, parent_ids, strict=True))))},'
+        if action.parents
+        else ""
+    )
     unmanaged = (
         ""
         if action.is_managed
@@ -142,7 +130,7 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
     # Dataset ids are hex digits: their JSON list needs no escaping.
     parents_text = '["' + '","'.join(sorted(parent_ids)) + '"]' if parent_ids else "[]"
     text = (
-        f'{{{unmanaged}"parents":{parents_text},"scope":{scope_text},'
+        f'{{{inputs}{unmanaged}"parents":{parents_text},"scope":{scope_text},'
         f'"spec":{spec_text},"type":{_encode(action.type)}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -295,3 +295,35 @@ async def test_in_per_user_scopes_another_users_dataset_does_not_exist(
     page = await (await client.get("/storage")).text()
     assert dataset_id not in page
     assert re.search(r"None yet", page)
+
+
+def _merge(first: str, second: str) -> dict[str, Any]:
+    """Two producers and a merge of their outputs, in parent order (`{inputs:sh}`)."""
+    return command_workflow(
+        {
+            1: ["sh", "-c", f'echo {first} > "$PINGO_OUTPUT"'],
+            2: ["sh", "-c", f'echo {second} > "$PINGO_OUTPUT"'],
+            3: ["sh", "-c", 'cat {inputs:sh} > "$PINGO_OUTPUT"'],
+        },
+        {3: [1, 2]},
+        name="merge",
+    )
+
+
+async def test_a_merge_with_its_parents_numbered_the_other_way_round_is_not_reused(
+    users_api: Api,
+) -> None:
+    """A red-team review's poisoning: Bob numbers the same two producers the other way
+    round, so his merge reads them in the other order. It must not be handed to Alice
+    as hers (it was: the dataset id ignored which parent was which)."""
+    api = users_api
+    bobs = await api.wait((await api.submit(_merge("deny", "allow"), user="bob"))["id"])
+    assert bobs["state"] == "SUCCEEDED"
+    alices = await api.wait((await api.submit(_merge("allow", "deny"), user="alice"))["id"])
+    assert alices["state"] == "SUCCEEDED"
+    reuse = {a["actionId"]: a["reuse"] for a in alices["actions"]}
+    assert reuse == {1: "reused", 2: "reused", 3: "computed"}, reuse
+    dataset_id = alices["actions"][2]["datasetId"]
+    response = await api.client.get(f"/api/v1/datasets/{dataset_id}", headers=api.auth("alice"))
+    stored = Path((await response.json())["path"])
+    assert stored.read_text() == "allow\ndeny\n"

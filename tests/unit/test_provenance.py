@@ -61,8 +61,9 @@ def test_identity_document_is_what_is_hashed() -> None:
     }
     assert provenance.hash_identity(parent_doc) == found[1]
     child_doc = provenance.identity(definition.actions[2], [found[1]], "server")
-    assert child_doc["spec"]["command"] == ["wc", "{input:" + found[1] + "}"]
+    assert child_doc["spec"]["command"] == ["wc", "{input:1}"]
     assert child_doc["parents"] == [found[1]]
+    assert child_doc["inputs"] == {"1": found[1]}
     assert provenance.hash_identity(child_doc) == found[2]
     # A mapping parent action id → dataset id is accepted too.
     assert provenance.identity(definition.actions[2], {1: found[1]}, "server") == child_doc
@@ -194,14 +195,11 @@ def renumber(document: dict[str, Any], mapping: dict[int, int]) -> dict[str, Any
 
 @settings(max_examples=75, deadline=None)
 @given(workflows(), st.randoms(use_true_random=False))
-def test_ids_survive_renumbering_renaming_metadata_and_reordering(
+def test_ids_survive_renaming_metadata_and_reordering(
     document: dict[str, Any], rnd: random.Random
 ) -> None:
     original = dataset_ids(document)
-    count = len(document["actions"])
-    new_ids = rnd.sample(range(1, 10_000), count)
-    mapping = dict(zip(range(1, count + 1), new_ids, strict=True))
-    changed = renumber(document, mapping)
+    changed = copy.deepcopy(document)
     rnd.shuffle(changed["actions"])
     for action in changed["actions"]:
         action["name"] = f"renamed-{rnd.random()}"
@@ -209,8 +207,64 @@ def test_ids_survive_renumbering_renaming_metadata_and_reordering(
         action["forceComputation"] = rnd.random() < 0.5
         action["maxAttempts"] = rnd.randint(1, 5)
         rnd.shuffle(action.get("parentActions", []))
-    after = dataset_ids(changed)
-    assert {mapping[k]: v for k, v in original.items()} == after
+    assert dataset_ids(changed) == original
+
+
+@settings(max_examples=75, deadline=None)
+@given(workflows(), st.randoms(use_true_random=False))
+def test_renumbering_changes_exactly_the_actions_that_see_a_parent_renumbered(
+    document: dict[str, Any], rnd: random.Random
+) -> None:
+    """A command sees its inputs under its parents' action ids (`PINGO_INPUT_<id>`,
+    `{inputs}` in their order), so those ids are part of what it computes; its own id
+    is not, nor are the ids of actions it does not read."""
+    original = dataset_ids(document)
+    count = len(document["actions"])
+    mapping = dict(zip(range(1, count + 1), rnd.sample(range(1, 10_000), count), strict=True))
+    after = dataset_ids(renumber(document, mapping))
+    parents = {a["id"]: [p["id"] for p in a.get("parentActions", [])] for a in document["actions"]}
+    changed: set[int] = set()
+    for aid in sorted(parents):  # parents are numbered before their children
+        if any(mapping[p] != p or p in changed for p in parents[aid]):
+            changed.add(aid)
+    for aid, dataset_id in original.items():
+        assert (after[mapping[aid]] != dataset_id) == (aid in changed), aid
+
+
+def test_parents_numbered_the_other_way_round_are_another_computation() -> None:
+    """The red-team review's swap: the same merge, its two inputs numbered the other way
+    round. `cat {inputs:sh}` (in parent id order) and `$PINGO_INPUT_1` read them in the
+    other order, so the merge must not be reused for the other workflow."""
+
+    def merge(first: str, second: str) -> dict[str, Any]:
+        return {
+            "name": "merge",
+            "startActionId": 1,
+            "endActionId": 3,
+            "actions": [
+                {"id": 1, "name": "a", "type": "command-line", "command": ["echo", first]},
+                {"id": 2, "name": "b", "type": "command-line", "command": ["echo", second]},
+                {
+                    "id": 3,
+                    "name": "merge",
+                    "type": "command-line",
+                    "parentActions": [{"id": 1}, {"id": 2}],
+                    "command": ["sh", "-c", 'cat {inputs:sh} > "$PINGO_OUTPUT"'],
+                },
+            ],
+        }
+
+    alice, mallory = dataset_ids(merge("allow", "deny")), dataset_ids(merge("deny", "allow"))
+    assert {alice[1], alice[2]} == {mallory[1], mallory[2]}
+    assert alice[3] != mallory[3]
+
+
+def test_a_placeholder_typed_as_its_parents_dataset_id_is_another_computation() -> None:
+    """`{input:<dataset id>}` typed by hand is left as text by the executor: it must not
+    share an id with `{input:1}`, which the executor resolves to that dataset's path."""
+    resolved = dataset_ids(two_step())
+    typed = dataset_ids(two_step(command=["wc", "{input:" + resolved[1] + "}"]))
+    assert typed[1] == resolved[1] and typed[2] != resolved[2]
 
 
 @settings(max_examples=75, deadline=None)
