@@ -236,9 +236,10 @@ class Submitter(loops.Loop):
             raise errors.SandboxUnavailable(refusal)
 
     async def _ensure_allowed_here(self, action: ActionRecord, submission: base.Submission) -> None:
-        """Raise Forbidden for a non-admin's local unmanaged output outside the roots, or
-        a non-admin's cluster action that would run its code here or have its client read
-        a local file here (`PINGO_HOST_CLIENTS`, `cluster.host_file_refusal`).
+        """Raise Forbidden for a non-admin's local unmanaged output outside their own
+        directory of the roots, or a non-admin's cluster action that would run its code
+        here or have its client read a local file here (`PINGO_HOST_CLIENTS`,
+        `cluster.host_file_refusal`).
 
         The API refuses them at submission; this gate stops what came another way: a
         node with other settings, a schedule or a workflow accepted before they
@@ -260,9 +261,11 @@ class Submitter(loops.Loop):
         if definition.get("isManaged", True) is not False:
             return
         path = str(definition.get("outputPath") or "")
-        refusal = sandbox.unmanaged_root_refusal(path, self.settings.unmanaged_roots)
+        workflow = await self.store.get_workflow(action.workflow_id)
+        owner = "" if workflow is None else workflow.owner
+        refusal = sandbox.unmanaged_root_refusal(path, self.settings.unmanaged_roots, owner)
         if refusal is not None:
-            user = await self._owner(action)
+            user = await self.store.get_user(owner)
             if user is None or not user.is_admin:
                 raise errors.Forbidden(refusal)
 

@@ -84,3 +84,32 @@ async def test_work_that_did_not_pass_this_apis_check_is_refused_at_the_spawn(
     document["name"] = "admins"
     admins = await node.workflows.submit(document, owner="admin")
     assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
+
+
+async def test_a_user_may_not_land_an_output_in_another_users_directory(
+    users_api: Api, tmp_path: Path
+) -> None:
+    """A red-team review's poisoning: Bob's output, moved with the server's rights onto
+    Alice's file under a root, replaced her data and what her managed actions computed
+    from it. Each user has their own directory of every root."""
+    api = users_api
+    alices = tmp_path / "shared" / "alice" / "customers.csv"
+    done = await api.wait((await api.submit(_unmanaged(str(alices)), user="alice"))["id"])
+    assert done["state"] == "SUCCEEDED" and alices.read_text() == "out\n"
+    for path in (
+        str(alices),
+        str(tmp_path / "shared" / "bob" / ".." / "alice" / "customers.csv"),
+        str(tmp_path / "shared" / "customers.csv"),
+    ):
+        status, text = await _status(api, "/api/v1/workflows", "bob", _unmanaged(path))
+        assert status == 403 and "own directory" in text, (path, text)
+        assert str(tmp_path / "shared" / "bob") in text
+    # The same stored without this node's check (a tick, another node) fails at the spawn.
+    node = api.app[runtime.STATE_KEY].node
+    assert node is not None
+    document = _unmanaged(str(alices))
+    document["actions"][0]["maxAttempts"] = 1
+    document["actions"][0]["command"] = ["sh", "-c", 'echo evil > "$PINGO_OUTPUT"']
+    stored = await node.workflows.submit(document, owner="bob")
+    assert (await api.wait(stored.id))["state"] == "FAILED"
+    assert alices.read_text() == "out\n"

@@ -59,10 +59,12 @@ def start_server(home: Path, port: int | None = None, **settings: str) -> Server
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
                 "PINGO_POLL_INTERVAL_S": "0.05", "PINGO_SANDBOX": "on",
                 "PINGO_ADMIN_TOKEN": ADMIN_TOKEN, "PINGO_LOG_LEVEL": "DEBUG",
-                # Alice's unmanaged outputs: the scratch directories and, to try them
-                # against the spawn's own check, Pingo's files.
-                "PINGO_UNMANAGED_ROOTS": f"/var/tmp:{home.parent}"})  # fmt: skip
+                # Alice's unmanaged outputs (in her directory of a root): the scratch
+                # directories and, to try them against the spawn's own check, Pingo's
+                # files (the module's server has its home in `<root>/alice`).
+                "PINGO_UNMANAGED_ROOTS": f"{SCRATCH_ROOT}:{home.parent.parent}"})  # fmt: skip
     env.update(settings)
+    home.parent.mkdir(parents=True, exist_ok=True)
     log = home.parent / f"{home.name}-server.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(
@@ -83,7 +85,7 @@ def start_server(home: Path, port: int | None = None, **settings: str) -> Server
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("sandboxed") / "home")
+    running = start_server(tmp_path_factory.mktemp("sandboxed") / "alice" / "home")
     yield running
     running.stop()
 
@@ -509,7 +511,7 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
     dataset = _dataset_path(server, bobs, 1)
     kept = {p: p.read_bytes() for p in (home / "callback.secret", home / "pingo.db", dataset)}
     # The same through a link: an unmanaged output may not plant one...
-    planted = Path(tempfile.mkdtemp(prefix="pingo-link-", dir="/var/tmp")) / "to-home"
+    planted = _scratch() / "to-home"
     try:
         plant = {
             "id": 1, "name": "plant", "type": "command-line", "isManaged": False,
@@ -544,9 +546,15 @@ def _unmanaged(path: Path, script: str, action_id: int = 1) -> dict[str, Any]:
     }  # fmt: skip
 
 
+#: A root of unmanaged outputs (`PINGO_UNMANAGED_ROOTS`) outside pytest's temporary
+#: directories (which the server's home is in, and /tmp is private in the sandbox).
+SCRATCH_ROOT = Path("/var/tmp/pingo-test-roots")
+
+
 def _scratch() -> Path:
-    # Outside pytest's temporary directories, which the server's home is in.
-    return Path(tempfile.mkdtemp(prefix="pingo-attack-", dir="/var/tmp"))
+    """A new directory in alice's own directory of `SCRATCH_ROOT`."""
+    (SCRATCH_ROOT / "alice").mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="pingo-attack-", dir=SCRATCH_ROOT / "alice"))
 
 
 def test_the_environment_reaches_the_command_not_bwrap(server: Server, alice: Client) -> None:

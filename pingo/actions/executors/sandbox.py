@@ -296,21 +296,28 @@ def host_client_refusal(action_type: str, settings: Settings) -> str | None:
     return None if how is None else HOST_CLIENT_DETAIL.format(type=action_type, how=how)
 
 
-#: Why a non-admin's local unmanaged output outside `PINGO_UNMANAGED_ROOTS` is refused.
+#: Why a non-admin's local unmanaged output outside their directory of every
+#: `PINGO_UNMANAGED_ROOTS` is refused.
 UNMANAGED_ROOTS_DETAIL = (
-    "outputPath {path}: a local unmanaged output of a non-admin user must lie under one"
-    " of PINGO_UNMANAGED_ROOTS (here: {roots}), because the server moves it there with"
-    " its own rights; write to a managed output, or ask an admin to add a root"
+    "outputPath {path}: a local unmanaged output of a non-admin user must lie in their"
+    " own directory of one of PINGO_UNMANAGED_ROOTS (here: {roots}), because the server"
+    " moves it there with its own rights; write to a managed output, or ask an admin to"
+    " add a root"
 )
 
 
-def unmanaged_root_refusal(path: str, roots: tuple[str, ...]) -> str | None:
-    """Why a non-admin's unmanaged output may not land at `path`: a local one (links
-    resolved) outside every one of `roots`. A remote one is the job's to write."""
+def unmanaged_root_refusal(path: str, roots: tuple[str, ...], user: str) -> str | None:
+    """Why `user` (no admin) may not have an unmanaged output land at `path`: a local one
+    (links resolved) outside `<root>/<user>` for every one of `roots`. Each user has their
+    own directory there: another user's output, moved in with the server's rights, must
+    not replace theirs, nor what their managed actions read from it. A remote one is the
+    job's to write."""
     local = _local_path(path)
-    if local is None or _within(os.path.realpath(local), [os.path.realpath(r) for r in roots]):
+    own = [os.path.join(os.path.realpath(root), user) for root in roots]
+    if local is None or _within(os.path.realpath(local), own):
         return None
-    return UNMANAGED_ROOTS_DETAIL.format(path=path, roots=":".join(roots) or "none")
+    shown = ":".join(os.path.join(root, user) for root in roots)
+    return UNMANAGED_ROOTS_DETAIL.format(path=path, roots=shown or "none")
 
 
 #: Why an input that resolves into Pingo's own files is refused.

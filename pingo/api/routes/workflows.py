@@ -228,10 +228,11 @@ class ExecutorCheck:
     sandbox_refused: str | None
     executor_types: frozenset[str]
     action_types: frozenset[str]
-    #: Whether the submitter is not an admin (403): local unmanaged outputs must lie
-    #: under `Settings.unmanaged_roots`, and no cluster action may run code on this
-    #: machine or name a local file its client would read (`Settings.host_clients`).
-    restricted: bool = False
+    #: The submitter when they are not an admin (403): their local unmanaged outputs
+    #: must lie in their own directory of `Settings.unmanaged_roots`, and no cluster
+    #: action may run code on this machine or name a local file its client would read
+    #: (`Settings.host_clients`). None for an admin.
+    restricted: str | None = None
 
     @classmethod
     def of(cls, request: web.Request, user: UserRecord) -> ExecutorCheck:
@@ -241,7 +242,7 @@ class ExecutorCheck:
             sandbox_refused=None if user.is_admin else runtime.node(request).command_line_refusal,
             executor_types=shared.executor_types,
             action_types=shared.action_types,
-            restricted=not user.is_admin,
+            restricted=None if user.is_admin else user.name,
         )
 
     def __call__(self, document: Any) -> None:
@@ -250,8 +251,8 @@ class ExecutorCheck:
         whose URL may not be a target, before anything runs."""
         if self.sandbox_refused is not None:
             _check_sandbox(document, self.sandbox_refused)
-        if self.restricted:
-            _check_restricted(document, self.settings)
+        if self.restricted is not None:
+            _check_restricted(document, self.settings, self.restricted)
         if isinstance(document, Mapping) and "webhooks" in document:
             hooks.parse_webhooks(document["webhooks"], "/webhooks", self.settings)
         issues = _missing_executor_issues(document, self.executor_types, self.action_types)
@@ -275,11 +276,12 @@ def _check_sandbox(document: Any, refusal: str) -> None:
         raise errors.SandboxUnavailable(refusal)
 
 
-def _check_restricted(document: Any, settings: Settings) -> None:
-    """Refuse (403) what a non-admin may not run here: a local unmanaged `outputPath`
-    outside `Settings.unmanaged_roots` (the server moves the output there with its own
-    rights), a cluster action whose client would run their code on this machine, or
-    one whose client would read and ship a file of this machine (`cluster.host_file_refusal`)."""
+def _check_restricted(document: Any, settings: Settings, user: str) -> None:
+    """Refuse (403) what `user`, no admin, may not run here: a local unmanaged
+    `outputPath` outside their directory of `Settings.unmanaged_roots` (the server moves
+    the output there with its own rights), a cluster action whose client would run their
+    code on this machine, or one whose client would read and ship a file of this machine
+    (`cluster.host_file_refusal`)."""
     listed = document.get("actions") if isinstance(document, Mapping) else None
     actions = [a for a in listed if isinstance(a, Mapping)] if isinstance(listed, list) else []
     by_id = {a["id"]: a for a in actions if isinstance(a.get("id"), int)}
@@ -287,7 +289,7 @@ def _check_restricted(document: Any, settings: Settings) -> None:
         kind, path = action.get("type"), action.get("outputPath")
         refusal = sandbox.host_client_refusal(kind, settings) if isinstance(kind, str) else None
         if refusal is None and action.get("isManaged", True) is False and isinstance(path, str):
-            refusal = sandbox.unmanaged_root_refusal(path, settings.unmanaged_roots)
+            refusal = sandbox.unmanaged_root_refusal(path, settings.unmanaged_roots, user)
         if refusal is None:
             output, inputs = _planned_paths(action, by_id, settings.data_root)
             refusal = cluster.host_file_refusal(action, output, inputs, settings)
