@@ -7,6 +7,7 @@ a workflow of hers answers exactly like one that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -326,4 +327,4 @@ async def test_a_merge_with_its_parents_numbered_the_other_way_round_is_not_reus
     dataset_id = alices["actions"][2]["datasetId"]
     response = await api.client.get(f"/api/v1/datasets/{dataset_id}", headers=api.auth("alice"))
     stored = Path((await response.json())["path"])
-    assert stored.read_text() == "allow\ndeny\n"
+    assert await asyncio.to_thread(stored.read_text) == "allow\ndeny\n"
