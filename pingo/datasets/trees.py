@@ -18,12 +18,17 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
 #: Directory levels an output may have below its top: Hadoop-style datasets nest a
 #: few partition levels; hundreds mean an attack or a bug.
 MAX_DEPTH = 128
+#: Bytes of holes (sparse files) an output may hold: the digest reads a hole as zeros
+#: and the storage budget counts it as data, so a file `truncate` made 2 TiB long in no
+#: time would take the server's threads for half an hour and evict everyone's datasets.
+MAX_HOLE_BYTES = 1 << 30
 #: Bytes copied per call when the kernel cannot copy a range itself.
 _CHUNK = 1 << 20
 #: How long `rm -rf` may take on a tree `shutil.rmtree` could not remove.
@@ -57,11 +62,29 @@ def entries(top: str, max_depth: int | None = None) -> Iterator[tuple[str, os.st
                 stack.append((entry.path, depth + 1))
 
 
-def check_depth(top: str, max_depth: int = MAX_DEPTH) -> None:
-    """Raise UnstorableOutput when the tree at `top` nests deeper than `max_depth`."""
-    if os.path.isdir(top) and not os.path.islink(top):
-        for _ in entries(top, max_depth):
-            pass
+def check(top: str, max_depth: int = MAX_DEPTH) -> None:
+    """Raise UnstorableOutput when the tree or file at `top` nests deeper than
+    `max_depth` or holds more than `MAX_HOLE_BYTES` of holes (what `copy_fresh` refuses,
+    for an output stored as it is). Walked by path: only for a tree nobody else can
+    change meanwhile."""
+    limits = _Limits(max_depth, links=True)
+    st = os.lstat(top)
+    if stat.S_ISREG(st.st_mode):
+        limits.add_holes(_holes(top))
+    elif stat.S_ISDIR(st.st_mode):
+        for path, entry in entries(top, max_depth):
+            if stat.S_ISREG(entry.st_mode):
+                limits.add_holes(_holes(path))
+
+
+def _holes(path: str) -> int:
+    """Bytes of the file at `path` that are holes."""
+    fd = os.open(path, _FILE)
+    try:
+        length = os.fstat(fd).st_size
+        return length - sum(end - start for start, end in _data_ranges(fd, length))
+    finally:
+        os.close(fd)
 
 
 def size(top: str) -> int:
@@ -72,73 +95,192 @@ def size(top: str) -> int:
     return sum(s.st_size for _, s in entries(top) if not stat.S_ISDIR(s.st_mode))
 
 
-def copy_fresh(source: str, target: str, max_depth: int = MAX_DEPTH) -> None:
+def copy_fresh(source: str, target: str, max_depth: int = MAX_DEPTH, *, links: bool = True) -> None:
     """Copy the file, link or tree at `source` to `target` (which must not exist) into
-    new inodes: links as links, files with their holes, modes and times kept; FIFOs,
-    sockets and devices left out (logged).
+    new inodes: links as links (refused when not `links`), files with their holes,
+    modes and times kept; FIFOs, sockets and devices left out (logged).
 
-    Raises UnstorableOutput for a tree deeper than `max_depth`, OSError for what the
-    filesystem refuses (a path past PATH_MAX, a full disk); what was copied is removed.
+    The walk goes by descriptor, each directory opened below its parent without
+    following links: the tree may change while it is copied (an action of the same user
+    holding a descriptor of it), and a directory swapped for a link must not make the
+    server copy what the link points at, with its rights, into the dataset (a red-team
+    review had `$PINGO_HOME` copied that way).
+
+    Raises UnstorableOutput for a tree deeper than `max_depth`, too sparse
+    (`MAX_HOLE_BYTES`) or holding a link when not `links`; OSError for what the
+    filesystem refuses (a directory swapped for a link, a full disk). What was copied is
+    removed then.
     """
     try:
-        _copy(source, target, max_depth)
+        _copy(source, target, _Limits(max_depth, links))
     except BaseException:
         remove(target)
         raise
 
 
-def _copy(source: str, target: str, max_depth: int) -> None:
+@dataclass(slots=True)
+class _Limits:
+    """What a copy may meet, and what it met so far."""
+
+    max_depth: int
+    links: bool
+    holes: int = 0
+
+    def add_holes(self, count: int) -> None:
+        self.holes += count
+        if self.holes > MAX_HOLE_BYTES:
+            raise UnstorableOutput(
+                f"its files hold more than {MAX_HOLE_BYTES} bytes of holes (sparse files):"
+                " the server would read and count them as data"
+            )
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A directory being copied: both descriptors, the names left, its depth and path."""
+
+    source: int
+    target: int
+    names: list[str]
+    depth: int
+    path: str
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _copy(source: str, target: str, limits: _Limits) -> None:
     mode = os.lstat(source).st_mode
-    if not stat.S_ISDIR(mode):
-        _copy_entry(source, target, mode)
-        return
-    os.mkdir(target, 0o700)
-    directories = [(source, target)]
-    prefix = len(source)
-    for path, st in entries(source, max_depth):
-        copied = target + path[prefix:]
-        if stat.S_ISDIR(st.st_mode):
-            os.mkdir(copied, 0o700)
-            directories.append((path, copied))
-        else:
-            _copy_entry(path, copied, st.st_mode)
-    # Last, and deepest first: a directory's own mode may forbid writing into it, and
-    # writing into it would change its times.
-    for path, copied in reversed(directories):
-        shutil.copystat(path, copied, follow_symlinks=False)
-
-
-def _copy_entry(source: str, target: str, mode: int) -> None:
     if stat.S_ISLNK(mode):
-        os.symlink(os.readlink(source), target)
+        _copy_link(source, target, None, None, limits, os.path.basename(source))
     elif stat.S_ISREG(mode):
-        _copy_file(source, target)
-        shutil.copystat(source, target, follow_symlinks=False)
+        _copy_file(source, target, None, None, limits)
+    elif stat.S_ISDIR(mode):
+        top = os.open(source, _DIRECTORY)
+        try:
+            os.mkdir(target, 0o700)
+            copy = os.open(target, _DIRECTORY)
+        except BaseException:
+            os.close(top)
+            raise
+        _copy_tree(_Frame(top, copy, _names(top), 1, ""), limits)
     else:
-        # No bytes to store, and opening a FIFO to copy it would wait for a writer.
-        logger.warning(
-            "left out of the output: %s is neither a file, a directory nor a link",
-            target,
-            extra={"event": "output_special_file", "path": target},
-        )
+        _special(target)
 
 
-def _copy_file(source: str, target: str) -> None:
+def _copy_tree(top: _Frame, limits: _Limits) -> None:
+    """Copy `top`'s directory depth first, holding descriptors only along the current
+    path (at most `max_depth` pairs), and closing every one it opened."""
+    stack = [top]
+    try:
+        while stack:
+            frame = stack[-1]
+            if not frame.names:
+                _copy_stat(os.fstat(frame.source), frame.target)
+                stack.pop()
+                os.close(frame.source)
+                os.close(frame.target)
+                continue
+            name = frame.names.pop()
+            try:
+                st = os.stat(name, dir_fd=frame.source, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            path = f"{frame.path}/{name}" if frame.path else name
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(_entered(frame, name, path, limits))
+            elif stat.S_ISLNK(st.st_mode):
+                _copy_link(name, name, frame.source, frame.target, limits, path)
+            elif stat.S_ISREG(st.st_mode):
+                _copy_file(name, name, frame.source, frame.target, limits)
+            else:
+                _special(path)
+    finally:
+        for frame in stack:
+            os.close(frame.source)
+            os.close(frame.target)
+
+
+def _entered(parent: _Frame, name: str, path: str, limits: _Limits) -> _Frame:
+    """The frame of `parent`'s subdirectory `name`, its copy made."""
+    if parent.depth >= limits.max_depth:
+        raise UnstorableOutput(f"it nests directories deeper than {limits.max_depth} levels")
+    # O_NOFOLLOW: a directory swapped for a link since it was listed fails the copy.
+    source = os.open(name, _DIRECTORY, dir_fd=parent.source)
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent.target)
+        target = os.open(name, _DIRECTORY, dir_fd=parent.target)
+    except BaseException:
+        os.close(source)
+        raise
+    try:
+        names = _names(source)
+    except BaseException:
+        os.close(source)
+        os.close(target)
+        raise
+    return _Frame(source, target, names, parent.depth + 1, path)
+
+
+def _names(directory: int) -> list[str]:
+    with os.scandir(directory) as scan:
+        return [entry.name for entry in scan]
+
+
+def _copy_link(
+    source: str,
+    target: str,
+    source_dir: int | None,
+    target_dir: int | None,
+    limits: _Limits,
+    path: str,
+) -> None:
+    if not limits.links:
+        raise UnstorableOutput(f"it is or holds a symbolic link ({path})")
+    os.symlink(os.readlink(source, dir_fd=source_dir), target, dir_fd=target_dir)
+
+
+def _copy_file(
+    source: str, target: str, source_dir: int | None, target_dir: int | None, limits: _Limits
+) -> None:
     """The bytes of `source` into a new file `target`, holes kept as holes: a sparse
     file the action made in no time must not take its whole length on disk here."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    src = os.open(source, flags)
+    src = os.open(source, _FILE, dir_fd=source_dir)
     try:
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):  # swapped since it was listed
+            _special(target)
+            return
+        dst = os.open(target, _NEW_FILE, 0o600, dir_fd=target_dir)
         try:
-            length = os.fstat(src).st_size
-            for start, end in _data_ranges(src, length):
+            data = 0
+            for start, end in _data_ranges(src, st.st_size):
                 _copy_range(src, dst, start, end)
-            os.ftruncate(dst, length)
+                data += end - start
+            limits.add_holes(st.st_size - data)
+            os.ftruncate(dst, st.st_size)
+            _copy_stat(st, dst)
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _copy_stat(st: os.stat_result, target: int) -> None:
+    """`st`'s permission bits and times onto the copy open at `target`."""
+    os.fchmod(target, stat.S_IMODE(st.st_mode))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _special(path: str) -> None:
+    # No bytes to store, and opening a FIFO to copy it would wait for a writer.
+    logger.warning(
+        "left out of the output: %s is neither a file, a directory nor a link",
+        path,
+        extra={"event": "output_special_file", "path": path},
+    )
 
 
 def _data_ranges(fd: int, length: int) -> Iterator[tuple[int, int]]:

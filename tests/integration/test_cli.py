@@ -453,16 +453,6 @@ def test_status_and_dry_run_say_shared_with_the_producer(server: Server, tmp_pat
     assert "shared with slowstep" in status.stdout and dave_id not in status.stdout
 
 
-def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
-    # Runs last in this module: it stops the shared server.
-    server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=30) == 0
-    assert server.process.stdout is not None
-    output = server.process.stdout.read()
-    token = (server.home / "admin.token").read_text().strip()
-    assert token in output  # printed once, at first start
-
-
 def test_names_with_controls_are_shown_escaped(server: Server, tmp_path: Path) -> None:
     """A workflow or action name is anyone's text: an escape sequence in it must not
     drive the reader's terminal, nor a bidirectional control reorder the line."""
@@ -482,3 +472,13 @@ def test_names_with_controls_are_shown_escaped(server: Server, tmp_path: Path) -
         assert shown.returncode == 0, shown.stderr
         assert not set("\x1b\x07\u202e") & set(shown.stdout + shown.stderr), shown.stdout
     assert "report\\x1b[2J\\x1b]0;owned\\x07\\u202egnp.exe" in plan.stdout + listed.stdout
+
+
+def test_server_stops_cleanly_on_sigterm(server: Server) -> None:
+    # Runs last in this module: it stops the shared server.
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    assert server.process.stdout is not None
+    output = server.process.stdout.read()
+    token = (server.home / "admin.token").read_text().strip()
+    assert token in output  # printed once, at first start

@@ -302,14 +302,21 @@ def test_an_output_nested_past_the_limit_fails_its_attempt_and_the_server_stays_
     assert _run(bob, _workflow(_sh('echo after > "$PINGO_OUTPUT"')))["state"] == "SUCCEEDED"
 
 
-def test_a_sparse_output_is_stored_sparse(server: Server, bob: Client) -> None:
-    """A 4 GiB hole costs the action nothing; copied out of its box, it must not cost
-    the server's disk 4 GiB either."""
-    workflow = _run(bob, _workflow(_sh('truncate -s 4G "$PINGO_OUTPUT"')))
-    assert workflow["state"] == "SUCCEEDED", workflow
-    stored = _dataset_path(server, workflow, 1).stat()
-    assert stored.st_size == 4 << 30
-    assert stored.st_blocks * 512 < 1 << 24
+def test_a_sparse_output_is_stored_sparse_and_one_of_mostly_holes_refused(
+    server: Server, bob: Client
+) -> None:
+    """A hole costs the action nothing; copied out of its box, it must not cost the
+    server's disk either. Past `trees.MAX_HOLE_BYTES` (a red-team review's 2 TiB file:
+    half an hour of hashing, and a storage budget full of nothing) it is refused."""
+    small = _run(bob, _workflow(_sh('truncate -s 512M "$PINGO_OUTPUT"')))
+    assert small["state"] == "SUCCEEDED", small
+    stored = _dataset_path(server, small, 1).stat()
+    assert stored.st_size == 512 << 20 and stored.st_blocks * 512 < 1 << 24
+    document = _workflow(_sh('truncate -s 2T "$PINGO_OUTPUT"'))
+    document["actions"][0]["maxAttempts"] = 1
+    big = _run(bob, document)
+    assert big["state"] == "FAILED", big
+    assert "holes" in (bob.action(big["id"], 1)["error"] or "")
 
 
 def test_an_action_cannot_make_its_user_admin_through_the_store(
@@ -509,7 +516,7 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
     bobs = _run(bob, _workflow(_sh(f"echo bob-{uuid.uuid4().hex} > $PINGO_OUTPUT")))
     assert bobs["state"] == "SUCCEEDED"
     dataset = _dataset_path(server, bobs, 1)
-    kept = {p: p.read_bytes() for p in (home / "callback.secret", home / "pingo.db", dataset)}
+    kept = {p: p.read_bytes() for p in (home / "callback.secret", dataset)}
     # The same through a link: an unmanaged output may not plant one...
     planted = _scratch() / "to-home"
     try:
@@ -523,7 +530,7 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
         assert not os.path.lexists(planted) and not os.path.lexists(f"{planted}.box")
         # ...and one that is there anyway (the host's own) is not followed onto them.
         planted.symlink_to(home)
-        targets = [*kept, planted / "admin.token"]
+        targets = [*kept, home / "pingo.db", planted / "admin.token"]
         for target in targets:
             action = {
                 "id": 1, "name": "overwrite", "type": "command-line", "isManaged": False,
@@ -534,6 +541,11 @@ def test_an_unmanaged_output_cannot_land_on_pingos_files(
             assert "Pingo's own" in (alice.action(workflow["id"], 1)["error"] or ""), target
         for path, content in kept.items():
             assert path.read_bytes() == content, path
+        # The store's file changes as the server works (a WAL checkpoint rewrites its
+        # pages): what must not happen is the output written over it.
+        assert (home / "pingo.db").read_bytes().startswith(b"SQLite format 3\x00")
+        with contextlib.closing(sqlite3.connect(home / "pingo.db")) as db:
+            assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
         assert (home / "admin.token").read_text().strip() == ADMIN_TOKEN
     finally:
         shutil.rmtree(planted.parent, ignore_errors=True)

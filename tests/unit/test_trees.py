@@ -72,8 +72,8 @@ def test_an_output_deeper_than_the_limit_is_refused_and_nothing_is_left(tmp_path
         trees.copy_fresh(str(source), str(target))
     assert not target.exists()
     with pytest.raises(trees.UnstorableOutput):
-        trees.check_depth(str(source))
-    trees.check_depth(str(_nest(tmp_path / "shallow", 10)))
+        trees.check(str(source))
+    trees.check(str(_nest(tmp_path / "shallow", 10)))
 
 
 def test_a_copy_keeps_holes_content_links_and_modes(tmp_path: Path) -> None:
@@ -126,3 +126,68 @@ def test_a_copy_cut_short_leaves_nothing(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.stdout.startswith("refused"), done.stdout + done.stderr
     assert not target.exists()
+
+
+def test_a_directory_swapped_for_a_link_while_copied_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red-team review's race: another action of the user, holding a descriptor of the
+    output, swaps a listed directory for a link to the server's files before the copy
+    enters it. The copy must fail rather than copy what the link points at."""
+    secret = tmp_path / "home"
+    secret.mkdir()
+    (secret / "admin.token").write_text("SECRET")
+    source = tmp_path / "out"
+    (source / "d").mkdir(parents=True)
+    (source / "d" / "part").write_text("rows")
+    looked = os.stat
+
+    def looked_then_swapped(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        # Between the copy's lstat of `d` (a directory) and its opening `d`.
+        st = looked(path, *args, **kwargs)  # type: ignore[call-overload]
+        if path == "d" and not (source / "d").is_symlink():
+            (source / "d").rename(tmp_path / "moved")
+            (source / "d").symlink_to(secret)
+        return st  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(trees.os, "stat", looked_then_swapped)
+    target = tmp_path / "copy"
+    with pytest.raises(OSError):
+        trees.copy_fresh(str(source), str(target))
+    assert not target.exists()
+    assert not any(
+        "SECRET" in p.read_text() for p in tmp_path.rglob("*") if p.is_file() and p.parent != secret
+    )
+
+
+def _sparse(path: Path, length: int) -> Path:
+    with path.open("wb") as f:
+        f.truncate(length)
+    return path
+
+
+def test_an_output_of_mostly_holes_is_refused(tmp_path: Path) -> None:
+    """Holes cost the action nothing and the server a read of every byte and room in
+    the storage budget: past `MAX_HOLE_BYTES` the output is refused, copied or not."""
+    source = tmp_path / "out"
+    source.mkdir()
+    _sparse(source / "a", trees.MAX_HOLE_BYTES // 2 + 1)
+    _sparse(source / "b", trees.MAX_HOLE_BYTES // 2 + 1)
+    with pytest.raises(trees.UnstorableOutput, match="holes"):
+        trees.copy_fresh(str(source), str(tmp_path / "copy"))
+    assert not (tmp_path / "copy").exists()
+    with pytest.raises(trees.UnstorableOutput, match="holes"):
+        trees.check(str(source))
+    with pytest.raises(trees.UnstorableOutput, match="holes"):
+        trees.check(str(_sparse(tmp_path / "one", trees.MAX_HOLE_BYTES + 1)))
+    (source / "b").unlink()
+    trees.check(str(source))
+
+
+def test_a_copy_that_may_not_hold_links_refuses_one(tmp_path: Path) -> None:
+    source = tmp_path / "out"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "link").symlink_to("/etc")
+    with pytest.raises(trees.UnstorableOutput, match=r"symbolic link \(sub/link\)"):
+        trees.copy_fresh(str(source), str(tmp_path / "copy"), links=False)
+    assert not (tmp_path / "copy").exists()

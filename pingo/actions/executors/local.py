@@ -466,7 +466,8 @@ class LocalExecutor:
         """
         output = _local(proc.submission.output_path)
         if self.sandbox is not None:
-            sandbox.collect(output, fresh=self.sandbox.network)
+            managed = proc.submission.definition.get("isManaged", True) is not False
+            sandbox.collect(output, fresh=self.sandbox.network, links=managed)
         if self._completed(proc, returncode):
             storage.record_completion(output, runtime_s)
 

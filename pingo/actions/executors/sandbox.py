@@ -459,7 +459,7 @@ def box_for(output: str) -> str:
     return output + BOX_SUFFIX
 
 
-def collect(output: str, *, fresh: bool) -> None:
+def collect(output: str, *, fresh: bool, links: bool = True) -> None:
     """Move what the action wrote in its box to the staging path; drop the box.
 
     A symlink is moved as the link itself (rename does not follow it):
@@ -474,8 +474,10 @@ def collect(output: str, *, fresh: bool) -> None:
     short (a full disk, a killed server) is never taken for the output.
 
     Raises `trees.UnstorableOutput` for an output nested deeper than `trees.MAX_DEPTH`,
-    OSError for one the filesystem would not copy; the attempt then failed, and
-    nothing is left at the staging path.
+    too sparse, or holding a link when not `links` (an unmanaged output: checked on the
+    copy, which nobody else can change, as `planted_link` checks the box before); OSError
+    for one the filesystem would not copy. The attempt then failed, and nothing is left
+    at the staging path.
     """
     box = box_for(output)
     written = os.path.join(box, os.path.basename(output))
@@ -485,11 +487,11 @@ def collect(output: str, *, fresh: bool) -> None:
         if fresh and not os.path.islink(written):
             copy = output + COLLECTING_SUFFIX
             trees.remove(copy)  # a copy an earlier collect left when its server died
-            trees.copy_fresh(written, copy)
+            trees.copy_fresh(written, copy, links=links)
             if os.path.lexists(copy):
                 os.rename(copy, output)
         else:
-            trees.check_depth(written)
+            trees.check(written)
             os.rename(written, output)
     finally:
         trees.remove(box)
