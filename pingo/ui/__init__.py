@@ -264,7 +264,8 @@ def _fragment(
         return web.Response(status=304, headers={"ETag": etag})
     response = aiohttp_jinja2.render_template(template, request, context)
     response.headers["ETag"] = etag
-    response.headers["Cache-Control"] = "no-cache"
+    # Revalidated at every poll, and kept by no cache but the browser's: it is one user's.
+    response.headers["Cache-Control"] = "private, no-cache"
     return response
 
 
@@ -978,6 +979,10 @@ async def ui_middleware(request: web.Request, handler: problems.Handler) -> web.
     except errors.PingoError as exc:
         response = _error_page(request, problems.status_for(exc), exc.message)
     response.headers.update(SECURITY_HEADERS)
+    if response.content_type == "text/html" and "Cache-Control" not in response.headers:
+        # A page shows one user's data and carries their session's CSRF token: no cache
+        # (a shared proxy, the browser's back button after sign-out) keeps it.
+        response.headers["Cache-Control"] = "no-store"
     return response
 
 

@@ -290,6 +290,7 @@ async def test_pages_carry_the_security_headers(users_api: Api) -> None:
         assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy
         assert response.headers["X-Frame-Options"] == "DENY"
         assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Cache-Control"] == "no-store", path
     api_answer = await users_api.client.get("/api/v1/me", headers=users_api.auth("alice"))
     assert "Content-Security-Policy" not in api_answer.headers
 
