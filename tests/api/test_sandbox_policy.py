@@ -8,6 +8,7 @@ fail here).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -19,7 +20,6 @@ import pytest
 from pingo import errors
 from pingo.actions.executors import base, sandbox
 from pingo.actions.executors.local import LocalExecutor
-from pingo.api import runtime
 from pingo.api.app import create_app
 from pingo.config import Settings
 from pingo.node import Node
@@ -121,25 +121,28 @@ async def test_a_users_action_reaching_an_unsandboxed_node_otherwise_is_refused_
     """
     async with _node_without_sandbox(aiohttp_client, tmp_path) as (node, api):
         await api.add_user("alice")
-        marker = tmp_path / "ran"
-        document = chain("tick", n=1)
-        document["actions"][0]["command"] = ["sh", "-c", f"touch {marker}"]
-        document["actions"][0]["maxAttempts"] = 1
-        stored = await node.workflows.submit(document, owner="alice")
-        done = await api.wait(stored.id)
-        assert done["state"] == "FAILED"
-        action = await api.wait_action(stored.id, 1, {"FAILED"})
-        assert sandbox.UNAVAILABLE_DETAIL in action["error"]
-        assert not marker.exists()
-        # Re-running it over the API is refused like a submission.
-        rerun = await api.client.post(
-            f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
-        )
-        assert rerun.status == 403, await rerun.text()
-        assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
-        # An admin's workflow reaching the node the same way still runs.
-        admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
-        assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
+        await _refused_at_the_spawn(node, api, tmp_path / "ran", sandbox.UNAVAILABLE_DETAIL)
+
+
+async def _refused_at_the_spawn(node: Node, api: Api, marker: Path, detail: str) -> None:
+    """Alice's command-line action, stored as a schedule's tick stores it, fails with
+    `detail` before its process starts; re-running it over the API is refused like a
+    submission; an admin's workflow reaching the node the same way runs."""
+    document = chain("tick", n=1)
+    document["actions"][0]["command"] = ["sh", "-c", f"cat /etc/shadow > {marker}"]
+    document["actions"][0]["maxAttempts"] = 1
+    stored = await node.workflows.submit(document, owner="alice")
+    assert (await api.wait(stored.id))["state"] == "FAILED"
+    action = await api.wait_action(stored.id, 1, {"FAILED"})
+    assert detail in action["error"]
+    assert not await asyncio.to_thread(marker.exists)
+    rerun = await api.client.post(
+        f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
+    )
+    assert rerun.status == 403, await rerun.text()
+    assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
+    admins = await node.workflows.submit(chain("tick-admin", n=1), owner="admin")
+    assert (await api.wait(admins.id))["state"] == "SUCCEEDED"
 
 
 @pytest.mark.parametrize(
@@ -211,24 +214,7 @@ async def test_a_server_run_as_root_refuses_users_command_lines_but_not_admins(
     listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
     assert (await listing.json())["items"] == []
 
-    marker = tmp_path / "ran"
-    document = chain("tick", n=1)
-    document["actions"][0]["command"] = ["sh", "-c", f"cat /etc/shadow > {marker}"]
-    document["actions"][0]["maxAttempts"] = 1
-    node = app[runtime.STATE_KEY].node
-    assert node is not None
-    stored = await node.workflows.submit(document, owner="alice")
-    assert (await api.wait(stored.id))["state"] == "FAILED"
-    action = await api.wait_action(stored.id, 1, {"FAILED"})
-    assert sandbox.AS_ROOT_DETAIL in action["error"]
-    assert not marker.exists()
-    rerun = await api.client.post(
-        f"/api/v1/workflows/{stored.id}/rerun", json={}, headers=api.auth("alice")
-    )
-    assert rerun.status == 403, await rerun.text()
-    assert (await rerun.json())["code"] == "SANDBOX_UNAVAILABLE"
-
-    assert (await api.wait((await api.submit(chain("admin")))["id"]))["state"] == "SUCCEEDED"
+    await _refused_at_the_spawn(api.node, api, tmp_path / "ran", sandbox.AS_ROOT_DETAIL)
 
 
 @_AS_ROOT
