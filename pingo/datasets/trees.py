@@ -4,8 +4,10 @@ Python 3.11's `shutil.rmtree`, `shutil.copytree` and `os.walk` recurse once or t
 directory level, so a tree an action nests 1,000 levels deep raises `RecursionError` in
 them. A red-team review's 1,200 nested directories did that in the reaper's staging
 sweep: the node stopped, and every restart stopped again on the same leftover. What
-is stored is also bounded: an output deeper than `MAX_DEPTH` levels is refused, so
-nothing later (digests, sizes, readers) meets such a tree in the data root.
+is stored is also bounded: an output deeper than `MAX_DEPTH` levels, or with more than
+`MAX_HOLE_BYTES` of holes, is refused, so nothing later (digests, sizes, the storage
+budget, readers) meets such a tree in the data root. A copy (`copy_fresh`) goes by
+descriptor, as the tree may change under it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ _RM_TIMEOUT_S = 600.0
 
 
 class UnstorableOutput(Exception):
-    """An output that cannot be stored as it is (too deep); the attempt fails."""
+    """An output that cannot be stored as it is (too deep, too sparse, a link where
+    none may be); the attempt fails."""
 
 
 def entries(top: str, max_depth: int | None = None) -> Iterator[tuple[str, os.stat_result]]:

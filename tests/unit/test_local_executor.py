@@ -502,3 +502,23 @@ def test_collecting_an_output_nested_too_deep_leaves_nothing(tmp_path: Path, fre
     assert not os.path.lexists(output)
     assert not os.path.lexists(output + sandbox.COLLECTING_SUFFIX)
     assert not os.path.lexists(sandbox.box_for(output))
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_an_output_that_may_hold_no_link_is_refused_as_one(tmp_path: Path, fresh: bool) -> None:
+    """An unmanaged output swapped for a link (or given one inside) after `planted_link`
+    looked at its box is refused by the collect itself: nothing lands on the user's path."""
+    output = str(tmp_path / "out")
+    written = Path(sandbox.make_box(output)) / "out"
+    written.symlink_to("/etc")
+    with pytest.raises(trees.UnstorableOutput, match="symbolic link"):
+        sandbox.collect(output, fresh=fresh, links=False)
+    assert not os.path.lexists(output)
+    assert not os.path.lexists(sandbox.box_for(output))
+    inside = Path(sandbox.make_box(output)) / "out"
+    inside.mkdir()
+    (inside / "link").symlink_to("/etc")
+    if fresh:  # renamed (no network), the box was checked before and nobody changes it
+        with pytest.raises(trees.UnstorableOutput, match="symbolic link"):
+            sandbox.collect(output, fresh=True, links=False)
+        assert not os.path.lexists(output)

@@ -484,7 +484,11 @@ def collect(output: str, *, fresh: bool, links: bool = True) -> None:
     try:
         if not os.path.lexists(written):
             return
-        if fresh and not os.path.islink(written):
+        if os.path.islink(written):
+            if not links:  # swapped in since `planted_link` looked
+                raise trees.UnstorableOutput("it is a symbolic link")
+            os.rename(written, output)
+        elif fresh:
             copy = output + COLLECTING_SUFFIX
             trees.remove(copy)  # a copy an earlier collect left when its server died
             trees.copy_fresh(written, copy, links=links)
