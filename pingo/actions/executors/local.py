@@ -476,7 +476,8 @@ class LocalExecutor:
     ) -> str | None:
         """The attempt's output out of its box and noted (`_settle_output`, in a worker
         thread), or why a successful attempt fails instead: the server must not move it
-        (`_refused_move`), or it could not be taken out (too deep, a full disk). Never a
+        (`_refused_move`), or it could not be taken out (`trees.UnstorableOutput`: too
+        deep, too sparse, a link where none may be; or a full disk). Never a
         success then: nothing, or a copy cut short, would be stored as the output. An
         attempt that failed or was killed keeps its own outcome."""
         sub = proc.submission
