@@ -71,19 +71,25 @@ async def test_auto_without_namespaces_refuses_users_but_not_admins(
     async with _node_without_sandbox(aiohttp_client, tmp_path) as (_node, api):
         assert await _readyz(api) == {"status": "ready", "sandbox": "unavailable"}
         await api.add_user("alice")
-        for query in ("", "?dryRun=true"):
-            refused = await api.client.post(
-                f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
-            )
-            assert refused.status == 403, await refused.text()
-            assert refused.content_type == "application/problem+json"
-            problem = await refused.json()
-            assert problem["code"] == "SANDBOX_UNAVAILABLE"
-            assert "sandbox" in problem["detail"]
-        listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
-        assert (await listing.json())["items"] == []  # nothing was stored
+        await _submissions_refused(api, sandbox.UNAVAILABLE_DETAIL)
         done = await api.wait((await api.submit(chain("admin")))["id"])
         assert done["state"] == "SUCCEEDED"
+
+
+async def _submissions_refused(api: Api, detail: str) -> None:
+    """Alice's command-line workflow is refused (403, `detail`) as a submission and as a
+    dry run, and nothing of it is stored."""
+    for query in ("", "?dryRun=true"):
+        refused = await api.client.post(
+            f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
+        )
+        assert refused.status == 403, await refused.text()
+        assert refused.content_type == "application/problem+json"
+        problem = await refused.json()
+        assert problem["code"] == "SANDBOX_UNAVAILABLE"
+        assert problem["detail"] == detail
+    listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
+    assert (await listing.json())["items"] == []  # nothing was stored
 
 
 async def test_off_is_explicit_and_shown(
@@ -203,16 +209,7 @@ async def test_a_server_run_as_root_refuses_users_command_lines_but_not_admins(
     assert "refused" in warning.getMessage()
     assert await _readyz(api) == {"status": "ready", "sandbox": "on"}
     await api.add_user("alice")
-    for query in ("", "?dryRun=true"):
-        refused = await api.client.post(
-            f"/api/v1/workflows{query}", json=chain("a"), headers=api.auth("alice")
-        )
-        assert refused.status == 403, await refused.text()
-        problem = await refused.json()
-        assert problem["code"] == "SANDBOX_UNAVAILABLE"
-        assert problem["detail"] == sandbox.AS_ROOT_DETAIL
-    listing = await api.client.get("/api/v1/workflows", headers=api.auth("alice"))
-    assert (await listing.json())["items"] == []
+    await _submissions_refused(api, sandbox.AS_ROOT_DETAIL)
 
     await _refused_at_the_spawn(api.node, api, tmp_path / "ran", sandbox.AS_ROOT_DETAIL)
 
