@@ -182,6 +182,15 @@ class Settings:
     #: this machine, outside the sandbox (`hadoop jar`'s main class, a Spark driver in
     #: client deploy mode or a local master).
     host_clients: str = "admins"
+    #: Processes and threads one sandboxed action may have at once (RLIMIT_NPROC, counted
+    #: in the action's own user namespace); None (`unlimited`): no limit. The kernel does
+    #: not enforce it for a server run as root.
+    action_max_processes: int | None = 1024
+    #: Virtual memory of each process of a sandboxed action (RLIMIT_AS), bytes; None: no limit.
+    action_max_memory: int | None = None
+    #: Largest file a sandboxed action may write, its log included (RLIMIT_FSIZE), bytes;
+    #: None: no limit.
+    action_max_file_size: int | None = None
     #: `admins` (default) or `everyone`: whose command-line actions a server run as root
     #: runs. Sandboxed without any capability, an action of a root server is still root
     #: to the files and sockets the sandbox does not hide (`/etc/shadow`, a Docker socket).
@@ -254,6 +263,13 @@ class Settings:
                     f"PINGO_{name.upper()} must be at least 1 (or 'unlimited'), not {value!r}"
                 )
 
+        for name in _ACTION_LIMITS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise errors.ConfigurationError(
+                    f"PINGO_{name.upper()} must be positive (or 'unlimited'), not {value!r}"
+                )
+
         for name in _AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise errors.ConfigurationError(
@@ -295,6 +311,10 @@ _AT_LEAST_ONE = ("max_event_streams", "user_max_event_streams", "user_max_verifi
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst",
                 "user_max_schedules")  # fmt: skip
+#: Limits of each sandboxed action: a positive int (sizes: `4GiB`), or `unlimited` for None.
+_ACTION_LIMITS = ("action_max_processes", "action_max_memory", "action_max_file_size")
+#: Those of them given as sizes.
+_ACTION_SIZES = ("action_max_memory", "action_max_file_size")
 _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s", "lease_s",
            "plan_deadline_s", "claim_ahead_s",
            "fast_poll_s", "idle_poll_s",
@@ -307,6 +327,17 @@ _FLOATS = {"high_water", "low_water", "retention_interval_s", "poll_interval_s",
 def _convert(name: str, raw: str) -> Any:
     if name in _USER_LIMITS and name not in _INTS and raw.strip().lower() == "unlimited":
         return None
+    if name in _ACTION_LIMITS and raw.strip().lower() == "unlimited":
+        return None
+    if name in _ACTION_SIZES:
+        return parse_size(raw)
+    if name == "action_max_processes":
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise errors.ConfigurationError(
+                f"PINGO_ACTION_MAX_PROCESSES: not a number or 'unlimited': {raw!r}"
+            ) from exc
     try:
         if name in _INTS or name in _USER_LIMITS:
             return int(raw)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,11 @@ class Server:
             self.process.wait(timeout=30)
 
 
-def start_server(home: Path, port: int | None = None, **settings: str) -> Server:
+def start_server(
+    home: Path, port: int | None = None, *, as_user: Sequence[str] = (), **settings: str
+) -> Server:
+    """A sandboxed `pingo server` with its home at `home`; `as_user` prefixes its command
+    (`setpriv` to run it as another OS user)."""
     port = port or free_port()
     env = server_environ()
     env.update({"PINGO_HOME": str(home), "PINGO_PORT": str(port), "PINGO_HOST": "127.0.0.1",
@@ -68,7 +72,7 @@ def start_server(home: Path, port: int | None = None, **settings: str) -> Server
     log = home.parent / f"{home.name}-server.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(
-            [PINGO, "server"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            [*as_user, PINGO, "server"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
         )
     server = Server(process, home, port, env, log)
     deadline = time.monotonic() + 30
@@ -826,3 +830,154 @@ def test_reading_the_workflow_document_does_not_need_the_sandbox(server: Server)
     document = json.loads((REPO / "examples" / "wordcount.json").read_text())
     done = _run(server.client(ADMIN_TOKEN), document)
     assert done["state"] == "SUCCEEDED", done
+
+
+# Resource limits: one user's action must not take the machine from the others.
+
+#: The OS user an unprivileged server runs as when the suite runs as root.
+NOBODY = 65534
+#: The limits the unprivileged server gives each action (small, so that a test reaches them).
+MAX_PROCESSES = 64
+MAX_MEMORY_MIB = 256
+
+
+def _as_unprivileged() -> list[str]:
+    """The prefix that runs a server as an unprivileged user: none when the suite is not
+    root; under root (CI), `setpriv` to nobody, whom the kernel holds to RLIMIT_NPROC."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running a server as nobody needs setpriv (Debian package util-linux)")
+    prefix = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import pingo"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run this interpreter: {probe.stderr.decode()[-300:]}")
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[Server]:
+    """A server run as an unprivileged user (its home in /var/tmp, which nobody may
+    enter), with small action limits."""
+    prefix = _as_unprivileged()
+    top = Path(tempfile.mkdtemp(prefix="pingo-limits-", dir="/var/tmp"))
+    if prefix:
+        os.chown(top, NOBODY, NOBODY)
+    running = start_server(
+        top / "home",
+        as_user=prefix,
+        PINGO_ACTION_MAX_PROCESSES=str(MAX_PROCESSES),
+        PINGO_ACTION_MAX_MEMORY=f"{MAX_MEMORY_MIB}MiB",
+        PINGO_ACTION_MAX_FILE_SIZE="1MiB",
+    )
+    yield running
+    running.stop()
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def limited_users(limited: Server) -> tuple[Client, Client]:
+    admin = limited.client(ADMIN_TOKEN)
+    return (
+        limited.client(admin.create_user("alice")["token"]),
+        limited.client(admin.create_user("mallory")["token"]),
+    )
+
+
+#: Forks sleeping children until a fork is refused; writes how many it made, then ends them.
+FORK_UNTIL_REFUSED = f"""
+import os, signal, time
+children = []
+while len(children) < {4 * MAX_PROCESSES}:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+open(os.environ["PINGO_OUTPUT"], "w").write(str(len(children)))
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+"""
+
+#: Allocates twice the memory limit; writes what happened.
+ALLOCATE = f"""
+import os
+try:
+    block = bytearray({2 * MAX_MEMORY_MIB} * 2**20)
+    outcome = "allocated"
+except MemoryError:
+    outcome = "refused"
+open(os.environ["PINGO_OUTPUT"], "w").write(outcome)
+"""
+
+
+def test_a_fork_bomb_stops_at_the_process_limit_and_the_others_work_on(
+    limited: Server, limited_users: tuple[Client, Client]
+) -> None:
+    alice, mallory = limited_users
+    bomb = _run(mallory, _workflow(["python3", "-c", FORK_UNTIL_REFUSED]))
+    assert bomb["state"] == "SUCCEEDED", mallory.logs(bomb["id"], 1)
+    made = int(_dataset_path(limited, bomb, 1).read_text())
+    # The sandbox's own init and python itself count too.
+    assert 0 < made < MAX_PROCESSES
+    fine = _run(alice, _workflow(_sh("echo fine > $PINGO_OUTPUT")))
+    assert fine["state"] == "SUCCEEDED"
+
+
+def test_each_action_has_a_process_budget_of_its_own(
+    limited: Server, limited_users: tuple[Client, Client]
+) -> None:
+    """Counted in each sandbox's user namespace: one user's action holding most of its
+    budget leaves another's whole (not one budget for every process of the server's user)."""
+    alice, mallory = limited_users
+    hold = f"for i in $(seq {MAX_PROCESSES - 8}); do sleep 60 & done; sleep 60"
+    holder = mallory.submit(_workflow(_sh(hold)))
+    try:
+        deadline = time.monotonic() + 30
+        # A local action is SUBMITTED while its process runs.
+        while mallory.action(holder["id"], 1)["state"] != "SUBMITTED":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(2)  # its sleeps started
+        bomb = _run(alice, _workflow(["python3", "-c", FORK_UNTIL_REFUSED]))
+        assert bomb["state"] == "SUCCEEDED", alice.logs(bomb["id"], 1)
+        assert int(_dataset_path(limited, bomb, 1).read_text()) > MAX_PROCESSES // 2
+        # The holder still held its processes meanwhile.
+        assert mallory.action(holder["id"], 1)["state"] == "SUBMITTED"
+    finally:
+        mallory.kill(holder["id"])
+
+
+def test_an_action_past_its_memory_limit_is_refused_memory(
+    limited: Server, limited_users: tuple[Client, Client]
+) -> None:
+    alice, _ = limited_users
+    workflow = _run(alice, _workflow(["python3", "-c", ALLOCATE]))
+    assert workflow["state"] == "SUCCEEDED", alice.logs(workflow["id"], 1)
+    assert _dataset_path(limited, workflow, 1).read_text() == "refused"
+
+
+def test_an_action_past_its_file_size_limit_fails(
+    limited: Server, limited_users: tuple[Client, Client]
+) -> None:
+    """A file past PINGO_ACTION_MAX_FILE_SIZE (1 MiB here) ends the writer (SIGXFSZ);
+    the log, which the action writes itself, is held to it too."""
+    alice, _ = limited_users
+    big = _run(alice, _workflow(_sh("head -c 2000000 /dev/zero > $PINGO_OUTPUT")))
+    assert big["state"] == "FAILED"
+    chatty = _run(alice, _workflow(_sh("yes | head -c 2000000; echo still here")))
+    assert chatty["state"] == "FAILED" or "still here" not in alice.logs(chatty["id"], 1)
+    assert (limited.home / "logs").is_dir()
+
+
+def test_the_oom_killer_takes_an_action_before_the_server(server: Server, alice: Client) -> None:
+    workflow = _run(alice, _workflow(_sh("cat /proc/self/oom_score_adj > $PINGO_OUTPUT")))
+    assert _dataset_path(server, workflow, 1).read_text() == f"{sandbox.OOM_SCORE_ADJ}\n"
+    assert Path(f"/proc/{server.process.pid}/oom_score_adj").read_text() == "0\n"

@@ -15,6 +15,13 @@ under an `argv[0]` naming the server process that started it
 (`pingo-sandbox:<pid>:<start time>`), and `kill_orphans`, run when a local
 executor starts, kills every sandbox whose server is gone.
 
+Inside, before the command, util-linux's `prlimit` sets the action's resource
+limits (`PINGO_ACTION_MAX_*`: processes, counted in the sandbox's own user
+namespace so that each action has its own budget; memory and file size per
+process) and `choom` makes the action's processes the kernel OOM killer's first
+choice: one user's fork bomb or memory hog ends their own action, not the server
+or another user's work (`limits_prefix`).
+
 The staging output is the one writable place. The data root's staging
 directory is shared by every attempt, so the action does not get it: it gets a
 private "box" directory of its own mounted there, and the executor moves what
@@ -56,6 +63,8 @@ COLLECTING_SUFFIX = ".collecting"
 #: PATH inside the sandbox when the action's own `env` sets none.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
+#: An action's `oom_score_adj`: the most the OOM killer prefers a process (the server's is 0).
+OOM_SCORE_ADJ = 1000
 #: What every sandbox's argv[0] starts with, before its server's pid and start time.
 TAG_PREFIX = "pingo-sandbox:"
 #: Why a non-admin's command-line action is refused where the sandbox cannot run.
@@ -189,6 +198,8 @@ class Sandbox:
     #: Where the local data root really is (None for a remote one): the managed
     #: datasets an action reads are bound from there, inside a hidden directory.
     data_root: str | None = None
+    #: What runs the command inside the sandbox under its limits (`limits_prefix`).
+    limits: tuple[str, ...] = ()
 
     def argv(
         self,
@@ -245,7 +256,7 @@ class Sandbox:
         # directory must not become a scratch space that passes for the real one.
         for path in self.hidden_dirs:
             args += ["--remount-ro", path]
-        return [*args, "--", *command]
+        return [*args, "--", *self.limits, *command]
 
     def hides(self, path: str) -> bool:
         """Whether `path`, links resolved, is Pingo's own: in a hidden directory or a
@@ -544,7 +555,8 @@ def from_settings(settings: Settings) -> Sandbox | None:
             " the server as an unprivileged user (see docs/security.md)",
             "non-admin users' command-line actions are refused"
             if as_root_refusal(settings)
-            else "PINGO_ROOT_ACTIONS=everyone runs every user's",
+            else "PINGO_ROOT_ACTIONS=everyone runs every user's, and the kernel does not"
+            " hold root's processes to PINGO_ACTION_MAX_PROCESSES",
             extra={"event": "sandbox_as_root"},
         )
     dirs, files = _hidden(settings)
@@ -559,7 +571,37 @@ def from_settings(settings: Settings) -> Sandbox | None:
     data_root = _local_path(settings.data_root)
     if data_root is not None:
         data_root = os.path.realpath(data_root)
-    return Sandbox(bwrap, network, dirs, files, data_root=data_root)
+    return Sandbox(bwrap, network, dirs, files, data_root=data_root, limits=limits_prefix(settings))
+
+
+def limits_prefix(settings: Settings) -> tuple[str, ...]:
+    """The argv that runs a command under the action limits, inside its sandbox.
+
+    `prlimit` sets each limit as soft and hard (an action cannot raise it back), then
+    `choom` sets `OOM_SCORE_ADJ`, which a process may raise but not lower: every
+    process the action starts inherits both. Empty, with a warning, where util-linux's
+    `prlimit` or `choom` is missing: actions then run without them.
+    """
+    prlimit, choom = shutil.which("prlimit"), shutil.which("choom")
+    if prlimit is None or choom is None:
+        logger.warning(
+            "util-linux's prlimit and choom are not both on PATH: sandboxed actions run"
+            " without PINGO_ACTION_MAX_* limits, and the OOM killer may pick the server"
+            " before them (install util-linux)",
+            extra={"event": "sandbox_limits_unavailable"},
+        )
+        return ()
+    limits = [
+        f"--{resource}={value}:{value}"
+        for resource, value in (
+            ("nproc", settings.action_max_processes),
+            ("as", settings.action_max_memory),
+            ("fsize", settings.action_max_file_size),
+        )
+        if value is not None
+    ]
+    oom = (choom, "-n", str(OOM_SCORE_ADJ), "--")
+    return (prlimit, *limits, "--", *oom) if limits else oom
 
 
 def _open_mongo_store(store_url: str) -> bool:
