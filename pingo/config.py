@@ -246,6 +246,11 @@ class Settings:
                 "PINGO_WEBHOOK_PRIVATE_TARGETS must be deny or allow, "
                 f"not {self.webhook_private_targets!r}"
             )
+        if any(os.path.realpath(r.removeprefix("file://")) == "/" for r in self.unmanaged_roots):
+            # Every sandbox covers each root: covering / would leave actions nothing.
+            raise errors.ConfigurationError(
+                "PINGO_UNMANAGED_ROOTS may not hold /: give directories for users' outputs"
+            )
         if not 0 < self.low_water <= self.high_water <= 1:
             raise errors.ConfigurationError("water marks need 0 < low <= high <= 1")
         if not 0 <= self.stop_grace_s < float("inf"):

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pingo import errors
 from pingo.api import runtime
 from pingo.config import Settings
 from tests.api.conftest import Api, command_workflow, make_settings
@@ -113,3 +114,9 @@ async def test_a_user_may_not_land_an_output_in_another_users_directory(
     stored = await node.workflows.submit(document, owner="bob")
     assert (await api.wait(stored.id))["state"] == "FAILED"
     assert alices.read_text() == "out\n"
+
+
+def test_a_root_may_not_be_the_whole_machine() -> None:
+    """Every sandbox covers each root: a root of / would leave actions nothing to run."""
+    with pytest.raises(errors.ConfigurationError, match="may not hold /"):
+        Settings(unmanaged_roots=("/srv", "file:///"))

@@ -271,8 +271,9 @@ def test_a_stored_dataset_is_not_the_file_a_sandbox_held_open(
     hand a writable descriptor of its output to another running action of its user. The
     stored dataset must not be that file, or it changes after its digest was taken."""
     address = "pingo-test-" + uuid.uuid4().hex  # abstract: the scripts prefix a NUL
-    scratch = _scratch()
-    stored = scratch / "stored"  # on the root filesystem, which the sandbox sees
+    # On the root filesystem, which the sandbox sees, but in no root of unmanaged outputs.
+    scratch = Path(tempfile.mkdtemp(prefix="pingo-signal-", dir="/var/tmp"))
+    stored = scratch / "stored"
     holder = alice.submit(_workflow(["python3", "-c", _HOLDER, address, str(stored)]))
     try:
         _until_logged(alice, holder["id"], "listening")
@@ -571,6 +572,42 @@ def _scratch() -> Path:
     """A new directory in alice's own directory of `SCRATCH_ROOT`."""
     (SCRATCH_ROOT / "alice").mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="pingo-attack-", dir=SCRATCH_ROOT / "alice"))
+
+
+def test_an_action_cannot_read_another_users_unmanaged_outputs(
+    server: Server, alice: Client, bob: Client
+) -> None:
+    """The server writes every user's unmanaged outputs as the one OS user all actions
+    run as: only the sandbox can keep bob's action out of alice's directory of a root.
+    Alice's own next action still reads hers, as a declared input."""
+    secret = f"alice-report-{uuid.uuid4().hex}"
+    scratch = _scratch()
+    report = scratch / "report.txt"
+    try:
+        reader = {
+            "id": 2, "name": "reader", "type": "command-line", "parentActions": [{"id": 1}],
+            "command": _sh("cat $PINGO_INPUT_1 > $PINGO_OUTPUT"),
+        }  # fmt: skip
+        document = {
+            **_workflow(["true"]),
+            "endActionId": 2,
+            "actions": [_unmanaged(report, f"echo {secret} > $PINGO_OUTPUT"), reader],
+        }
+        mine = _run(alice, document)
+        assert mine["state"] == "SUCCEEDED", [(a["state"], a.get("error")) for a in mine["actions"]]
+        assert report.read_text() == f"{secret}\n"
+        assert _dataset_path(server, mine, 2).read_text() == f"{secret}\n"
+        steal = (
+            f"ls -A {SCRATCH_ROOT} > $PINGO_OUTPUT; cat {SCRATCH_ROOT}/*/*/* {report}"
+            " >> $PINGO_OUTPUT; echo tried >> $PINGO_OUTPUT"
+        )
+        stolen = _run(bob, _workflow(_sh(steal)))
+        assert stolen["state"] == "SUCCEEDED"
+        # The root looked empty, and the path led nowhere.
+        assert _dataset_path(server, stolen, 1).read_text() == "tried\n"
+        assert secret not in bob.logs(stolen["id"], 1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_the_environment_reaches_the_command_not_bwrap(server: Server, alice: Client) -> None:

@@ -159,6 +159,20 @@ def _hidden(settings: Settings) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(hidden_dirs), tuple(hidden_files)
 
 
+def _private_roots(settings: Settings, hidden_dirs: Iterable[str]) -> tuple[str, ...]:
+    """The unmanaged roots, resolved, to cover in every sandbox.
+
+    Each user's unmanaged outputs land in their own directory of a root, written by
+    the server as its own OS user, which every action runs as too: file modes cannot
+    keep one user's action from another's outputs, so no action sees a root. Its own
+    output (its box) and its declared inputs are bound on top, as in the data root.
+    """
+    hidden = tuple(hidden_dirs)
+    local = (_local_path(r) for r in settings.unmanaged_roots)
+    roots = (os.path.realpath(r) for r in local if r is not None)
+    return tuple(r for r in _outermost(roots) if not _within(r, hidden))
+
+
 def _local_path(path: str) -> str | None:
     """`path` as a plain path on this machine (`file://` taken off); None for a remote
     one (hdfs://, s3://), which a job writes with its own rights."""
@@ -200,6 +214,9 @@ class Sandbox:
     data_root: str | None = None
     #: What runs the command inside the sandbox under its limits (`limits_prefix`).
     limits: tuple[str, ...] = ()
+    #: Users' directories, covered like `hidden_dirs` but not Pingo's own: an
+    #: unmanaged output may land there (`PINGO_UNMANAGED_ROOTS`, `_private_roots`).
+    private_dirs: tuple[str, ...] = ()
 
     def argv(
         self,
@@ -230,7 +247,8 @@ class Sandbox:
             args += ["--args", str(args_fd)]
         if status_fd is not None:
             args += ["--json-status-fd", str(status_fd)]
-        for path in self.hidden_dirs:
+        # Roots first: Pingo's own directories may lie inside one, and must stay covered.
+        for path in (*self.private_dirs, *self.hidden_dirs):
             args += ["--tmpfs", path]
         for path in self.hidden_files:
             if os.path.lexists(path):
@@ -254,7 +272,7 @@ class Sandbox:
             args += ["--bind", box, os.path.dirname(output)]
         # Read-only once the binds on top have their mount points: a hidden
         # directory must not become a scratch space that passes for the real one.
-        for path in self.hidden_dirs:
+        for path in (*self.hidden_dirs, *self.private_dirs):
             args += ["--remount-ro", path]
         return [*args, "--", *self.limits, *command]
 
@@ -571,7 +589,15 @@ def from_settings(settings: Settings) -> Sandbox | None:
     data_root = _local_path(settings.data_root)
     if data_root is not None:
         data_root = os.path.realpath(data_root)
-    return Sandbox(bwrap, network, dirs, files, data_root=data_root, limits=limits_prefix(settings))
+    return Sandbox(
+        bwrap,
+        network,
+        dirs,
+        files,
+        data_root=data_root,
+        limits=limits_prefix(settings),
+        private_dirs=_private_roots(settings, dirs),
+    )
 
 
 def limits_prefix(settings: Settings) -> tuple[str, ...]:
