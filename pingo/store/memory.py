@@ -837,6 +837,7 @@ class MemoryStore:
         self,
         *,
         state: DatasetState | None = None,
+        scopes: Collection[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[DatasetRecord]:
@@ -845,6 +846,8 @@ class MemoryStore:
             records = self._datasets.values()
         else:
             records = (self._datasets[k] for k in self._dataset_states.keys(state))
+        if scopes is not None:
+            records = [d for d in records if d.scope in scopes]
         return self._page(records, lambda d: d.created_at, lambda d: d.id, limit, cursor)
 
     async def list_claimed_datasets(

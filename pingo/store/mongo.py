@@ -1996,10 +1996,13 @@ class MongoStore:
         self,
         *,
         state: DatasetState | None = None,
+        scopes: Collection[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[DatasetRecord]:
         query: Doc = {} if state is None else {"state": state.value}
+        if scopes is not None:
+            query["scope"] = {"$in": sorted(scopes)}
         docs = await self._page(self._datasets, query, limit, cursor)
         return _make_page([_dataset(d) for d in docs], limit)
 

@@ -780,10 +780,15 @@ class Store(Protocol):
         self,
         *,
         state: DatasetState | None = None,
+        scopes: Collection[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[DatasetRecord]:
-        """Datasets (in `state`, if given), newest first."""
+        """Datasets (in `state`, and in one of the sharing `scopes`, if given), newest first.
+
+        The cursor is the position of the page's last row: filtered here, in the store,
+        it never names a dataset outside `scopes` (a caller filtering after the page
+        would hand out a cursor naming one)."""
         ...
 
     async def list_child_datasets(

@@ -2534,11 +2534,15 @@ class SQLiteStore:
         self,
         *,
         state: DatasetState | None = None,
+        scopes: Collection[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[DatasetRecord]:
         where = [] if state is None else ["state = ?"]
         params: list[Any] = [] if state is None else [state.value]
+        if scopes is not None:
+            where.append(f"scope IN ({_placeholders(len(scopes))})")
+            params.extend(sorted(scopes))
         return await self._run(
             self._page,
             self._dataset,

@@ -573,7 +573,8 @@ async def action_log(request: web.Request) -> web.StreamResponse:
 async def datasets_page(request: web.Request) -> dict[str, object]:
     """Datasets the user may see, newest first, searched by id prefix, producer name and state.
 
-    The store filters by state; the prefix and the producer's name are matched here,
+    The store filters by state and by the scopes the user may see (so that the cursor
+    never names a dataset hidden from them); the prefix and the producer's name are matched here,
     over whole store pages until a page of results is full or DATASET_SEARCH_LIMIT
     datasets were looked at, so the next page's cursor resumes exactly where this
     search stopped.
@@ -590,14 +591,12 @@ async def datasets_page(request: web.Request) -> dict[str, object]:
     rows: list[dict[str, Any]] = []
     looked_at = 0
     while True:
-        found = await store.list_datasets(state=wanted, limit=PAGE_SIZE, cursor=cursor)
+        found = await store.list_datasets(
+            state=wanted, scopes=auth.visible_scopes(user), limit=PAGE_SIZE, cursor=cursor
+        )
         cursor = found.next_cursor
         looked_at += len(found.items)
-        matching = [
-            record
-            for record in found.items
-            if auth.may_see_scope(user, record.scope) and record.id.startswith(filters["prefix"])
-        ]
+        matching = [record for record in found.items if record.id.startswith(filters["prefix"])]
         # As the API shows them to this user: another user's dataset names its producing
         # action and type only, never the workflow.
         for found_row in await dataset_routes.dataset_documents(request, matching):

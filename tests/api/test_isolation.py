@@ -282,6 +282,11 @@ async def test_in_per_user_scopes_another_users_dataset_does_not_exist(
         assert answers[0] == answers[1] and answers[0][0] == 404
     listing = await (await client.get("/api/v1/datasets", headers=api.auth("bob"))).text()
     assert dataset_id not in listing
+    # Nor in a cursor: a red-team review paged with limit=1 and read Alice's dataset id
+    # (and its creation time) from `next` of an empty page.
+    for state in ("", "&state=LEAF"):
+        response = await client.get(f"/api/v1/datasets?limit=1{state}", headers=api.auth("bob"))
+        assert await response.json() == {"items": [], "next": None}
     # A retention decision about Alice's dataset, eviction or decline, is not shown to Bob.
     store = app[runtime.STATE_KEY].node
     assert store is not None

@@ -145,6 +145,31 @@ async def test_list_datasets_newest_first_with_cursor(
     assert seen == list(reversed(made))
 
 
+async def test_list_datasets_in_scopes_pages_only_through_them(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    """Filtered in the store: every cursor is the position of a row in the scopes, never
+    one of the datasets around them (whose ids and times it would give away)."""
+    mine, bobs = [], []
+    for i in range(6):
+        clock.advance(1)
+        scope = ("user:alice", "server", "user:bob")[i % 3]
+        made = await seed_dataset(store, make, D.STORED, scope=scope, id=f"{i:02d}" + "ab" * 31)
+        (bobs if scope == "user:bob" else mine).append(made)
+    scopes = {"server", "user:alice"}
+    seen: list[str] = []
+    page = await store.list_datasets(scopes=scopes, limit=1)
+    seen.extend(d.id for d in page.items)
+    while page.next_cursor is not None:
+        assert not any(bob in page.next_cursor for bob in bobs)
+        page = await store.list_datasets(scopes=scopes, limit=1, cursor=page.next_cursor)
+        seen.extend(d.id for d in page.items)
+    assert seen == list(reversed(mine))
+    assert not (await store.list_datasets(scopes=set())).items
+    only_bobs = await store.list_datasets(state=D.STORED, scopes={"user:bob"})
+    assert [d.id for d in only_bobs.items] == list(reversed(bobs))
+
+
 async def test_transition_dataset_compare_and_set(
     store: Store, make: Factory, clock: FakeClock
 ) -> None:
