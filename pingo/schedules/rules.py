@@ -77,8 +77,9 @@ _FIELDS = frozenset(
 _TRIGGER_PATH = re.compile(r"[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*")
 _NAME_LIMIT = 200
 #: Pingo's own dataset directories (`DatasetStorage.path_for`): never a trigger's path,
-#: so that a trigger cannot watch another user's datasets appear.
-_DATASET_SHARD = re.compile(r"[0-9a-f]{2}")
+#: so that a trigger cannot watch another user's datasets appear (in any case: a data
+#: root on a case-insensitive filesystem finds `4A/` as `4a/`).
+_DATASET_SHARD = re.compile(r"[0-9a-f]{2}", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"\{(schedule\.time|schedule\.date|param\.[A-Za-z0-9_.-]+)\}")
 _PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 #: Where a cron's expansion starts, and whence it must fire (no start before it is
@@ -238,7 +239,7 @@ def _trigger(value: Any, issues: list[ValidationIssue]) -> Trigger | None:
                 SCHEMA_VIOLATION,
                 "a path relative to the data root, outside Pingo's own datasets: segments of "
                 "letters, digits and _ . = -, none starting with '.', the first not two hex "
-                "digits (a dataset directory), at most 500 characters",
+                "digits in either case (a dataset directory), at most 500 characters",
                 "/trigger/path",
             )
         )

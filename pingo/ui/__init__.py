@@ -732,7 +732,11 @@ async def decision_page(request: web.Request) -> dict[str, object]:
     dataset = await runtime.node(request).store.get_dataset(decision["datasetId"] or "")
     if dataset is not None and not auth.may_see_scope(user, dataset.scope):
         raise errors.NotFound(f"no recent retention decision {seq}")
-    document = None if dataset is None else documents.as_dict(documents.dataset_document(dataset))
+    document = None
+    if dataset is not None:
+        # As the API shows it to this user (never another user's workflow, document or env).
+        (shown,) = await dataset_routes.dataset_documents(request, [dataset])
+        document = documents.as_dict(shown)
     return _context(user, session, decision=decision, dataset=document)
 
 

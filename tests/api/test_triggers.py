@@ -103,6 +103,7 @@ async def test_a_path_under_the_data_root_fires_when_it_appears(users_api: Api) 
         {"path": "incoming/../../x"},
         {"path": ".staging/x"},
         {"path": "ab/abcdef"},
+        {"path": "4A/abcdef"},  # a data root on a case-insensitive filesystem
         {"path": "in\x00coming"},
         {"path": "a//b"},
         {"path": "x" * 501},
