@@ -688,6 +688,17 @@ class OutcomeService:
             },
         )
 
+    async def _computed_for_another(
+        self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
+    ) -> bool:
+        """Whether `dataset`'s producer belongs to another owner than `action`'s workflow
+        (its own store told the producer's owner; one of this owner's, this owner)."""
+        if not self.feed:
+            return False
+        mine = await self._owner(action.workflow_id)
+        theirs = await self._owner(dataset.producer_workflow_id)
+        return mine is not None and (theirs is None or theirs[0] != mine[0])
+
     async def _owner(self, workflow_id: str) -> tuple[str, str] | None:
         """The workflow's owner and name (immutable, so cached); None for a workflow gone."""
         cached = self._owner_cache.get(workflow_id)
@@ -830,6 +841,10 @@ class OutcomeService:
         finished, released, _ = outcome
         metrics.action_transitions(A.FINISHED.value).inc()
         await self.store.record_dataset_use(dataset.id)
+        if await self._computed_for_another(finished, dataset):
+            # Computed during this run, by another user's workflow: new to this owner,
+            # whose data triggers must not miss it because someone else ran it first.
+            await self._dataset_stored(finished, dataset)
         logger.info(
             "action %s/%s shared %s's computation of dataset %s",
             finished.workflow_id,

@@ -70,6 +70,34 @@ async def test_a_stored_dataset_fires_the_owners_schedule_once(users_api: Api) -
     assert len(await runs(api, schedule["id"], user="alice")) == 2
 
 
+async def test_a_computation_shared_with_another_users_run_fires_the_owners_schedule(
+    users_api: Api,
+) -> None:
+    """A red-team review's suppression: Bob starts Alice's exact command first, so her
+    action shares his computation instead of running it. The dataset is still new to
+    her, computed during her run: her trigger fires, once."""
+    api = users_api
+    schedule = await create(api, on_stored("daily", "step1", "shared"), user="alice")
+    command = {1: ["sh", "-c", 'sleep 1; echo "$1" > "$PINGO_OUTPUT"', "x", str(time.time())]}
+    bobs = await api.submit(command_workflow(command, name="anything"), user="bob")
+    alices = await api.submit(command_workflow(command, name="daily"), user="alice")
+    assert alices["actions"][0]["reuse"] == "shared"
+    assert (await api.wait(alices["id"]))["state"] == "SUCCEEDED"
+    assert (await api.wait(bobs["id"]))["state"] == "SUCCEEDED"
+    [run] = await wait_runs(api, schedule["id"], 1)
+    assert (await api.workflow(run["workflowId"]))["owner"] == "alice"
+    # Her own workflows sharing her own computation fire it once, not once each.
+    mine = {1: ["sh", "-c", 'sleep 1; echo "$1" > "$PINGO_OUTPUT"', "x", str(time.time())]}
+    first = await api.submit(command_workflow(mine, name="daily"), user="alice")
+    second = await api.submit(command_workflow(mine, name="daily"), user="alice")
+    assert second["actions"][0]["reuse"] == "shared"
+    for workflow in (first, second):
+        assert (await api.wait(workflow["id"]))["state"] == "SUCCEEDED"
+    await wait_runs(api, schedule["id"], 2)
+    await asyncio.sleep(1.5)
+    assert len(await runs(api, schedule["id"], user="alice")) == 2
+
+
 async def test_a_path_under_the_data_root_fires_when_it_appears(users_api: Api) -> None:
     api = users_api
     root = Path(api.node.settings.data_root)
