@@ -691,8 +691,9 @@ class OutcomeService:
     async def _computed_for_another(
         self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
     ) -> bool:
-        """Whether `dataset`'s producer belongs to another owner than `action`'s workflow
-        (its own store told the producer's owner; one of this owner's, this owner)."""
+        """Whether `dataset` was produced by a workflow of another owner than `action`'s
+        (or one gone). A producer of the same owner recorded its store in their feed
+        already: recording the share too would fire their triggers twice."""
         if not self.feed:
             return False
         mine = await self._owner(action.workflow_id)
