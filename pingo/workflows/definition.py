@@ -30,6 +30,9 @@ class ActionDefinition:
     spec: Mapping[str, Any]
     #: The action exactly as submitted.
     raw: Mapping[str, Any]
+    #: For an action whose output is not a function of its inputs (`isDeterministic`
+    #: false), random per parse: part of its identity, so it is never reused or shared.
+    run: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import secrets
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ UNKNOWN_ACTION_ID = "UNKNOWN_ACTION_ID"
 CYCLE = "CYCLE"
 END_BEFORE_START = "END_BEFORE_START"
 OUTPUT_PATH_REQUIRED = "OUTPUT_PATH_REQUIRED"
+UNMANAGED_NOT_DETERMINISTIC = "UNMANAGED_NOT_DETERMINISTIC"
 TOO_LARGE = "TOO_LARGE"
 
 #: Every code `validate` may return.
@@ -59,6 +61,7 @@ CODES: tuple[str, ...] = (
     CYCLE,
     END_BEFORE_START,
     OUTPUT_PATH_REQUIRED,
+    UNMANAGED_NOT_DETERMINISTIC,
     TOO_LARGE,
 )
 
@@ -390,6 +393,18 @@ def _check_graph(doc: Mapping[str, Any], actions: list[Any], placeholders: bool)
                     f"/actions/{index}",
                 )
             )
+        if action.get("isManaged") is False and action.get("isDeterministic") is False:
+            # Each run would be a dataset of its own at the one path: deleting an old
+            # one would remove the newest output.
+            issues.append(
+                ValidationIssue(
+                    UNMANAGED_NOT_DETERMINISTIC,
+                    f"action {aid} has isManaged false, so its output is its outputPath and"
+                    " cannot be computed anew as a dataset of its own at every run: make it"
+                    " managed, or use forceComputation",
+                    f"/actions/{index}/isDeterministic",
+                )
+            )
 
     for key in ("startActionId", "endActionId"):
         ref = _as_id(doc.get(key))
@@ -589,6 +604,7 @@ def _build(
             metadata=empty if metadata is None else MappingProxyType(metadata),
             spec=MappingProxyType(types[raw["type"]].spec(raw)),
             raw=MappingProxyType(raw),
+            run=None if raw.get("isDeterministic", True) else secrets.token_hex(16),
         )
     graph = _digraph(list(definitions), checked.parents)
     graph.graph[TOPOLOGICAL_ORDER] = tuple(checked.order)

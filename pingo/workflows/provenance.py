@@ -13,6 +13,11 @@ review stored one user's merge with its inputs swapped under another's id). The
 action's own id, names, `metadata`, `forceComputation`, `timeoutSeconds` and
 `maxAttempts` say nothing about *what* is computed and are left out, so two actions
 anywhere that compute the same thing in the same scope share one dataset.
+
+Except an action whose output is not a function of its inputs (`isDeterministic`
+false: it reads the clock or the network): its identity holds a `run`, random at each
+parse, so its dataset is never reused or shared, and neither are its descendants'
+(their `inputs` differ). Another user's earlier answer is never handed to it.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ def identity(
         # The user's own path is part of what the action produces.
         document["isManaged"] = False
         document["outputPath"] = action.output_path
+    if action.run is not None:
+        document["run"] = action.run
     return document
 
 
@@ -114,7 +121,7 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
     """`hash_identity(identity(...))` without building the document twice.
 
     The canonical text is assembled with its keys in sorted order (inputs, isManaged,
-    outputPath, parents, scope, spec, type); a test holds it equal to the slow path.
+    outputPath, parents, run, scope, spec, type); a test holds it equal to the slow path.
     """
     spec_text = _encode(dict(action.spec))
     inputs = (
@@ -129,8 +136,9 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
     )
     # Dataset ids are hex digits: their JSON list needs no escaping.
     parents_text = '["' + '","'.join(sorted(parent_ids)) + '"]' if parent_ids else "[]"
+    run = "" if action.run is None else f'"run":{_encode(action.run)},'
     text = (
-        f'{{{inputs}{unmanaged}"parents":{parents_text},"scope":{scope_text},'
+        f'{{{inputs}{unmanaged}"parents":{parents_text},{run}"scope":{scope_text},'
         f'"spec":{spec_text},"type":{_encode(action.type)}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

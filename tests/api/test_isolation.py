@@ -333,3 +333,33 @@ async def test_a_merge_with_its_parents_numbered_the_other_way_round_is_not_reus
     response = await api.client.get(f"/api/v1/datasets/{dataset_id}", headers=api.auth("alice"))
     stored = Path((await response.json())["path"])
     assert await asyncio.to_thread(stored.read_text) == "allow\ndeny\n"
+
+
+async def test_an_action_that_reads_the_world_never_gets_another_users_answer(
+    users_api: Api,
+) -> None:
+    """Bob runs Alice's command first, his answer in place of the world's (a red-team
+    review served his own `localhost`). Alice's action says it reads the world
+    (`isDeterministic: false`): it is computed for her, and so is her merge below it;
+    her own second submission computes both again too."""
+    api = users_api
+    fetch = ["sh", "-c", 'echo "$WHO" > "$PINGO_OUTPUT"']
+    merge = ["sh", "-c", 'cat {inputs:sh} > "$PINGO_OUTPUT"']
+
+    def document(who: str, deterministic: bool) -> dict[str, Any]:
+        extra: dict[int, dict[str, Any]] = {1: {"env": {"WHO": who}}}
+        if not deterministic:
+            extra[1]["isDeterministic"] = False
+        return command_workflow({1: fetch, 2: merge}, {2: [1]}, name="fetch", extra=extra)
+
+    bobs = await api.wait((await api.submit(document("bob", True), user="bob"))["id"])
+    assert bobs["state"] == "SUCCEEDED"
+    # Without the flag, the same definition is Bob's dataset, handed to Alice.
+    handed = await api.submit(document("bob", True), user="alice")
+    assert [a["reuse"] for a in handed["actions"]] == ["not needed", "reused"]
+    for _ in range(2):
+        alices = await api.wait((await api.submit(document("bob", False), user="alice"))["id"])
+        assert alices["state"] == "SUCCEEDED"
+        assert [a["reuse"] for a in alices["actions"]] == ["computed", "computed"]
+        ids = {a["datasetId"] for a in alices["actions"]}
+        assert not ids & {a["datasetId"] for a in bobs["actions"]}

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pingo import errors
 from pingo.workflows import language, provenance
 from pingo.workflows.definition import WorkflowDefinition
 
@@ -326,3 +327,43 @@ def test_fast_path_equals_hashing_the_identity_document(document: dict[str, Any]
     for aid, action in definition.actions.items():
         doc = provenance.identity(action, [found[p] for p in action.parents], "user:ann")
         assert provenance.hash_identity(doc) == found[aid]
+
+
+@settings(max_examples=50, deadline=None)
+@given(workflows(), st.data())
+def test_an_action_reading_the_world_is_a_new_dataset_at_each_parse_and_so_is_all_below_it(
+    document: dict[str, Any], data: st.DataObject
+) -> None:
+    """`isDeterministic: false`: its identity holds a random `run`, so its dataset (and
+    every descendant's) is never one an earlier submission, anyone's, stored."""
+    definition = language.parse(document)
+    target = data.draw(st.sampled_from(sorted(definition.actions)), label="target")
+    changed = copy.deepcopy(document)
+    action = changed["actions"][target - 1]
+    action["isDeterministic"] = False
+    action.pop("outputPath", None)
+    action.pop("isManaged", None)
+    plain = dataset_ids(document)
+    first, second = dataset_ids(changed), dataset_ids(changed)
+    below = {target} | nx.descendants(definition.graph, target)
+    for aid in definition.actions:
+        assert (first[aid] != second[aid]) == (aid in below), aid
+        assert (first[aid] != plain[aid]) == (aid in below), aid
+    # The fast path holds the run as the identity document does.
+    parsed = language.parse(changed)
+    found = provenance.dataset_ids(parsed, "server")
+    for aid, each in parsed.actions.items():
+        doc = provenance.identity(each, [found[p] for p in each.parents], "server")
+        assert provenance.hash_identity(doc) == found[aid]
+    assert "run" in provenance.identity(
+        parsed.actions[target], [found[p] for p in parsed.actions[target].parents], "server"
+    )
+
+
+def test_an_unmanaged_action_cannot_be_computed_anew_at_every_run() -> None:
+    document = two_step()
+    document["actions"][0].update(isManaged=False, outputPath="/srv/a", isDeterministic=False)
+    with pytest.raises(errors.ValidationFailed) as failed:
+        language.parse(document)
+    assert [i.code for i in failed.value.issues] == [language.UNMANAGED_NOT_DETERMINISTIC]
+    assert failed.value.issues[0].pointer == "/actions/0/isDeterministic"
