@@ -387,6 +387,8 @@ class _Exposure:
     seen: int
     #: Its workflow's submissions observed when it was first recorded.
     first_family: int
+    #: Its action's id in the workflow: with `family`, its step (`Lineage._step_bytes`).
+    action_id: int = 0
 
 
 @dataclass(slots=True)
@@ -456,20 +458,23 @@ class Lineage:
     order's (`_choose`). While running actions' claims hold storage over the
     mark, it keeps what fitted at rest.
 
-    *Not keeping what the next runs rarely read (`min_share`, off by default).* For
+    *Not keeping what the next runs rarely read (`min_share`, `auto` by default).* For
     `PRESSURE_WORKFLOWS` workflows after a pass under pressure (one that had to free
-    `PRESSURE_SHARE` of the candidates' bytes or more: the store is tight), a new
-    dataset that fewer than `min_share` of its workflow's edits would make the next
-    run read (by its read share from the DAG) is not kept past its run: the keep
-    hook declines it, it is stored while its readers in the run need it and deleted
-    when they end.
+    `PRESSURE_SHARE` of the candidates' bytes or more), a new dataset that fewer than
+    `min_share` of its workflow's edits would make the next run read (by its read
+    share from the DAG) is not kept past its run: the keep hook declines it, it is
+    stored while its readers in the run need it and deleted when they end.
     Kept, it would be claimed by those readers while the run's passes evict what
     the next runs read instead (a large Montage's `mBackground` outputs, read
     by 81 of 1,738 edits, against its `mProject` outputs, read by most). Every
     pass still frees what it is asked to; the bytes waiting for their readers
-    are on disk, so storage during runs peaks higher. It recomputes much less at
-    tight budgets and more at roomy ones, where what is rarely read still fits
-    (docs/retention.md): hence an option, 0 (the default) keeping every new dataset.
+    are on disk, so storage during runs peaks higher. A fixed share recomputes
+    much less at tight budgets and more at roomy ones, where what is rarely read
+    still fits. `auto` (the default) is `AUTO_SHARE` only while the store is tight:
+    what fits at rest (`room`) is less than the bytes of the datasets the last
+    `AUTO_WORKFLOWS` workflows' next runs likely read, those at least `AUTO_SHARE`
+    of the edits read (`likely_read_bytes`); otherwise nothing is declined
+    (docs/retention.md). 0 keeps every new dataset.
 
     *Deferring (`defer`, off by default).* What the running workflows planned and
     have not yet handed over as candidates (claimed while their next actions read
@@ -496,7 +501,7 @@ class Lineage:
         prior: float | str = 3.0,
         aging: bool | str = True,
         defer: bool | str = False,
-        min_share: float | str = 0.0,
+        min_share: float | str = "auto",
     ) -> None:
         self.max_reuse_rate = _fraction("max_reuse_rate", max_reuse_rate)
         try:
@@ -511,8 +516,19 @@ class Lineage:
         #: workflows write would make up (`_deferred`): it frees less than asked, so the
         #: store stays over its budget while they run. Off by default, see the class doc.
         self.defer = _switch("defer", defer)
-        #: New datasets read by fewer of their workflow's edits are not kept under pressure.
-        self.min_share = _fraction("min_share", min_share)
+        #: New datasets read by fewer of their workflow's edits are not kept under pressure;
+        #: with `auto` (`AUTO_SHARE`), only while the store is tight (`likely_read_bytes`).
+        self.auto = isinstance(min_share, str) and min_share.strip().lower() == "auto"
+        self.min_share = self.AUTO_SHARE if self.auto else _fraction("min_share", min_share)
+        #: With `auto`: per recent workflow (the last `AUTO_WORKFLOWS`), its datasets that
+        #: at least `min_share` of its edits read next → their steps; the latest bytes of
+        #: each step seen as a candidate; and, while the workflow planned last found the
+        #: store tight, what fitted at rest and what its recent workflows likely read.
+        self._recent_read: collections.deque[dict[str, tuple[str, int]]] = collections.deque(
+            maxlen=self.AUTO_WORKFLOWS
+        )
+        self._step_bytes: dict[tuple[str, int], int] = {}
+        self._tight: tuple[int, int] | None = None
         #: Workflows seen at the last pass under pressure (`_rarely_read`), if any, and
         #: that pass's bytes to free and evictable candidates' bytes (for the reasons).
         self._pressed_at: int | None = None
@@ -565,7 +581,19 @@ class Lineage:
                     shares[aid],
                     self._workflows_seen,
                     self._family_totals[workflow.name] if before is None else before.first_family,
+                    aid,
                 )
+        if self.auto:
+            self._recent_read.append(
+                {
+                    dataset_id: (workflow.name, aid)
+                    for aid, dataset_id in dataset.dataset_ids.items()
+                    if aid in shares and not workflow.is_leaf(aid) and shares[aid] >= self.min_share
+                }
+            )
+            likely = self.likely_read_bytes()
+            tight = self.room is not None and self.room < likely
+            self._tight = (self.room, likely) if tight and self.room is not None else None
 
     def read_rate(self, candidate: Candidate) -> float:
         """Expected reads per submission: how often its workflow comes, times its read share.
@@ -636,15 +664,41 @@ class Lineage:
     PRESSURE_SHARE = 1 / 20
     #: `min_share` applies for this many workflows after a pass under pressure.
     PRESSURE_WORKFLOWS = 10
+    #: `min_share=auto` (the default): this share, while the store is tight.
+    AUTO_SHARE = 0.15
+    #: `min_share=auto` weighs what fits at rest against the datasets of this many of the
+    #: latest workflows planned.
+    AUTO_WORKFLOWS = 20
+
+    def likely_read_bytes(self) -> int:
+        """Bytes of the datasets of the last `AUTO_WORKFLOWS` workflows planned (each once)
+        that at least `min_share` of their workflow's edits read next.
+
+        Each dataset counts with the latest size of its step seen as a candidate (the
+        outputs of a step weigh about the same from one version to the next), and
+        nothing while its step was never one (the figure only grows as passes see more).
+        """
+        steps: dict[str, tuple[str, int]] = {}
+        for datasets in self._recent_read:
+            steps.update(datasets)
+        return sum(self._step_bytes.get(step, 0) for step in steps.values())
 
     def _rarely_read(self, dataset_id: str) -> bool:
-        """Under pressure, and fewer than `min_share` of its workflow's edits read it next."""
+        """Under pressure, and fewer than `min_share` of its workflow's edits read it next.
+
+        With `auto`, also only when the store is tight: what its last pass that
+        reached its target kept (`room`, what fits at rest) was less than
+        `likely_read_bytes` when the dataset's workflow was planned. Then a dataset
+        rarely read only takes the room of those the next runs likely read; when
+        they all fit, it may fit too, and is kept.
+        """
         known = self._exposures.get(dataset_id)
         return (
             self._pressed_at is not None
             and self._workflows_seen - self._pressed_at <= self.PRESSURE_WORKFLOWS
             and known is not None
             and known.share < self.min_share
+            and (not self.auto or self._tight is not None)
         )
 
     def explain_decline(self, dataset: NewDatasetInfo, now: datetime) -> str:
@@ -653,10 +707,17 @@ class Lineage:
         share = 0.0 if known is None else known.share
         to_free, total = self._pressure
         since = self._workflows_seen - (self._pressed_at or 0)
+        tight = ""
+        if self.auto and self._tight is not None:
+            room, likely = self._tight
+            tight = (
+                f"; {room:,} bytes fit at rest, under the {likely:,} bytes the last "
+                f"{len(self._recent_read)} workflows' next runs likely read"
+            )
         return (
             f"lineage: read next by {share:.1%} of its workflow's edits, under min_share "
-            f"{self.min_share:.1%}; a pass {since} workflow(s) ago had to free "
-            f"{to_free:,} of {total:,} evictable bytes"
+            f"{self.min_share:.1%}{' (auto)' if self.auto else ''}; a pass {since} "
+            f"workflow(s) ago had to free {to_free:,} of {total:,} evictable bytes{tight}"
         )
 
     #: The prior on the reuse rate of superseded datasets: one reuse in ten, as if
@@ -688,6 +749,11 @@ class Lineage:
         self._learn(candidates)
         if self.defer:
             self._track_pending(candidates)
+        if self.auto:
+            for c in candidates:
+                known = self._exposures.get(c.dataset_id)
+                if known is not None and c.size_bytes > 0:
+                    self._step_bytes[(known.family, known.action_id)] = c.size_bytes
         trust = self.reuse_rate() <= self.max_reuse_rate
         ranked = sorted(
             ((0 if trust and self._dead(c) else 1, self.aged_value(c), c) for c in candidates),

@@ -51,7 +51,6 @@ from pingo.store.protocol import (
     _Changes,
     claim_key,
     open_quotas,
-    within_quotas,
 )
 from pingo.store.rules import plan_upgrades, revived_fields
 
@@ -626,10 +625,21 @@ class MemoryStore:
             limit,
         )
         oldest = sorted(ready + expired, key=_action_age)
-        if wanted is None:
-            chosen = oldest[:limit]
-        else:
-            chosen = within_quotas(oldest, limit, wanted, lambda r: r.type)
+        idle = []
+        if room.capped:
+            served = {self._workflows[r.workflow_id].owner for r in ready}
+            idle = self._idle_oldest(room, served, now, wanted)
+        chosen = _room.idle_first(
+            room,
+            oldest,
+            idle,
+            limit,
+            wanted,
+            owner_of=lambda r: self._workflows[r.workflow_id].owner,
+            age=_action_age,
+            type_of=lambda r: r.type,
+            key=lambda r: r.key,
+        )
         lease = now + timedelta(seconds=lease_s)
         claimed = []
         for old in chosen:
@@ -676,6 +686,32 @@ class MemoryStore:
                 left[record.type] -= 1
             kept.append(record)
         return kept
+
+    def _idle_oldest(
+        self,
+        room: _room.InFlightRoom,
+        served: Collection[str],
+        now: datetime,
+        wanted: Mapping[str, int] | None,
+    ) -> list[ActionRecord]:
+        """The oldest claimable READY action (of a `wanted` type) of each owner of a
+        RUNNING workflow with nothing in flight, oldest first (`_room.idle_first`), but
+        those `served` already (whose oldest is among the claim's candidates)."""
+        first: dict[str, ActionRecord] = {}
+        for key in self._action_states.keys(ActionState.READY):
+            record = self._actions[key]
+            workflow = self._workflows[record.workflow_id]
+            if (
+                workflow.state is WorkflowState.RUNNING
+                and room.in_flight[workflow.owner] == 0
+                and workflow.owner not in served
+                and (record.not_before is None or record.not_before <= now)
+                and (wanted is None or record.type in wanted)
+            ):
+                held = first.get(workflow.owner)
+                if held is None or _action_age(record) < _action_age(held):
+                    first[workflow.owner] = record
+        return sorted(first.values(), key=_action_age)
 
     def _in_flight_room(self, default: int | None) -> _room.InFlightRoom:
         caps = {

@@ -41,6 +41,7 @@ import functools
 import inspect
 import json
 import logging
+import time
 import uuid
 from collections.abc import (
     Callable,
@@ -102,7 +103,6 @@ from pingo.store.protocol import (
     WorkflowRecord,
     claim_key,
     open_quotas,
-    within_quotas,
 )
 from pingo.store.rules import plan_upgrades
 
@@ -672,6 +672,10 @@ class MongoStore:
         #: Whether a claim reads its candidates and the users' caps in one aggregation
         #: (`_claim_reads`); False once the server refused `$unionWith`.
         self._union_claim_reads = True
+        #: The owners of RUNNING workflows, and when they were read (`time.monotonic`):
+        #: who may be idle (`_idle_oldest`), read at most every `_RUNNING_OWNERS_S`
+        #: (first read a moment after start, so a claim of a fresh store costs no more).
+        self._running_owners: tuple[float, list[str]] = (time.monotonic(), [])
 
     @classmethod
     def from_url(
@@ -818,6 +822,10 @@ class MongoStore:
     @_translated
     async def persist_plan(self, plan: WorkflowPlan) -> Persisted:
         workflow = plan.workflow
+        read_at, running = self._running_owners
+        if workflow.owner not in running:
+            # Maybe idle, for this node's next claim (other nodes' within `_RUNNING_OWNERS_S`).
+            self._running_owners = (read_at, [*running, workflow.owner])
         if len({a.action_id for a in plan.actions}) != len(plan.actions) or any(
             a.workflow_id != workflow.id for a in plan.actions
         ):
@@ -1510,9 +1518,64 @@ class MongoStore:
                 expired_query, ready_queries, now_us, limit, wanted
             )
         oldest = sorted([*ready, *expired], key=_oldest_action)
-        if wanted is None:
-            return oldest[:limit], room
-        return within_quotas(oldest, limit, wanted, lambda doc: str(doc["type"])), room
+        idle: list[Doc] = []
+        if room.capped:
+            served = {room.owners.get(doc["workflow_id"], "") for doc in ready}
+            idle = await self._idle_oldest(room, served, now_us, wanted)
+        chosen = _room.idle_first(
+            room,
+            oldest,
+            idle,
+            limit,
+            wanted,
+            owner_of=lambda doc: room.owners.get(doc["workflow_id"], ""),
+            age=_oldest_action,
+            type_of=lambda doc: str(doc["type"]),
+            key=lambda doc: doc["_id"],
+        )
+        return chosen, room
+
+    async def _idle_oldest(
+        self,
+        room: _OwnedRoom,
+        served: Collection[str],
+        now_us: int,
+        wanted: Mapping[str, int] | None,
+    ) -> list[Doc]:
+        """The oldest claimable READY action (of a `wanted` type) of each owner of a
+        RUNNING workflow with nothing in flight, oldest first (`_room.idle_first`), but
+        those `served` already (whose oldest is among the claim's candidates).
+
+        Who owns a RUNNING workflow is read at most every `_RUNNING_OWNERS_S` (a claim's
+        round trips are its cost); this node adds the owner of each workflow it stores:
+        an owner who has just submitted through another node goes first within that time.
+        """
+        read_at, running = self._running_owners
+        if time.monotonic() - read_at >= _RUNNING_OWNERS_S:
+            found = await self._workflows.distinct("owner", {"state": WorkflowState.RUNNING.value})
+            running = [str(owner) for owner in found]
+            self._running_owners = (time.monotonic(), running)
+        idle = [owner for owner in room.idle(running) if owner not in served]
+        if not idle:
+            return []
+        workflows = self._workflows.find(
+            {"owner": {"$in": idle}, "state": WorkflowState.RUNNING.value}, {"owner": 1}
+        )
+        by_owner: dict[str, list[str]] = {}
+        for doc in await workflows.to_list(None):
+            by_owner.setdefault(doc["owner"], []).append(doc["_id"])
+        oldest: list[Doc] = []
+        for ids in by_owner.values():
+            query: Doc = {
+                "state": ActionState.READY.value,
+                "ready_at_us": {"$lte": now_us},
+                "workflow_id": {"$in": ids},
+            }
+            if wanted is not None:
+                query["type"] = {"$in": sorted(wanted)}
+            found_docs = self._actions.find(query, sort=_CLAIMABLE_READY).limit(1)
+            oldest += await found_docs.to_list(None)
+        return sorted(oldest, key=_oldest_action)
 
     async def _first_claimable(
         self,
@@ -2442,6 +2505,8 @@ class MongoStore:
         return [_delivery(d) for d in await found.to_list(None)]
 
 
+#: Seconds a claim trusts its last read of the owners of RUNNING workflows.
+_RUNNING_OWNERS_S = 1.0
 #: Oldest update first; ties in the memory store's order (workflow id, then action id).
 _OLDEST_ACTION = [("updated_at_us", 1), ("workflow_id", 1), ("action_id", 1)]
 #: The same among READY actions: the `claimable` index after its `state` (or

@@ -91,7 +91,6 @@ from pingo.store.protocol import (
     _Changes,
     claim_key,
     open_quotas,
-    within_quotas,
 )
 from pingo.store.rules import plan_upgrades
 
@@ -399,6 +398,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "WHERE state = 'READY'",
         "DROP INDEX actions_ready_type",
     ),
+    # A claim serves users with nothing in flight first (`_room.idle_first`): their
+    # READY actions are found from their RUNNING workflows, not by walking everyone's.
+    (
+        "CREATE INDEX actions_ready_workflow ON actions "
+        "(workflow_id, updated_at, action_id, not_before, action_type, state) "
+        "WHERE state = 'READY'",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -642,6 +648,50 @@ def _ready_pages(
             break
         after = (rows[-1][0], rows[-1][1], rows[-1][2])
     return chosen
+
+
+#: Users with a RUNNING workflow: one probe of `workflows_owner_state` per user.
+_RUNNING_OWNERS = (
+    "SELECT name FROM users u WHERE EXISTS (SELECT 1 FROM workflows w "
+    "INDEXED BY workflows_owner_state WHERE w.owner = u.name AND w.state = 'RUNNING')"
+)
+
+
+def _idle_oldest(
+    conn: sqlite3.Connection,
+    room: _room.InFlightRoom,
+    served: Collection[str],
+    wanted: Mapping[str, int] | None,
+    now: int,
+) -> list[Any]:
+    """The oldest claimable READY action (of a `wanted` type; None: any) of each user
+    with a RUNNING workflow and nothing in flight, oldest first (`_room.idle_first`),
+    but those `served` already (whose oldest is among the claim's candidates).
+
+    From each such user's RUNNING workflows down the READY rows of each
+    (`actions_ready_workflow`): never through another user's backlog."""
+    running = (row[0] for row in conn.execute(_RUNNING_OWNERS))
+    idle = [owner for owner in room.idle(running) if owner not in served]
+    if not idle:
+        return []
+    types = () if wanted is None else tuple(sorted(wanted))
+    typed = f"AND a.action_type IN ({_placeholders(len(types))}) " if types else ""
+    rows: list[Any] = []
+    for chunk in _chunks(idle):
+        rows += conn.execute(
+            "SELECT updated_at, workflow_id, action_id, rid, action_type FROM ("
+            "SELECT a.updated_at, a.workflow_id, a.action_id, a.rowid AS rid, a.action_type, "
+            "ROW_NUMBER() OVER (PARTITION BY w.owner "
+            "ORDER BY a.updated_at, a.workflow_id, a.action_id) AS nth "
+            "FROM workflows w INDEXED BY workflows_owner_state "
+            "CROSS JOIN actions a INDEXED BY actions_ready_workflow ON a.workflow_id = w.id "
+            f"WHERE w.owner IN ({_placeholders(len(chunk))}) AND w.state = 'RUNNING' "
+            "AND a.state = 'READY' AND (a.not_before IS NULL OR a.not_before <= ?) "
+            + typed
+            + ") WHERE nth = 1",
+            (*chunk, now, *types),
+        ).fetchall()
+    return sorted(rows)
 
 
 def _workflow(row: Sequence[Any], document: Mapping[str, Any]) -> WorkflowRecord:
@@ -2090,8 +2140,10 @@ class SQLiteStore:
     ) -> list[Any]:
         # Index range scans (one per state, or per type) rather than one OR that no index serves.
         room = self._in_flight_room(conn, max_in_flight)
+        #: Workflow id → owner, of the READY candidates (capped claims only).
+        owners: dict[str, str] = {}
         if room.capped:
-            ready = self._ready_within_room(conn, room, limit, wanted, now)
+            ready = self._ready_within_room(conn, room, owners, limit, wanted, now)
         elif wanted is None:
             ready = conn.execute(
                 "SELECT updated_at, workflow_id, action_id, rowid, action_type FROM actions "
@@ -2118,9 +2170,21 @@ class SQLiteStore:
             (now, limit),
         ).fetchall()
         oldest = sorted(ready + expired)
-        if wanted is None:
-            return oldest[:limit]
-        return within_quotas(oldest, limit, wanted, lambda row: str(row[4]))
+        idle = []
+        if room.capped:
+            served = {owners[row[1]] for row in ready if row[1] in owners}
+            idle = _idle_oldest(conn, room, served, wanted, now)
+        return _room.idle_first(
+            room,
+            oldest,
+            idle,
+            limit,
+            wanted,
+            owner_of=lambda row: owners.get(row[1], ""),
+            age=lambda row: row,
+            type_of=lambda row: str(row[4]),
+            key=lambda row: row[3],
+        )
 
     @staticmethod
     def _in_flight_room(conn: sqlite3.Connection, default: int | None) -> _room.InFlightRoom:
@@ -2150,6 +2214,7 @@ class SQLiteStore:
     def _ready_within_room(
         conn: sqlite3.Connection,
         room: _room.InFlightRoom,
+        owners: dict[str, str],
         limit: int,
         wanted: Mapping[str, int] | None,
         now: int,
@@ -2160,9 +2225,9 @@ class SQLiteStore:
         Pages through READY in age order, leaving out owners already full, so one
         user's backlog of thousands costs a page or two, not a scan per claim. Each
         wanted type is paged apart, up to its quota: a type whose quota is used up
-        must not make the others' pages walk through its backlog.
+        must not make the others' pages walk through its backlog. `owners` caches
+        workflow id → owner, for the caller too.
         """
-        owners: dict[str, str] = {}
         if wanted is None:
             return _ready_pages(conn, room, owners, limit, None, now)
         return [

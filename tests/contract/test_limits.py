@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -86,6 +87,37 @@ async def test_claim_stops_at_the_server_wide_in_flight_cap(
     assert _owners(more, plans) == {"alice": 1}
     # Without a cap, everything left is claimable.
     rest = await store.claim_actions("node-b", 10, lease_s=30)
+    assert _owners(rest, plans) == {"alice": 2, "bob": 1}
+
+
+async def test_an_owner_with_nothing_in_flight_goes_before_anyones_backlog(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    """Oldest first alone, Bob's one action would wait for all of Alice's older ones:
+    an owner with nothing in flight gets their oldest action ahead of any backlog."""
+    for name in ("alice", "bob", "carol"):
+        await store.create_user(make.user(name=name))
+    plans = {"alice": await _ready(store, make, "alice", 6)}
+    clock.advance(1)
+    plans["bob"] = await _ready(store, make, "bob", 2)
+    clock.advance(1)
+
+    def claim(limit: int) -> Any:
+        return store.claim_actions("node-a", limit, lease_s=30, max_in_flight=100)
+
+    assert _owners(await claim(1), plans) == {"alice": 1}  # both idle: the older first
+    assert _owners(await claim(1), plans) == {"bob": 1}  # Alice has one in flight
+    assert _owners(await claim(1), plans) == {"alice": 1}  # both busy: oldest first
+    clock.advance(1)
+    plans["carol"] = await _ready(store, make, "carol", 3)
+    clock.advance(1)
+    # A batch: the idle owner's oldest first, then everyone's in age order.
+    batch = await claim(3)
+    carol = plans["carol"].workflow.id
+    assert [a.workflow_id == carol for a in batch] == [True, False, False]
+    assert _owners(batch, plans) == {"carol": 1, "alice": 2}
+    # Without any cap, no counts are read: oldest first.
+    rest = await store.claim_actions("node-a", 3, lease_s=30)
     assert _owners(rest, plans) == {"alice": 2, "bob": 1}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -861,8 +862,14 @@ def test_lineage_options_are_checked() -> None:
     assert not policy_api.load_policy("lineage:aging=0").aging  # type: ignore[attr-defined]
     assert not policy_api.load_policy("lineage").defer  # type: ignore[attr-defined]
     assert policy_api.load_policy("lineage:defer=true").defer  # type: ignore[attr-defined]
-    assert policy_api.load_policy("lineage").min_share == 0.0  # type: ignore[attr-defined]
-    assert policy_api.load_policy("lineage:min_share=0.1").min_share == 0.1  # type: ignore[attr-defined]
+    default = policy_api.load_policy("lineage")
+    assert default.min_share == builtin.Lineage.AUTO_SHARE == 0.15  # type: ignore[attr-defined]
+    assert default.auto  # type: ignore[attr-defined]
+    assert policy_api.load_policy("lineage:min_share=AUTO").auto  # type: ignore[attr-defined]
+    off = policy_api.load_policy("lineage:min_share=0")
+    assert off.min_share == 0.0 and not off.auto  # type: ignore[attr-defined]
+    fixed = policy_api.load_policy("lineage:min_share=0.1")
+    assert fixed.min_share == 0.1 and not fixed.auto  # type: ignore[attr-defined]
     for bad in (
         "lineage:max_reuse_rate=x",
         "lineage:max_reuse_rate=2",
@@ -871,6 +878,7 @@ def test_lineage_options_are_checked() -> None:
         "lineage:aging=2",
         "lineage:defer=yes",
         "lineage:min_share=x",
+        "lineage:min_share=automatic",
         "lineage:min_share=1.5",
         "lineage:min_share=-0.1",
         "lineage:window=3",
@@ -1047,7 +1055,7 @@ def test_lineage_declines_what_the_next_runs_rarely_read_under_pressure() -> Non
         )  # fmt: skip
         return policy.keep_new(info, at(0))
 
-    policy, default = builtin.Lineage(min_share="0.3"), builtin.Lineage()
+    policy, default = builtin.Lineage(min_share="0.3"), builtin.Lineage(min_share="0")
     # Read shares: a 1/4, b 2/4, d 3/4. Before any pass under pressure, all is kept,
     # and a pass over a little excess (1 B of 300) is not pressure.
     assert all(plan(policy, aid, "wf") for aid in (1, 2, 4))
@@ -1070,6 +1078,81 @@ def test_lineage_declines_what_the_next_runs_rarely_read_under_pressure() -> Non
     for _ in range(builtin.Lineage.PRESSURE_WORKFLOWS - 1):
         assert not plan(policy, 1)
     assert plan(policy, 1)
+
+
+# x feeds only the leaf y: 1 of the 8 steps' edits reads it next (12.5%). h, g, k, m
+# and n feed the leaf l: 5 of 8 edits read each of them (l's and the other four's).
+RARE_AND_COMMON = {
+    "name": "w",
+    "startActionId": 1,
+    "endActionId": 4,
+    "actions": [
+        {"id": 1, "name": "x", "type": "command-line", "command": ["x"]},
+        {"id": 2, "name": "y", "type": "command-line", "command": ["y"],
+         "parentActions": [{"id": 1}]},
+        {"id": 3, "name": "h", "type": "command-line", "command": ["h"]},
+        {"id": 5, "name": "g", "type": "command-line", "command": ["g"]},
+        {"id": 6, "name": "k", "type": "command-line", "command": ["k"]},
+        {"id": 7, "name": "m", "type": "command-line", "command": ["m"]},
+        {"id": 8, "name": "n", "type": "command-line", "command": ["n"]},
+        {"id": 4, "name": "l", "type": "command-line", "command": ["l"],
+         "parentActions": [{"id": 3}, {"id": 5}, {"id": 6}, {"id": 7}, {"id": 8}]},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("to_free", [300, 40])
+def test_lineage_declines_by_default_only_while_what_the_next_runs_likely_read_does_not_fit(
+    to_free: int,
+) -> None:
+    """`min_share=auto`: 0.15 while what fits at rest is less than the bytes of the
+    datasets the recent workflows' next runs likely read, nothing declined otherwise."""
+    definition = language.parse(RARE_AND_COMMON)
+    first = {1: "x", 2: "y", 3: "h", 4: "l", 5: "g", 6: "k", 7: "m", 8: "n"}
+    assert builtin.read_shares(definition)[1] == 1 / 8
+    assert builtin.read_shares(definition)[3] == 5 / 8
+
+    def plan(policy: builtin.Lineage, ids: dict[int, str], workflow: str, aid: int) -> bool:
+        info = policy_api.NewDatasetInfo(
+            ids[aid], workflow, "ann", "server", definition.actions[aid], (), None, definition, ids
+        )
+        return policy.keep_new(info, at(0))
+
+    auto, fixed = builtin.Lineage(), builtin.Lineage(min_share="0.15")
+    off = builtin.Lineage(min_share="0")
+    for policy in (auto, fixed, off):
+        assert all(plan(policy, first, "wf0", aid) for aid in (1, 3, 5, 6, 7, 8))
+        # A pass under pressure (to free at least a twentieth of the 600 B): x, read by
+        # the fewest edits, goes first; with 300 B to free, two more go.
+        candidates = [cand(first[aid]) for aid in (1, 3, 5, 6, 7, 8)]
+        assert chosen(policy.select_evictions(candidates, to_free, at(10)))[0] == "x"
+    # What fits at rest: 300 B after the tight pass, 500 B after the other.
+    assert auto.room == fixed.room == 600 - 100 * math.ceil(to_free / 100)
+    # The datasets the next runs likely read (h, g, k, m and n, 100 B each; x and the
+    # leaves are not counted), and their sizes, learned from the pass.
+    assert auto.likely_read_bytes() == 500
+    # The next run edits x: its new version x2 is read next by 1 edit in 8.
+    second = {**first, 1: "x2", 2: "y2"}
+    kept = plan(auto, second, "wf1", 1)
+    # The share alone declines it whatever the room; off, it is kept.
+    assert not plan(fixed, second, "wf1", 1)
+    assert plan(off, second, "wf1", 1)
+    if to_free == 300:
+        # 300 B fit at rest, under the 500 B the next runs likely read: x2 would only
+        # take their room, so it is not kept past its run.
+        assert not kept
+        info = policy_api.NewDatasetInfo(
+            "x2", "wf1", "ann", "server", definition.actions[1], (), None
+        )
+        assert auto.explain_decline(info, at(20)) == (
+            "lineage: read next by 12.5% of its workflow's edits, under min_share 15.0% "
+            "(auto); a pass 1 workflow(s) ago had to free 300 of 600 evictable bytes; "
+            "300 bytes fit at rest, under the 500 bytes the last 2 workflows' next runs "
+            "likely read"
+        )
+    else:
+        # 500 B fit: everything the next runs likely read fits, and x2 is kept.
+        assert kept
 
 
 def test_lineage_ages_unless_told_not_to() -> None:
