@@ -1001,6 +1001,27 @@ def test_an_action_past_its_memory_limit_is_refused_memory(
     assert _dataset_path(limited, workflow, 1).read_text() == "refused"
 
 
+def test_an_actions_tmp_in_memory_holds_no_more_than_its_memory_limit(
+    limited: Server, limited_users: tuple[Client, Client]
+) -> None:
+    """`/tmp` and `/dev/shm` are memory no rlimit counts: a red-team review filled 1.9 GB
+    of `/tmp` with a 9 MB process, and the OOM killer took another user's action. Files
+    of under 1 MB each, below the file-size limit, twice the memory limit in all."""
+    alice, _ = limited_users
+    fill = (
+        "for d in /tmp /dev/shm /dev; do i=0; while [ $i -lt"
+        f" {2 * MAX_MEMORY_MIB} ] && head -c 1000000 /dev/zero > $d/f$i 2>/dev/null;"
+        ' do i=$((i+1)); done; echo "$d $i"; done > $PINGO_OUTPUT'
+    )
+    workflow = _run(alice, _workflow(_sh(fill)))
+    assert workflow["state"] == "SUCCEEDED", alice.logs(workflow["id"], 1)
+    text = _dataset_path(limited, workflow, 1).read_text()
+    written = {d: int(n) for d, n in (line.split() for line in text.splitlines())}
+    limit_mb = MAX_MEMORY_MIB * 2**20 // 10**6
+    assert 0 < written["/tmp"] <= limit_mb and 0 < written["/dev/shm"] <= limit_mb, written
+    assert written["/dev"] == 0, written  # read-only
+
+
 def test_an_action_past_its_file_size_limit_fails(
     limited: Server, limited_users: tuple[Client, Client]
 ) -> None:
@@ -1012,6 +1033,31 @@ def test_an_action_past_its_file_size_limit_fails(
     chatty = _run(alice, _workflow(_sh("yes | head -c 2000000; echo still here")))
     assert chatty["state"] == "FAILED" or "still here" not in alice.logs(chatty["id"], 1)
     assert (limited.home / "logs").is_dir()
+
+
+def test_the_loaders_variables_reach_the_command_not_the_limits_before_it(
+    server: Server, alice: Client
+) -> None:
+    """A red-team review's `LD_PRELOAD` loaded its code into `prlimit`, which exec'd the
+    command itself: no limit was set, and its memory got the server OOM-killed. The
+    loader's variables now reach the command only. `LD_DEBUG` shows, in the log, every
+    program the loader starts with it."""
+    document = _workflow(["true"])
+    document["actions"][0]["env"] = {"LD_DEBUG": "libs", "MALLOC_CHECK_": "3"}
+    workflow = _run(alice, document)
+    assert workflow["state"] == "SUCCEEDED"
+    started = {
+        line.split("initialize program:")[1].strip().rsplit("/", 1)[-1]
+        for line in alice.logs(workflow["id"], 1).splitlines()
+        if "initialize program:" in line
+    }
+    assert "true" in started
+    assert not started & {"prlimit", "choom"}, started
+    # Ahead of the command, `env` started with the plain variables, none of these.
+    probe = _workflow(_sh('echo "$LD_DEBUG $GCONV_PATH $PLAIN" > "$PINGO_OUTPUT"'))
+    probe["actions"][0]["env"] = {"LD_DEBUG": "", "GCONV_PATH": "/x", "PLAIN": "p"}
+    seen = _run(alice, probe)
+    assert _dataset_path(server, seen, 1).read_text() == " /x p\n"
 
 
 def test_the_oom_killer_takes_an_action_before_the_server(server: Server, alice: Client) -> None:

@@ -106,3 +106,39 @@ def test_without_util_linux_actions_run_without_limits_and_the_log_says_so(
     monkeypatch.setenv("PATH", "/nonexistent")
     assert sandbox.limits_prefix(Settings.from_env({})) == ()
     assert [r.event for r in caplog.records] == ["sandbox_limits_unavailable"]  # type: ignore[attr-defined]
+
+
+def test_the_loaders_variables_are_split_off_for_the_command_alone() -> None:
+    box = sandbox.Sandbox(
+        "/bin/true", False, (), (), limits=("/usr/bin/choom", "-n", "1000", "--"),
+        env_program="/usr/bin/env",
+    )  # fmt: skip
+    early, late = box.split_environment(
+        {"PATH": "/bin", "LD_PRELOAD": "/x.so", "MALLOC_ARENA_MAX": "2", "GCONV_PATH": "/g"}
+    )
+    assert early == {"PATH": "/bin"}
+    assert late == {"LD_PRELOAD": "/x.so", "MALLOC_ARENA_MAX": "2", "GCONV_PATH": "/g"}
+    argv = box.argv(["a=b", "x"], output="/o", box=None, inputs=[], loader_env={"LD_X": "1"})
+    tail = argv[argv.index("--") + 1 :]
+    assert tail == [
+        "/usr/bin/choom", "-n", "1000", "--",
+        "/usr/bin/env", "--", "LD_X=1", "sh", "-c", 'exec "$0" "$@"', "a=b", "x",
+    ]  # fmt: skip
+    # Without limits there is nothing to protect: bwrap sets everything, as before.
+    plain = sandbox.Sandbox("/bin/true", False, (), ())
+    assert plain.split_environment({"LD_PRELOAD": "/x.so"}) == ({"LD_PRELOAD": "/x.so"}, {})
+
+
+def test_a_process_limit_the_server_shares_with_full_slots_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kernel holds every sandbox of the server's user, with the server, to the
+    server's RLIMIT_NPROC: 4 slots of 1,024 do not fit in 2,000."""
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox.resource, "getrlimit", lambda _: (2000, 2000))
+    sandbox._check_process_budget(Settings(local_slots=4))
+    assert [r.event for r in caplog.records] == ["sandbox_process_budget"]  # type: ignore[attr-defined]
+    caplog.clear()
+    sandbox._check_process_budget(Settings(local_slots=1))
+    sandbox._check_process_budget(Settings(local_slots=4, action_max_processes=400))
+    assert caplog.records == []

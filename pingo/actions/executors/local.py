@@ -284,6 +284,7 @@ class LocalExecutor:
         local = _is_local(submission.output_path)
         if _refused_output(self.sandbox, submission):
             raise errors.Forbidden(sandbox.OWN_PATH_DETAIL.format(path=output))
+        early, late = self.sandbox.split_environment(sandbox.environment(env))
         wrapped = self.sandbox.argv(
             argv,
             output=output,
@@ -291,8 +292,9 @@ class LocalExecutor:
             inputs=(_local(p) for p in inputs.values()),
             status_fd=_STATUS_FD if local else None,
             args_fd=_ARGS_FD,
+            loader_env=late,
         )
-        return wrapped, {}, sandbox.env_arguments(sandbox.environment(env))
+        return wrapped, {}, sandbox.env_arguments(early)
 
     def _executable(self, name: str, env: Mapping[str, str], *, fresh: bool = False) -> str:
         """`name` as given when it is a path, else found on the child's PATH.

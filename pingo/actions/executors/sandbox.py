@@ -19,8 +19,9 @@ Inside, before the command, util-linux's `prlimit` sets the action's resource
 limits (`PINGO_ACTION_MAX_*`: processes, counted in the sandbox's own user
 namespace so that each action has its own budget; memory and file size per
 process) and `choom` makes the action's processes the kernel OOM killer's first
-choice: one user's fork bomb or memory hog ends their own action, not the server
-or another user's work (`limits_prefix`).
+choice over the server (`limits_prefix`). Those two never see the loader's
+variables (`LD_PRELOAD`, …): `env` gives them to the command after
+(`split_environment`).
 
 The staging output is the one writable place. The data root's staging
 directory is shared by every attempt, so the action does not get it: it gets a
@@ -39,6 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -65,6 +67,14 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT_S = 10.0
 #: An action's `oom_score_adj`: the most the OOM killer prefers a process (the server's is 0).
 OOM_SCORE_ADJ = 1000
+#: Variables glibc's loader or start-up acts on in any dynamically linked program (its
+#: list for set-user-ID programs, and every `LD_` and `MALLOC_` name): given to the
+#: action's command only, never to `prlimit` and `choom` before it (`split_environment`).
+LOADER_VARIABLES = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN",
+    "LOCPATH", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+})  # fmt: skip
+LOADER_PREFIXES = ("LD_", "MALLOC_")
 #: What every sandbox's argv[0] starts with, before its server's pid and start time.
 TAG_PREFIX = "pingo-sandbox:"
 #: Why a non-admin's command-line action is refused where the sandbox cannot run.
@@ -110,12 +120,18 @@ def probe(bwrap: str | None) -> str | None:
     return None
 
 
-def _base_args(*, network: bool) -> list[str]:
+def _base_args(*, network: bool, memory: int | None = None) -> list[str]:
+    """bwrap's options every sandbox starts with. With `memory`, the writable places that
+    live in memory (`/tmp`, `/dev/shm`), which no rlimit counts, hold at most that much
+    each, and the rest of `/dev` is read-only (its devices still work)."""
+    sized = [] if memory is None else ["--size", str(memory)]
+    in_memory = [] if memory is None else [*sized, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args = [
         "--ro-bind", "/", "/",
         "--dev", "/dev",
+        *in_memory,
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
+        *sized, "--tmpfs", "/tmp",
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
         "--new-session",
@@ -214,6 +230,12 @@ class Sandbox:
     data_root: str | None = None
     #: What runs the command inside the sandbox under its limits (`limits_prefix`).
     limits: tuple[str, ...] = ()
+    #: `env`, which gives the command the loader's variables after the limits are set
+    #: (`split_environment`); None where there are no limits to protect.
+    env_program: str | None = None
+    #: `PINGO_ACTION_MAX_MEMORY`, which also sizes the sandbox's in-memory `/tmp` and
+    #: `/dev/shm` (`_base_args`); None: unbounded.
+    memory: int | None = None
     #: Users' directories, covered like `hidden_dirs` but not Pingo's own: an
     #: unmanaged output may land there (`PINGO_UNMANAGED_ROOTS`, `_private_roots`).
     private_dirs: tuple[str, ...] = ()
@@ -227,6 +249,7 @@ class Sandbox:
         inputs: Iterable[str],
         status_fd: int | None = None,
         args_fd: int | None = None,
+        loader_env: Mapping[str, str] | None = None,
     ) -> list[str]:
         """The bwrap command line running `command` for one attempt.
 
@@ -237,12 +260,14 @@ class Sandbox:
         With `status_fd`, bwrap writes its status there as JSON, the command's
         exit code the moment it exits (the command itself does not get the fd).
         With `args_fd`, bwrap reads more options from it (`env_arguments`: the
-        command's environment). argv[0] is `tag`, not the program: run it as `bwrap`.
+        command's environment). `loader_env` (`split_environment`) is given to the
+        command by `env`, once the limits are set. argv[0] is `tag`, not the program:
+        run it as `bwrap`.
 
         Raises `errors.Forbidden` for an input that resolves into Pingo's own
         files other than the data root's datasets (a link swapped in since planning).
         """
-        args = [self.tag, *_base_args(network=self.network)]
+        args = [self.tag, *_base_args(network=self.network, memory=self.memory)]
         if args_fd is not None:
             args += ["--args", str(args_fd)]
         if status_fd is not None:
@@ -274,7 +299,35 @@ class Sandbox:
         # directory must not become a scratch space that passes for the real one.
         for path in (*self.hidden_dirs, *self.private_dirs):
             args += ["--remount-ro", path]
-        return [*args, "--", *self.limits, *command]
+        return [*args, "--", *self.limits, *self._with_loader_env(command, loader_env)]
+
+    def _with_loader_env(
+        self, command: list[str], loader_env: Mapping[str, str] | None
+    ) -> list[str]:
+        """`command` run by `env` with `loader_env` (none: as it is)."""
+        if not loader_env:
+            return command
+        assert self.env_program is not None, "loader variables split without limits"
+        assignments = [f"{key}={value}" for key, value in loader_env.items()]
+        if "=" in command[0]:
+            # `env` would take the program itself for one more assignment.
+            command = ["sh", "-c", 'exec "$0" "$@"', *command]
+        return [self.env_program, "--", *assignments, *command]
+
+    def split_environment(self, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """`env` as what bwrap may set for the whole sandbox, and the loader's variables
+        (`LOADER_VARIABLES`), which only the command may get: given to `prlimit` and
+        `choom`, an `LD_PRELOAD` ran the user's code before the limits existed (a red-team
+        review switched them all off so, and got the server OOM-killed). Nothing is split
+        without limits (`env_program` None)."""
+        if self.env_program is None:
+            return dict(env), {}
+        early: dict[str, str] = {}
+        late: dict[str, str] = {}
+        for key, value in env.items():
+            loader = key in LOADER_VARIABLES or key.startswith(LOADER_PREFIXES)
+            (late if loader else early)[key] = value
+        return early, late
 
     def hides(self, path: str) -> bool:
         """Whether `path`, links resolved, is Pingo's own: in a hidden directory or a
@@ -589,13 +642,18 @@ def from_settings(settings: Settings) -> Sandbox | None:
     data_root = _local_path(settings.data_root)
     if data_root is not None:
         data_root = os.path.realpath(data_root)
+    limits = limits_prefix(settings)
+    if limits:
+        _check_process_budget(settings)
     return Sandbox(
         bwrap,
         network,
         dirs,
         files,
         data_root=data_root,
-        limits=limits_prefix(settings),
+        limits=limits,
+        env_program=shutil.which("env") if limits else None,
+        memory=settings.action_max_memory,
         private_dirs=_private_roots(settings, dirs),
     )
 
@@ -606,13 +664,14 @@ def limits_prefix(settings: Settings) -> tuple[str, ...]:
     `prlimit` sets each limit as soft and hard (an action cannot raise it back), then
     `choom` sets `OOM_SCORE_ADJ`, which a process may raise but not lower: every
     process the action starts inherits both. Empty, with a warning, where util-linux's
-    `prlimit` or `choom` is missing: actions then run without them.
+    `prlimit` or `choom`, or `env` (which gives the command the loader's variables after
+    them, `split_environment`), is missing: actions then run without them.
     """
     prlimit, choom = shutil.which("prlimit"), shutil.which("choom")
-    if prlimit is None or choom is None:
+    if prlimit is None or choom is None or shutil.which("env") is None:
         logger.warning(
-            "util-linux's prlimit and choom are not both on PATH: sandboxed actions run"
-            " without PINGO_ACTION_MAX_* limits, and the OOM killer may pick the server"
+            "util-linux's prlimit and choom, and env, are not all on PATH: sandboxed actions"
+            " run without PINGO_ACTION_MAX_* limits, and the OOM killer may pick the server"
             " before them (install util-linux)",
             extra={"event": "sandbox_limits_unavailable"},
         )
@@ -628,6 +687,32 @@ def limits_prefix(settings: Settings) -> tuple[str, ...]:
     ]
     oom = (choom, "-n", str(OOM_SCORE_ADJ), "--")
     return (prlimit, *limits, "--", *oom) if limits else oom
+
+
+#: Processes and threads the server keeps for itself beside its actions' budgets.
+SERVER_PROCESSES = 256
+
+
+def _check_process_budget(settings: Settings) -> None:
+    """Warn when the server's own RLIMIT_NPROC, which the kernel also holds every
+    sandbox of its user to, is below what full slots of fork bombs would use."""
+    per_action = settings.action_max_processes
+    if per_action is None or os.geteuid() == 0:  # root is held to no process limit
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    needed = settings.local_slots * per_action + SERVER_PROCESSES
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logger.warning(
+            "this server's user may run %d processes (RLIMIT_NPROC), which its actions"
+            " share with it: %d slots of PINGO_ACTION_MAX_PROCESSES=%d could take them all"
+            " and keep other users' actions from starting; raise the limit to %d or more,"
+            " or lower PINGO_ACTION_MAX_PROCESSES (docs/limits.md)",
+            soft,
+            settings.local_slots,
+            per_action,
+            needed,
+            extra={"event": "sandbox_process_budget"},
+        )
 
 
 def _open_mongo_store(store_url: str) -> bool:
