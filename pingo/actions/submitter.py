@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pingo import errors, loops, metrics, states
@@ -29,7 +29,7 @@ from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Claimed, InputPaths, Scraper
 from pingo.callbacks import tokens
 from pingo.config import Settings
-from pingo.store.protocol import ActionChanges, ActionRecord, Store, UserRecord
+from pingo.store.protocol import KEEP, ActionChanges, ActionRecord, Store, UserRecord
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,24 @@ class Submitter(loops.Loop):
                     # The executor refused because the node is shutting down:
                     # not the action's fault, so the attempt does not count.
                     await give_back_submitted(self.store, self.node_id, record)
+                    self.held.remove(action.key, claim=claim)
+                    return
+                if isinstance(exc, BlockingIOError):
+                    # EAGAIN from the spawn: the machine, or the server's user, is out of
+                    # processes for now (say other users' fork bombs at their limits).
+                    # Not this action's fault: it waits, its attempt uncounted.
+                    delay = timedelta(seconds=self.settings.retry_backoff_s)
+                    logger.warning(
+                        "submitting %s/%s deferred %g s: %s",
+                        record.workflow_id,
+                        record.action_id,
+                        delay.total_seconds(),
+                        exc,
+                        extra={"event": "submit_deferred", "workflow_id": record.workflow_id},
+                    )
+                    await give_back_submitted(
+                        self.store, self.node_id, record, not_before=self.store.clock() + delay
+                    )
                     self.held.remove(action.key, claim=claim)
                     return
                 logger.warning(
@@ -364,8 +382,11 @@ async def hand_back(store: Store, node_id: str, held: HeldActions, action: Actio
         )
 
 
-async def give_back_submitted(store: Store, node_id: str, action: ActionRecord) -> None:
-    """Undo a submission the executor refused while the node stops: READY, attempt uncounted."""
+async def give_back_submitted(
+    store: Store, node_id: str, action: ActionRecord, *, not_before: datetime | None = None
+) -> None:
+    """Undo a submission the executor refused through no fault of the action (the node
+    stops, no process could start): READY (from `not_before`), attempt uncounted."""
     states.ensure_transition(A.SUBMITTED, A.READY, states.Trigger.SUBMITTER)
     await store.transition_action(
         action.workflow_id,
@@ -378,6 +399,7 @@ async def give_back_submitted(store: Store, node_id: str, action: ActionRecord) 
             lease_expires_at=None,
             started_at=None,
             external_id=None,
+            not_before=KEEP if not_before is None else not_before,
         ),
         if_owner=node_id,
         if_attempt=action.attempts,

@@ -368,3 +368,44 @@ def test_claim_ahead_is_read_from_the_environment_and_checked(tmp_path: Path) ->
     for bad in ("-1", "inf", "nan", "soon"):
         with pytest.raises(errors.ConfigurationError, match="PINGO_CLAIM_AHEAD_S"):
             Settings.from_env({**home, "PINGO_CLAIM_AHEAD_S": bad})
+
+
+class _OutOfProcesses(NoopExecutor):
+    """The spawn's EAGAIN (the server's user out of processes), which cannot be made
+    here on purpose without starving the machine (tests/integration/test_sandbox.py
+    reaches the process limits themselves)."""
+
+    async def submit(self, submission: Any) -> str:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+
+async def test_a_spawn_out_of_processes_defers_the_action_without_spending_an_attempt(
+    store: protocol.Store, tmp_path: Path, clock: Clock
+) -> None:
+    """A red-team review's fork bombs, each within its own limit, used up the server
+    user's processes: another user's action failed its three attempts in three seconds."""
+    settings = settings_for(tmp_path, retry_backoff_s=5.0)
+    workflow = await submit(store, settings, independent(1))
+    scraper, queue, held = make_scraper(store, settings)
+    await scraper.run_once()
+    storage = DatasetStorage(str(settings.home / "data"))
+    callbacks = OutcomeService(store, storage, settings)
+    submitter = Submitter(
+        0,
+        store=store,
+        settings=settings,
+        queue=queue,
+        scraper=scraper,
+        held=held,
+        executors={"command-line": _OutOfProcesses(callbacks)},
+        staging_path=storage.staging_path,
+        submit_failed=callbacks.submit_failed,
+        secret=b"s" * 32,
+    )
+    assert await submitter.run_once()
+    action = await store.get_action(workflow.id, 1)
+    assert action is not None
+    assert (action.state, action.attempts, action.owner) == (A.READY, 0, None)
+    assert action.not_before == clock.now + timedelta(seconds=5)
+    assert action.key not in held
+    assert await scraper.run_once() is False and queue.empty()  # not before its time
