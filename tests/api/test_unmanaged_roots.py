@@ -116,6 +116,22 @@ async def test_a_user_may_not_land_an_output_in_another_users_directory(
     assert alices.read_text() == "out\n"
 
 
+async def test_an_output_may_not_be_a_users_directory_itself(
+    users_api: Api, tmp_path: Path
+) -> None:
+    """The server makes and removes `<path>.box` and `<path>.collecting` beside an output:
+    for `<root>/bob` that is user `bob.box`'s directory (a red-team review removed one)."""
+    api = users_api
+    await api.add_user("bob.box")
+    kept = tmp_path / "shared" / "bob.box" / "keep.txt"
+    done = await api.wait((await api.submit(_unmanaged(str(kept)), user="bob.box"))["id"])
+    assert done["state"] == "SUCCEEDED" and kept.read_text() == "out\n"
+    for path in (tmp_path / "shared" / "bob", f"{tmp_path / 'shared' / 'bob'}/"):
+        status, text = await _status(api, "/api/v1/workflows", "bob", _unmanaged(str(path)))
+        assert status == 403 and "own directory" in text, (path, text)
+    assert kept.read_text() == "out\n"
+
+
 def test_a_root_may_not_be_the_whole_machine() -> None:
     """Every sandbox covers each root: a root of / would leave actions nothing to run."""
     with pytest.raises(errors.ConfigurationError, match="may not hold /"):

@@ -390,13 +390,19 @@ UNMANAGED_ROOTS_DETAIL = (
 
 def unmanaged_root_refusal(path: str, roots: tuple[str, ...], user: str) -> str | None:
     """Why `user` (no admin) may not have an unmanaged output land at `path`: a local one
-    (links resolved) outside `<root>/<user>` for every one of `roots`. Each user has their
-    own directory there: another user's output, moved in with the server's rights, must
-    not replace theirs, nor what their managed actions read from it. A remote one is the
-    job's to write."""
+    (links resolved) not strictly below `<root>/<user>` for any one of `roots`. Each user
+    has their own directory there: another user's output, moved in with the server's
+    rights, must not replace theirs, nor what their managed actions read from it. Not the
+    directory itself: the server makes and removes `<path>.box` and `<path>.collecting`
+    beside an output, which for `<root>/<user>` would be other users' directories (a
+    red-team review's `mallory` removed `mallory.box`'s). A remote one is the job's to
+    write."""
     local = _local_path(path)
     own = [os.path.join(os.path.realpath(root), user) for root in roots]
-    if local is None or _within(os.path.realpath(local), own):
+    if local is None:
+        return None
+    real = os.path.realpath(local)
+    if _within(real, own) and real not in own:
         return None
     shown = ":".join(os.path.join(root, user) for root in roots)
     return UNMANAGED_ROOTS_DETAIL.format(path=path, roots=shown or "none")
