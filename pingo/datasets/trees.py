@@ -67,17 +67,30 @@ def entries(top: str, max_depth: int | None = None) -> Iterator[tuple[str, os.st
 
 def check(top: str, max_depth: int = MAX_DEPTH) -> None:
     """Raise UnstorableOutput when the tree or file at `top` nests deeper than
-    `max_depth` or holds more than `MAX_HOLE_BYTES` of holes (what `copy_fresh` refuses,
-    for an output stored as it is). Walked by path: only for a tree nobody else can
-    change meanwhile."""
+    `max_depth`, holds more than `MAX_HOLE_BYTES` of holes or a file of several names
+    (what `copy_fresh` refuses, for an output stored as it is). Walked by path: only for
+    a tree nobody else can change meanwhile."""
     limits = _Limits(max_depth, links=True)
     st = os.lstat(top)
     if stat.S_ISREG(st.st_mode):
+        _single_name(top, st)
         limits.add_holes(_holes(top))
     elif stat.S_ISDIR(st.st_mode):
         for path, entry in entries(top, max_depth):
             if stat.S_ISREG(entry.st_mode):
+                _single_name(path, entry)
                 limits.add_holes(_holes(path))
+
+
+def _single_name(path: str, st: os.stat_result) -> None:
+    """Refuse a file of several names (hard links): stored, size and digest count each
+    name as a file of its own (a red-team review's 3,000 names of one 1 MiB file were
+    3 GB of the storage budget, and as many bytes to hash)."""
+    if st.st_nlink > 1:
+        raise UnstorableOutput(
+            f"it holds a file with {st.st_nlink} names (hard links, {path}): the server"
+            " would store and count each name as a file of its own"
+        )
 
 
 def _holes(path: str) -> int:
@@ -110,7 +123,8 @@ def copy_fresh(source: str, target: str, max_depth: int = MAX_DEPTH, *, links: b
     review had `$PINGO_HOME` copied that way).
 
     Raises UnstorableOutput for a tree deeper than `max_depth`, too sparse
-    (`MAX_HOLE_BYTES`) or holding a link when not `links`; OSError for what the
+    (`MAX_HOLE_BYTES`), holding a file of several names (hard links) or a link when not
+    `links`; OSError for what the
     filesystem refuses (a directory swapped for a link, a full disk). What was copied is
     removed then.
     """
@@ -256,6 +270,7 @@ def _copy_file(
         if not stat.S_ISREG(st.st_mode):  # swapped since it was listed
             _special(target)
             return
+        _single_name(source, st)
         dst = os.open(target, _NEW_FILE, 0o600, dir_fd=target_dir)
         try:
             data = 0

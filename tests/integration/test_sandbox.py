@@ -1035,6 +1035,17 @@ def test_an_action_past_its_file_size_limit_fails(
     assert (limited.home / "logs").is_dir()
 
 
+def test_an_output_holding_hard_links_fails_its_attempt(server: Server, bob: Client) -> None:
+    """A red-team review stored 3,000 names of one 1 MiB file: 3 GB on disk, in the
+    budget and to hash, from a 1 MiB write."""
+    script = 'mkdir "$PINGO_OUTPUT" && echo x > "$PINGO_OUTPUT/a" && ln "$PINGO_OUTPUT/a" "$PINGO_OUTPUT/b"'
+    document = _workflow(_sh(script))
+    document["actions"][0]["maxAttempts"] = 1
+    workflow = _run(bob, document)
+    assert workflow["state"] == "FAILED"
+    assert "hard links" in (workflow["actions"][0]["error"] or "")
+
+
 def test_the_loaders_variables_reach_the_command_not_the_limits_before_it(
     server: Server, alice: Client
 ) -> None:

@@ -191,3 +191,25 @@ def test_a_copy_that_may_not_hold_links_refuses_one(tmp_path: Path) -> None:
     with pytest.raises(trees.UnstorableOutput, match=r"symbolic link \(sub/link\)"):
         trees.copy_fresh(str(source), str(tmp_path / "copy"), links=False)
     assert not (tmp_path / "copy").exists()
+
+
+def test_an_output_holding_hard_links_is_refused(tmp_path: Path) -> None:
+    """Each name would be stored and counted as a file of its own: 3,000 names of one
+    1 MiB file were 3 GB on disk and in the storage budget (a red-team review)."""
+    source = tmp_path / "out"
+    source.mkdir()
+    (source / "one").write_bytes(b"x" * 1024)
+    for i in range(3):
+        os.link(source / "one", source / f"name{i}")
+    with pytest.raises(trees.UnstorableOutput, match="hard links"):
+        trees.copy_fresh(str(source), str(tmp_path / "copy"))
+    assert not (tmp_path / "copy").exists()
+    with pytest.raises(trees.UnstorableOutput, match="hard links"):
+        trees.check(str(source))
+    with pytest.raises(trees.UnstorableOutput, match="hard links"):
+        trees.check(str(source / "one"))
+    for i in range(3):
+        (source / f"name{i}").unlink()
+    trees.check(str(source))
+    trees.copy_fresh(str(source), str(tmp_path / "copy"))
+    assert (tmp_path / "copy" / "one").read_bytes() == b"x" * 1024
