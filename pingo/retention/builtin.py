@@ -591,9 +591,8 @@ class Lineage:
                     if aid in shares and not workflow.is_leaf(aid) and shares[aid] >= self.min_share
                 }
             )
-            likely = self.likely_read_bytes()
-            tight = self.room is not None and self.room < likely
-            self._tight = (self.room, likely) if tight and self.room is not None else None
+            room, likely = self.room, self.likely_read_bytes()
+            self._tight = (room, likely) if room is not None and room < likely else None
 
     def read_rate(self, candidate: Candidate) -> float:
         """Expected reads per submission: how often its workflow comes, times its read share.

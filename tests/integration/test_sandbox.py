@@ -1038,7 +1038,7 @@ def test_an_action_past_its_file_size_limit_fails(
 def test_an_output_holding_hard_links_fails_its_attempt(server: Server, bob: Client) -> None:
     """A red-team review stored 3,000 names of one 1 MiB file: 3 GB on disk, in the
     budget and to hash, from a 1 MiB write."""
-    script = 'mkdir "$PINGO_OUTPUT" && echo x > "$PINGO_OUTPUT/a" && ln "$PINGO_OUTPUT/a" "$PINGO_OUTPUT/b"'
+    script = 'mkdir "$PINGO_OUTPUT" && cd "$PINGO_OUTPUT" && echo x > a && ln a b'
     document = _workflow(_sh(script))
     document["actions"][0]["maxAttempts"] = 1
     workflow = _run(bob, document)
