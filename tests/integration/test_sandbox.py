@@ -878,6 +878,13 @@ MAX_PROCESSES = 64
 MAX_MEMORY_MIB = 256
 
 
+#: The action limits are set by util-linux's prlimit and choom (`sandbox.limits_prefix`).
+needs_util_linux = pytest.mark.skipif(
+    shutil.which("prlimit") is None or shutil.which("choom") is None,
+    reason="the action limits need prlimit and choom (Debian package util-linux)",
+)
+
+
 def _as_unprivileged() -> list[str]:
     """The prefix that runs a server as an unprivileged user: none when the suite is not
     root; under root (CI), `setpriv` to nobody, whom the kernel holds to RLIMIT_NPROC."""
@@ -899,6 +906,8 @@ def _as_unprivileged() -> list[str]:
 def limited() -> Iterator[Server]:
     """A server run as an unprivileged user (its home in /var/tmp, which nobody may
     enter), with small action limits."""
+    if shutil.which("prlimit") is None or shutil.which("choom") is None:
+        pytest.skip("the action limits need prlimit and choom (Debian package util-linux)")
     prefix = _as_unprivileged()
     top = Path(tempfile.mkdtemp(prefix="pingo-limits-", dir="/var/tmp"))
     if prefix:
@@ -1071,6 +1080,7 @@ def test_the_loaders_variables_reach_the_command_not_the_limits_before_it(
     assert _dataset_path(server, seen, 1).read_text() == " /x p\n"
 
 
+@needs_util_linux
 def test_the_oom_killer_takes_an_action_before_the_server(server: Server, alice: Client) -> None:
     workflow = _run(alice, _workflow(_sh("cat /proc/self/oom_score_adj > $PINGO_OUTPUT")))
     assert _dataset_path(server, workflow, 1).read_text() == f"{sandbox.OOM_SCORE_ADJ}\n"
