@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pingo import errors, metrics
-from pingo.store.protocol import EventRecord, Store, WorkflowRecord
+from pingo.store.protocol import ActionRecord, DatasetRecord, EventRecord, Store, WorkflowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,33 @@ async def record_end(store: Store, workflow: WorkflowRecord) -> None:
         owner=workflow.owner,
         workflow_id=workflow.id,
         payload={"name": workflow.name, "state": workflow.state.value, "error": workflow.error},
+    )
+
+
+async def record_stored(
+    store: Store,
+    *,
+    owner: str,
+    workflow_id: str,
+    workflow_name: str,
+    action: ActionRecord,
+    dataset: DatasetRecord,
+) -> None:
+    """Append `dataset.stored` to `owner`'s feed: their `action` has `dataset` on disk
+    (what data triggers follow, `pingo.schedules.service`)."""
+    await record(
+        store,
+        DATASET_STORED,
+        owner=owner,
+        workflow_id=workflow_id,
+        dataset_id=dataset.id,
+        payload={
+            "workflowName": workflow_name,
+            "actionId": action.action_id,
+            "actionName": action.name,
+            "state": dataset.state.value,
+            "sizeBytes": dataset.size_bytes,
+        },
     )
 
 

@@ -673,19 +673,13 @@ class OutcomeService:
         if known is None:
             return
         owner, workflow_name = known
-        await events.record(
+        await events.record_stored(
             self.store,
-            events.DATASET_STORED,
             owner=owner,
             workflow_id=action.workflow_id,
-            dataset_id=dataset.id,
-            payload={
-                "workflowName": workflow_name,
-                "actionId": action.action_id,
-                "actionName": action.name,
-                "state": dataset.state.value,
-                "sizeBytes": dataset.size_bytes,
-            },
+            workflow_name=workflow_name,
+            action=action,
+            dataset=dataset,
         )
 
     async def _computed_for_another(

@@ -484,7 +484,43 @@ class WorkflowManager:
         )
         if tally.reused:
             await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
+            if self.feed:
+                await self._reused_from_others(record, plan.actions, records)
         return record, plan, tally, persisted.shared
+
+    async def _reused_from_others(
+        self,
+        record: protocol.WorkflowRecord,
+        actions: Sequence[protocol.ActionRecord],
+        records: Mapping[str, protocol.DatasetRecord],
+    ) -> None:
+        """Tell the owner's feed of each dataset their actions reused from another user's
+        computation, the first time it reaches them (`dataset.stored`, as their own store
+        would have): otherwise whoever ran the owner's command first would keep the
+        owner's data triggers quiet. Their own datasets told them when they were stored."""
+        owners: dict[str, str | None] = {}
+        for action in actions:
+            dataset = records.get(action.dataset_id) if action.reason == "reused" else None
+            if dataset is None:
+                continue
+            producer = dataset.producer_workflow_id
+            if producer not in owners:
+                found = await self.store.get_workflow(producer)
+                owners[producer] = None if found is None else found.owner
+            if owners[producer] == record.owner:
+                continue
+            told = await self.store.list_events(
+                kind=events.DATASET_STORED, owner=record.owner, dataset_id=dataset.id, limit=1
+            )
+            if not told:
+                await events.record_stored(
+                    self.store,
+                    owner=record.owner,
+                    workflow_id=record.id,
+                    workflow_name=record.name,
+                    action=action,
+                    dataset=dataset,
+                )
 
     async def _announce(
         self,

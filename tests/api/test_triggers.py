@@ -98,6 +98,36 @@ async def test_a_computation_shared_with_another_users_run_fires_the_owners_sche
     assert len(await runs(api, schedule["id"], user="alice")) == 2
 
 
+async def test_a_first_reuse_of_another_users_dataset_fires_the_owners_schedule_once(
+    users_api: Api,
+) -> None:
+    """Bob ran Alice's command to its end before her run: her action reuses his dataset.
+    New to her, it fires her trigger, once; her later reuses of it do not."""
+    api = users_api
+    command = {1: ["sh", "-c", 'echo "$1" > "$PINGO_OUTPUT"', "x", str(time.time())]}
+    bobs = await api.submit(command_workflow(command, name="anything"), user="bob")
+    assert (await api.wait(bobs["id"]))["state"] == "SUCCEEDED"
+    schedule = await create(api, on_stored("daily", "step1", "reused"), user="alice")
+    for _ in range(2):
+        alices = await api.submit(command_workflow(command, name="daily"), user="alice")
+        assert alices["actions"][0]["reuse"] == "reused"
+        assert (await api.wait(alices["id"]))["state"] == "SUCCEEDED"
+    [run] = await wait_runs(api, schedule["id"], 1)
+    assert (await api.workflow(run["workflowId"]))["owner"] == "alice"
+    await asyncio.sleep(1.5)
+    assert len(await runs(api, schedule["id"], user="alice")) == 1
+    # Her own dataset, reused by her again, told her when it was stored: no firing.
+    mine = {1: ["sh", "-c", 'echo "$1" > "$PINGO_OUTPUT"', "y", str(time.time())]}
+    for _ in range(2):
+        done = await api.wait(
+            (await api.submit(command_workflow(mine, name="daily"), user="alice"))["id"]
+        )
+        assert done["state"] == "SUCCEEDED"
+    await wait_runs(api, schedule["id"], 2)
+    await asyncio.sleep(1.5)
+    assert len(await runs(api, schedule["id"], user="alice")) == 2
+
+
 async def test_a_path_under_the_data_root_fires_when_it_appears(users_api: Api) -> None:
     api = users_api
     root = Path(api.node.settings.data_root)
