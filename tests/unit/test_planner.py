@@ -555,10 +555,12 @@ async def test_fully_reused_resubmission_of_1000_actions_makes_no_per_action_rou
     assert counting.calls.count("get_datasets") == 1
     assert counting.calls.count("persist_plan") == 1
     assert counting.calls.count("record_dataset_use") == len(reused)
+    # Who produced them, once per producing workflow (all hers: no feed event for them).
+    assert counting.calls.count("get_workflow") == 1
     # The owner's feed: one event for the submission, one for its end (it ended at once).
     assert counting.calls.count("append_event") == 2
     # How fast it is is measured in bench (`resubmit_reused_ms`), not asserted here.
-    assert len(counting.calls) == 2 + len(reused) + 2
+    assert len(counting.calls) == 2 + len(reused) + 1 + 2
 
 
 def _action(**overrides: Any) -> ActionDefinition:
