@@ -61,20 +61,48 @@ def record_completion(staging: str, runtime_s: float) -> None:
 
 
 def open_own(path: str) -> int:
-    """Create or truncate `path` for writing (mode 0600), never through a link.
+    """Create or truncate `path` for writing (mode 0600): a regular file, never through
+    a link, never blocking.
 
     Beside an unmanaged output the path is the user's: a link planted there would make
-    the server truncate whatever it named. One found there is removed, and the file
-    created anew (`O_EXCL`: a link planted again meanwhile fails it).
+    the server truncate whatever it named, and a FIFO would hold the server's thread in
+    `open` until someone reads it (a red-team review stopped dispatch so). Anything but
+    a regular file found there is removed, and the file created anew (`O_EXCL`: one
+    planted again meanwhile fails it).
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        return os.open(path, flags, 0o600)
+        fd = os.open(path, flags, 0o600)
     except OSError as exc:
-        if exc.errno != errno.ELOOP:
+        # ELOOP: a link; ENXIO: a FIFO nobody reads.
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):
             raise
+    else:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+            return fd
+        os.close(fd)  # a FIFO someone reads, a device
     os.unlink(path)
-    return os.open(path, flags | os.O_EXCL, 0o600)
+    fd = os.open(path, flags | os.O_EXCL, 0o600)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _read_own(path: str, size: int) -> str:
+    """Up to `size` characters of the regular file at `path`, never through a link nor
+    blocking: FileNotFoundError for anything else (a FIFO planted beside a user's path
+    would hold the reading thread, `open_own`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileNotFoundError(path) from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(path)
+        return f.read(size).decode(errors="replace")
 
 
 def forget_completion(staging: str) -> None:
@@ -88,8 +116,7 @@ def read_completion(staging: str) -> Completion | None:
     """What says the attempt writing `staging` completed: the node's note, else an exit
     status of 0 from the sandbox; None when neither does (it failed, or nobody knows)."""
     try:
-        with open(staging + COMPLETED_SUFFIX) as f:
-            text = f.read(64)
+        text = _read_own(staging + COMPLETED_SUFFIX, 64)
     except FileNotFoundError:
         return _sandbox_completion(staging)
     try:
@@ -100,8 +127,7 @@ def read_completion(staging: str) -> Completion | None:
 
 def _sandbox_completion(staging: str) -> Completion | None:
     try:
-        with open(staging + EXIT_STATUS_SUFFIX) as f:
-            text = f.read(4096)
+        text = _read_own(staging + EXIT_STATUS_SUFFIX, 4096)
     except FileNotFoundError:
         return None
     # One JSON document a line; the exit code comes last, once the command exited.

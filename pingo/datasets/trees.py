@@ -68,7 +68,8 @@ def entries(top: str, max_depth: int | None = None) -> Iterator[tuple[str, os.st
 def check(top: str, max_depth: int = MAX_DEPTH) -> None:
     """Raise UnstorableOutput when the tree or file at `top` nests deeper than
     `max_depth`, holds more than `MAX_HOLE_BYTES` of holes or a file of several names
-    (what `copy_fresh` refuses, for an output stored as it is). Walked by path: only for
+    (what `copy_fresh` refuses, for an output stored as it is), or is or holds a FIFO,
+    socket or device (which `copy_fresh` leaves out). Walked by path: only for
     a tree nobody else can change meanwhile."""
     limits = _Limits(max_depth, links=True)
     st = os.lstat(top)
@@ -80,6 +81,17 @@ def check(top: str, max_depth: int = MAX_DEPTH) -> None:
             if stat.S_ISREG(entry.st_mode):
                 _single_name(path, entry)
                 limits.add_holes(_holes(path))
+            elif not stat.S_ISDIR(entry.st_mode) and not stat.S_ISLNK(entry.st_mode):
+                _no_special(path)
+    elif not stat.S_ISLNK(st.st_mode):
+        _no_special(top)
+
+
+def _no_special(path: str) -> None:
+    """Refuse a FIFO, socket or device in an output stored as it is (`copy_fresh` leaves
+    them out): moved beside a user's path, a FIFO held the server's thread that opened
+    it (a red-team review named one `<path>.exit`, the server's exit status file)."""
+    raise UnstorableOutput(f"it is or holds a FIFO, socket or device ({path})")
 
 
 def _single_name(path: str, st: os.stat_result) -> None:

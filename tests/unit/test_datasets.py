@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from pingo import errors, states
 from pingo.config import Settings
+from pingo.datasets import storage as dataset_storage
 from pingo.datasets.service import DatasetService
 from pingo.datasets.storage import DatasetStorage
 from pingo.outcomes.service import OutcomeService
@@ -197,3 +200,20 @@ async def test_storage_summary(
         "bytesByState": {"STORED": 2, "LEAF": 3, "STORED_TO_DELETE": 1},
         "capacityBytes": 100,
     }
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_beside_an_output_never_holds_the_server(tmp_path: Path) -> None:
+    """A red-team review planted FIFOs where the server opens `<output>.exit`: each held
+    a server thread in `open` until someone read it, and five stopped dispatch."""
+    staging = str(tmp_path / "out")
+    for suffix in (dataset_storage.EXIT_STATUS_SUFFIX, dataset_storage.COMPLETED_SUFFIX):
+        os.mkfifo(staging + suffix)
+    assert dataset_storage.read_completion(staging) is None  # read as absent, not waited on
+    fd = dataset_storage.open_own(staging + dataset_storage.EXIT_STATUS_SUFFIX)
+    try:
+        assert stat.S_ISREG(os.fstat(fd).st_mode)
+        os.write(fd, b"{}\n")
+    finally:
+        os.close(fd)
+    assert (tmp_path / ("out" + dataset_storage.EXIT_STATUS_SUFFIX)).read_bytes() == b"{}\n"

@@ -463,13 +463,15 @@ def test_a_box_is_made_afresh_and_a_link_at_its_place_is_removed(tmp_path: Path)
 @pytest.mark.parametrize("fresh", [True, False])
 def test_collecting_a_box_copies_it_into_new_files_when_asked(tmp_path: Path, fresh: bool) -> None:
     """Fresh: new inodes (a descriptor the action handed out reaches none of them), links
-    kept as links, a FIFO left out (copying it would wait for a writer); else a rename."""
+    kept as links, a FIFO left out (copying it would wait for a writer); else a rename,
+    of an output without FIFOs (`test_a_renamed_output_may_hold_no_fifo`)."""
     output = str(tmp_path / "out")
     written = Path(sandbox.make_box(output)) / "out"
     (written / "part").mkdir(parents=True)
     (written / "part" / "data").write_text("rows\n")
     os.symlink("/etc/passwd", written / "link")
-    os.mkfifo(written / "fifo")
+    if fresh:
+        os.mkfifo(written / "fifo")
     held = os.open(written / "part" / "data", os.O_RDWR)
     try:
         before = os.fstat(held).st_ino
@@ -486,6 +488,18 @@ def test_collecting_a_box_copies_it_into_new_files_when_asked(tmp_path: Path, fr
         assert not (stored / "fifo").exists()
     else:
         assert data.read_text() == "EVIL\n" and data.stat().st_ino == before
+
+
+def test_a_renamed_output_may_hold_no_fifo(tmp_path: Path) -> None:
+    """Stored as it is beside a user's path, a FIFO named `<path>.exit` held the server's
+    thread that opened it (a red-team review): refused, and nothing is left."""
+    output = str(tmp_path / "out")
+    written = Path(sandbox.make_box(output)) / "out"
+    written.mkdir()
+    os.mkfifo(written / "v.exit")
+    with pytest.raises(trees.UnstorableOutput, match="FIFO"):
+        sandbox.collect(output, fresh=False)
+    assert not os.path.lexists(output) and not os.path.lexists(sandbox.box_for(output))
 
 
 @pytest.mark.parametrize("fresh", [True, False])

@@ -213,3 +213,15 @@ def test_an_output_holding_hard_links_is_refused(tmp_path: Path) -> None:
     trees.check(str(source))
     trees.copy_fresh(str(source), str(tmp_path / "copy"))
     assert (tmp_path / "copy" / "one").read_bytes() == b"x" * 1024
+
+
+def test_an_output_stored_as_it_is_may_not_be_or_hold_a_fifo(tmp_path: Path) -> None:
+    """Renamed beside a user's path as `<path>.exit`, a FIFO held the server's thread
+    that opened it (a red-team review); `copy_fresh` leaves such files out."""
+    source = tmp_path / "out"
+    source.mkdir()
+    os.mkfifo(source / "pipe")
+    with pytest.raises(trees.UnstorableOutput, match="FIFO"):
+        trees.check(str(source))
+    with pytest.raises(trees.UnstorableOutput, match="FIFO"):
+        trees.check(str(source / "pipe"))
