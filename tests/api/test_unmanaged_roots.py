@@ -132,6 +132,22 @@ async def test_an_output_may_not_be_a_users_directory_itself(
     assert kept.read_text() == "out\n"
 
 
+async def test_an_output_may_not_lie_in_a_directory_the_server_makes_beside_one(
+    users_api: Api, tmp_path: Path
+) -> None:
+    """A box is bound writable into its running action: an output inside one got its own
+    box made there, which that action swapped for a link to `$PINGO_HOME`, and bwrap
+    mounted the home writable into the second action (a red-team review)."""
+    api = users_api
+    own = tmp_path / "shared" / "bob"
+    for inside in ("aT.box/b", "aT.collecting/b", "x/aT.box/deeper/b"):
+        status, text = await _status(api, "/api/v1/workflows", "bob", _unmanaged(str(own / inside)))
+        assert status == 403 and "own directory" in text, (inside, text)
+    # A name that merely contains the suffix is fine, and so is a user's name ending in it.
+    done = await api.wait((await api.submit(_unmanaged(str(own / "a.boxes")), user="bob"))["id"])
+    assert done["state"] == "SUCCEEDED"
+
+
 def test_a_root_may_not_be_the_whole_machine() -> None:
     """Every sandbox covers each root: a root of / would leave actions nothing to run."""
     with pytest.raises(errors.ConfigurationError, match="may not hold /"):

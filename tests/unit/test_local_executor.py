@@ -536,3 +536,15 @@ def test_an_output_that_may_hold_no_link_is_refused_as_one(tmp_path: Path, fresh
         with pytest.raises(trees.UnstorableOutput, match="symbolic link"):
             sandbox.collect(output, fresh=True, links=False)
         assert not os.path.lexists(output)
+
+
+def test_a_box_replaced_by_a_link_before_the_spawn_is_refused(tmp_path: Path) -> None:
+    """bwrap binds the box on the host, following a link: one swapped in after the box
+    was made would mount its target writable into the action (a red-team review)."""
+    output = str(tmp_path / "out")
+    box = sandbox.make_box(output)
+    sandbox.ensure_plain_box(output)
+    os.rmdir(box)
+    os.symlink(tmp_path, box)
+    with pytest.raises(errors.Forbidden, match="replaced by a link"):
+        sandbox.ensure_plain_box(output)

@@ -200,6 +200,8 @@ class LocalExecutor:
             try:
                 if self._closing:
                     raise ExecutorClosed()
+                if self.sandbox is not None and _is_local(submission.output_path):
+                    sandbox.ensure_plain_box(_local(submission.output_path))
                 proc = self._spawn(submission, argv, env, log, status, args)
             except BaseException:
                 self._slots.release()

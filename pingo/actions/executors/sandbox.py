@@ -388,6 +388,16 @@ UNMANAGED_ROOTS_DETAIL = (
 )
 
 
+def _in_server_directory(path: str) -> bool:
+    """Whether a component of `path` (relative, below a user's own directory, whose
+    name is theirs to choose) names one of the directories the server makes
+    beside an output (`<output>.box`, `<output>.collecting`). A box is bound writable
+    into its running action: an output inside one would have its own box made there,
+    where that action could swap it for a link, which bwrap then followed on the host
+    (a red-team review had `$PINGO_HOME` mounted writable into a sandbox so)."""
+    return any(part.endswith((BOX_SUFFIX, COLLECTING_SUFFIX)) for part in path.split(os.sep))
+
+
 def unmanaged_root_refusal(path: str, roots: tuple[str, ...], user: str) -> str | None:
     """Why `user` (no admin) may not have an unmanaged output land at `path`: a local one
     (links resolved) not strictly below `<root>/<user>` for any one of `roots`. Each user
@@ -395,15 +405,17 @@ def unmanaged_root_refusal(path: str, roots: tuple[str, ...], user: str) -> str 
     rights, must not replace theirs, nor what their managed actions read from it. Not the
     directory itself: the server makes and removes `<path>.box` and `<path>.collecting`
     beside an output, which for `<root>/<user>` would be other users' directories (a
-    red-team review's `mallory` removed `mallory.box`'s). A remote one is the job's to
-    write."""
+    red-team review's `mallory` removed `mallory.box`'s). Nor inside such a directory
+    (`_in_server_directory`). A remote one is the job's to write."""
     local = _local_path(path)
     own = [os.path.join(os.path.realpath(root), user) for root in roots]
     if local is None:
         return None
     real = os.path.realpath(local)
-    if _within(real, own) and real not in own:
-        return None
+    for directory in own:
+        below = os.path.relpath(real, directory)
+        if _within(real, (directory,)) and real != directory and not _in_server_directory(below):
+            return None
     shown = ":".join(os.path.join(root, user) for root in roots)
     return UNMANAGED_ROOTS_DETAIL.format(path=path, roots=shown or "none")
 
@@ -540,6 +552,15 @@ def _is_orphan(pid: int) -> bool:
     if not owner.isdigit():
         return False
     return str(_start_time(int(owner))).encode() != started
+
+
+def ensure_plain_box(output: str) -> None:
+    """Raise Forbidden when the box made for `output` is now a link: bwrap would follow
+    it on the host. Checked just before the spawn; that a box is never made where an
+    action could swap it is `unmanaged_root_refusal`'s rule (`_in_server_directory`)."""
+    box = box_for(output)
+    if os.path.islink(box):
+        raise errors.Forbidden(f"the output's box {box} was replaced by a link")
 
 
 def box_for(output: str) -> str:
