@@ -19,7 +19,7 @@ Inside, before the command, util-linux's `prlimit` sets the action's resource
 limits (`PINGO_ACTION_MAX_*`: processes, counted in the sandbox's own user
 namespace so that each action has its own budget; memory and file size per
 process) and `choom` makes the action's processes the kernel OOM killer's first
-choice over the server (`limits_prefix`). Those two never see the loader's
+choice over the server, as they start (`limits_prefix`). Those two never see the loader's
 variables (`LD_PRELOAD`, …): `env` gives them to the command after
 (`split_environment`).
 
@@ -689,7 +689,8 @@ def limits_prefix(settings: Settings) -> tuple[str, ...]:
     """The argv that runs a command under the action limits, inside its sandbox.
 
     `prlimit` sets each limit as soft and hard (an action cannot raise it back), then
-    `choom` sets `OOM_SCORE_ADJ`, which a process may raise but not lower: every
+    `choom` sets `OOM_SCORE_ADJ` (which the action may lower back to 0: the kernel sets
+    no floor without privilege, so it guards against honest actions only): every
     process the action starts inherits both. Empty, with a warning, where util-linux's
     `prlimit` or `choom`, or `env` (which gives the command the loader's variables after
     them, `split_environment`), is missing: actions then run without them.
