@@ -85,6 +85,34 @@ def make_scraper(
     return Scraper(store, settings, queue, held, capacities), queue, held
 
 
+def _storage(settings: Settings) -> DatasetStorage:
+    return DatasetStorage(str(settings.home / "data"))
+
+
+def make_submitter(
+    store: protocol.Store,
+    settings: Settings,
+    scraper: Scraper,
+    queue: ActionQueue,
+    held: HeldActions,
+    callbacks: OutcomeService,
+    executor: NoopExecutor,
+) -> Submitter:
+    """A submitter taking from `queue` into `executor`, reporting to `callbacks`."""
+    return Submitter(
+        0,
+        store=store,
+        settings=settings,
+        queue=queue,
+        scraper=scraper,
+        held=held,
+        executors={"command-line": executor},
+        staging_path=_storage(settings).staging_path,
+        submit_failed=callbacks.submit_failed,
+        secret=b"s" * 32,
+    )
+
+
 async def test_claims_no_more_than_the_queue_has_room_for(
     store: protocol.Store, tmp_path: Path
 ) -> None:
@@ -335,21 +363,9 @@ async def test_a_stale_claim_losing_its_submit_leaves_the_held_claim_alone(
     clock.advance(3)
     await scraper.run_once()
     assert queue.qsize() == 2 and len(held) == 1
-    storage = DatasetStorage(str(settings.home / "data"))
-    callbacks = OutcomeService(store, storage, settings)
+    callbacks = OutcomeService(store, _storage(settings), settings)
     executor = NoopExecutor(callbacks)
-    submitter = Submitter(
-        0,
-        store=store,
-        settings=settings,
-        queue=queue,
-        scraper=scraper,
-        held=held,
-        executors={"command-line": executor},
-        staging_path=storage.staging_path,
-        submit_failed=callbacks.submit_failed,
-        secret=b"s" * 32,
-    )
+    submitter = make_submitter(store, settings, scraper, queue, held, callbacks, executor)
     # The first claim submits it; the second loses its compare-and-set. Before the fix,
     # that loss dropped the hold of the running attempt (its lease then went unrenewed
     # and another node's reaper ran it again).
@@ -388,20 +404,9 @@ async def test_a_spawn_out_of_processes_defers_the_action_without_spending_an_at
     workflow = await submit(store, settings, independent(1))
     scraper, queue, held = make_scraper(store, settings)
     await scraper.run_once()
-    storage = DatasetStorage(str(settings.home / "data"))
-    callbacks = OutcomeService(store, storage, settings)
-    submitter = Submitter(
-        0,
-        store=store,
-        settings=settings,
-        queue=queue,
-        scraper=scraper,
-        held=held,
-        executors={"command-line": _OutOfProcesses(callbacks)},
-        staging_path=storage.staging_path,
-        submit_failed=callbacks.submit_failed,
-        secret=b"s" * 32,
-    )
+    callbacks = OutcomeService(store, _storage(settings), settings)
+    executor = _OutOfProcesses(callbacks)
+    submitter = make_submitter(store, settings, scraper, queue, held, callbacks, executor)
     assert await submitter.run_once()
     action = await store.get_action(workflow.id, 1)
     assert action is not None
