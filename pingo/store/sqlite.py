@@ -2176,7 +2176,12 @@ class SQLiteStore:
         wanted: Mapping[str, int] | None,
         now: int,
         max_in_flight: int | None,
+        *,
+        ordered: bool = True,
     ) -> list[Any]:
+        """The rows to claim, in the order to claim them; with `ordered` False, only
+        whether there are any (who goes first, `_idle_oldest`, is not looked up: any
+        idle owner's claimable row is among the age-ordered ones when there are none)."""
         # Index range scans (one per state, or per type) rather than one OR that no index serves.
         room = self._in_flight_room(conn, max_in_flight)
         #: Workflow id → owner, of the READY candidates (capped claims only).
@@ -2210,7 +2215,7 @@ class SQLiteStore:
         ).fetchall()
         oldest = sorted(ready + expired)
         idle = []
-        if room.capped:
+        if room.capped and ordered:
             served = {owners[row[1]] for row in ready if row[1] in owners}
             idle = _idle_oldest(conn, room, served, wanted, now, self._idle_empty)
         return _room.idle_first(
@@ -2291,7 +2296,7 @@ class SQLiteStore:
             return self._claim_chosen(conn, node_id, chosen, now, lease)
         # A poll that finds nothing (the common case) takes no write lock, so idle
         # scrapers of several processes never queue behind each other.
-        if not self._claimable(conn, limit, wanted, now, max_in_flight):
+        if not self._claimable(conn, limit, wanted, now, max_in_flight, ordered=False):
             return []
         conn.execute("BEGIN IMMEDIATE")
         # Under the write lock now: what we read is what we update; in-flight counts
