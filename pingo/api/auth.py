@@ -76,7 +76,7 @@ def write_token_file(path: Path, token: str) -> None:
     # Created with 0600 from the start: a chmod after writing would leave a window.
     fd = open_own(str(path))
     with os.fdopen(fd, "w") as f:
-        # An existing file keeps its mode through O_TRUNC: make it 0600 before writing.
+        # An existing file keeps its mode through its truncation: make it 0600 before writing.
         os.fchmod(f.fileno(), 0o600)
         f.write(token + "\n")
 
