@@ -615,6 +615,7 @@ def storage_lines(summary: Mapping[str, Any]) -> list[str]:
         f"capacity  {'unlimited' if capacity is None else f'{capacity:,} B'}",
         f"used      {used:,} B{share}",
         f"policy    {summary.get('policy')}",
+        f"yours     {_yours(summary)}",
         "bytes by state:",
     ]
     by_state: Mapping[str, int] = summary.get("bytesByState") or {}
@@ -627,6 +628,15 @@ def storage_lines(summary: Mapping[str, Any]) -> list[str]:
         for d in decisions
     )
     return lines
+
+
+def _yours(summary: Mapping[str, Any]) -> str:
+    """The caller's stored bytes against their quota, as `storage_lines` shows them."""
+    own = int(summary.get("ownBytes") or 0)
+    quota = summary.get("quotaBytes")
+    if not quota:
+        return f"{own:,} B (no quota)"
+    return f"{own:,} B of a {quota:,} B quota ({own / quota:.1%})"
 
 
 #: A dataset id, or a unique prefix of one (8+ characters), as `pingo status` prints it.
@@ -801,6 +811,7 @@ _LIMIT_OPTIONS = {
     "max_workflows": "maxWorkflows",
     "max_in_flight_actions": "maxInFlightActions",
     "submissions_per_minute": "submissionsPerMinute",
+    "max_storage_bytes": "maxStorageBytes",
 }
 _LIMIT_HELP = "A positive integer, or 'default' for the server's."
 
@@ -808,6 +819,17 @@ _LIMIT_HELP = "A positive integer, or 'default' for the server's."
 def _limit_value(option: str, text: str) -> int | None:
     if text.strip().lower() == "default":
         return None
+    if option == "--max-storage-bytes":
+        from pingo import errors as pingo_errors
+        from pingo.config import parse_size
+
+        try:
+            return parse_size(text)
+        except pingo_errors.ConfigurationError as exc:
+            raise typer.BadParameter(
+                f"{text!r} is neither a size (200GiB, 5TB, 1000000) nor 'default'",
+                param_hint=option,
+            ) from exc
     try:
         return int(text)
     except ValueError as exc:
@@ -828,11 +850,17 @@ def users_limits(
     submissions_per_minute: str | None = typer.Option(
         None, help=f"Workflow submissions a minute. {_LIMIT_HELP}"
     ),
+    max_storage_bytes: str | None = typer.Option(
+        None,
+        help="Bytes of stored datasets the user's workflows may have produced before new "
+        "workflows are refused: a size such as 200GiB, or 'default' for the server's.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the user as JSON."),
 ) -> None:
     """Show a user's limits; with options, change them (admin)."""
     given = {"max_workflows": max_workflows, "max_in_flight_actions": max_in_flight_actions,
-             "submissions_per_minute": submissions_per_minute}  # fmt: skip
+             "submissions_per_minute": submissions_per_minute,
+             "max_storage_bytes": max_storage_bytes}  # fmt: skip
     changes = {
         _LIMIT_OPTIONS[key]: _limit_value("--" + key.replace("_", "-"), text)
         for key, text in given.items()
@@ -846,8 +874,8 @@ def users_limits(
     for key in _LIMIT_OPTIONS.values():
         value = user["limits"][key]
         source = "own" if user["ownLimits"][key] is not None else "server default"
-        shown = "unlimited" if value is None else str(value)
-        typer.echo(f"{key:<22} {shown:<10} ({source})")
+        shown = "unlimited" if value is None else f"{value:,}"
+        typer.echo(f"{key:<22} {shown:<18} ({source})")
 
 
 schedules_app = typer.Typer(help="Recurring workflows (cron).", no_args_is_help=True)

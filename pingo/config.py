@@ -145,6 +145,10 @@ class Settings:
     user_submissions_per_minute: int | None = 600
     #: Submissions a user may make at once before the rate applies (the bucket's size).
     user_submission_burst: int = 60
+    #: Bytes of STORED and LEAF datasets a user's workflows may have produced; beyond it
+    #: new workflows are refused (507 STORAGE_QUOTA_EXCEEDED) until the user deletes some.
+    #: None (env: `unlimited`, the default) lifts it; the env takes sizes such as 200GiB.
+    user_max_storage_bytes: int | None = None
     #: Schedules one user may have (403 TOO_MANY_SCHEDULES beyond; admins exempt):
     #: a server setting only, counted in the store. None (env: `unlimited`) lifts it.
     user_max_schedules: int | None = 100
@@ -315,7 +319,7 @@ _AT_LEAST_ONE = ("max_event_streams", "user_max_event_streams", "user_max_verifi
 #: Per-user limits: a positive int, or `unlimited` for None.
 _USER_LIMITS = ("user_max_workflows", "user_max_in_flight_actions",
                 "user_submissions_per_minute", "user_submission_burst",
-                "user_max_schedules")  # fmt: skip
+                "user_max_schedules", "user_max_storage_bytes")  # fmt: skip
 #: Limits of each sandboxed action: a positive int (sizes: `4GiB`), or `unlimited` for None.
 _ACTION_LIMITS = ("action_max_processes", "action_max_memory", "action_max_file_size")
 #: Those of them given as sizes.
@@ -334,8 +338,11 @@ def _convert(name: str, raw: str) -> Any:
         return None
     if name in _ACTION_LIMITS and raw.strip().lower() == "unlimited":
         return None
-    if name in _ACTION_SIZES:
-        return parse_size(raw)
+    if name in _ACTION_SIZES or name == "user_max_storage_bytes":
+        try:
+            return parse_size(raw)
+        except errors.ConfigurationError as exc:
+            raise errors.ConfigurationError(f"PINGO_{name.upper()}: {exc.message}") from exc
     if name == "action_max_processes":
         try:
             return int(raw)

@@ -82,6 +82,13 @@ class TooManySchedules(Forbidden):
     code = "TOO_MANY_SCHEDULES"
 
 
+class StorageQuotaExceeded(Forbidden):
+    """The user's workflows produced as many stored bytes as their quota allows: forbidden
+    rather than 429, since waiting does not help, deleting datasets does."""
+
+    code = "STORAGE_QUOTA_EXCEEDED"
+
+
 class SandboxUnavailable(Forbidden):
     """Command-line actions of non-admin users need the sandbox, which cannot run on this server."""
 

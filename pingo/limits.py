@@ -1,13 +1,17 @@
-"""Per-user limits: what applies to a user, the submission rate, and the workflow cap.
+"""Per-user limits: what applies to a user, the submission rate, the workflow cap and
+the storage quota.
 
-Three limits keep one user from taking the server (docs/limits.md):
+Four limits keep one user from taking the server (docs/limits.md):
 
 - workflows RUNNING at once: counted in the store at each submission, so the cap
   holds across every node sharing it; beyond it a submission is refused (429);
 - actions in flight (claimed, submitted or running): enforced by the store's
   claim, so extra work waits READY and nothing is refused (as in a YARN queue);
 - submissions a minute: a token bucket per user, kept in this node's memory,
-  so with N nodes a user may submit up to N times the rate.
+  so with N nodes a user may submit up to N times the rate;
+- bytes of stored datasets their workflows produced: summed in the store at each
+  submission; at or past the quota a submission is refused (403) until the user
+  deletes datasets, since waiting would not help.
 
 Beside them, `Slots` caps what a user holds open at once on this node (event
 streams, verifications), so that one user cannot take threads or descriptors
@@ -20,6 +24,7 @@ server's default (`Settings.user_*`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -34,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: The largest limit an admin may set (fits every store's integers).
 MAX_LIMIT = 2**31 - 1
+#: The largest storage quota an admin may set: 8 PiB, exact in every JSON reader's numbers.
+MAX_BYTES_LIMIT = 2**53 - 1
 #: Retry-After for a full workflow cap: a hint, since nobody knows when a workflow ends.
 WORKFLOW_CAP_RETRY_S = 5
 
@@ -45,6 +52,7 @@ class EffectiveLimits:
     max_workflows: int | None
     max_in_flight_actions: int | None
     submissions_per_minute: int | None
+    max_storage_bytes: int | None
 
 
 def effective(own: UserLimits, settings: Settings) -> EffectiveLimits:
@@ -57,6 +65,7 @@ def effective(own: UserLimits, settings: Settings) -> EffectiveLimits:
         submissions_per_minute=_either(
             own.submissions_per_minute, settings.user_submissions_per_minute
         ),
+        max_storage_bytes=_either(own.max_storage_bytes, settings.user_max_storage_bytes),
     )
 
 
@@ -66,13 +75,7 @@ def _either(own: int | None, default: int | None) -> int | None:
 
 def merge(current: UserLimits, changes: dict[str, int | None]) -> UserLimits:
     """`current` with `changes` applied (a None value resets that limit to the default)."""
-    values = {
-        "max_workflows": current.max_workflows,
-        "max_in_flight_actions": current.max_in_flight_actions,
-        "submissions_per_minute": current.submissions_per_minute,
-    }
-    values.update(changes)
-    return UserLimits(**values)
+    return dataclasses.replace(current, **changes)
 
 
 async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings: Settings) -> None:
@@ -95,14 +98,53 @@ async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings
         )
 
 
-def count_refusal(refused: type[errors.TooManyRequests]) -> None:
+async def check_storage_quota(
+    store: Store, owner: str, own: UserLimits, settings: Settings
+) -> None:
+    """Refuse (403) a new workflow of `owner` when the STORED and LEAF datasets their
+    workflows produced hold their quota or more (`Store.bytes_produced_by`).
+
+    Checked at submission only: the work of workflows already running may take the
+    user past the quota (each file is bounded by PINGO_ACTION_MAX_FILE_SIZE), and then
+    the next submission is refused. Datasets marked for deletion no longer count, so a
+    user gets back under it by deleting theirs (`pingo datasets delete`).
+    """
+    quota = effective(own, settings).max_storage_bytes
+    if quota is None:
+        return
+    used = await store.bytes_produced_by(owner)
+    if used >= quota:
+        count_refusal(errors.StorageQuotaExceeded)
+        logger.info(
+            "refused a workflow of %s: %d bytes stored, quota %d",
+            owner,
+            used,
+            quota,
+            extra={"event": "storage_quota_exceeded", "owner": owner, "bytes": used},
+        )
+        raise errors.StorageQuotaExceeded(
+            f"{owner}'s workflows produced {used} bytes of stored datasets, at or past "
+            f"their quota of {quota} bytes; delete some of them (pingo datasets delete) "
+            "and submit again"
+        )
+
+
+#: The `outcome` label of each refusal by a limit in `pingo_workflow_submissions_total`.
+REFUSED_OUTCOMES: dict[type[errors.PingoError], str] = {
+    errors.TooManyRequests: "rate_limited",
+    errors.TooManyWorkflows: "too_many_workflows",
+    errors.StorageQuotaExceeded: "storage_quota_exceeded",
+}
+
+
+def count_refusal(refused: type[errors.PingoError]) -> None:
     """Count a submission refused by a limit in `pingo_workflow_submissions_total`.
 
-    In this process: a big submission's child checks the workflow cap and counts in its
-    own registry, lost with it, so its parent counts the refusal it hears of again.
+    In this process: a big submission's child checks the workflow cap and the storage
+    quota and counts in its own registry, lost with it, so its parent counts the
+    refusal it hears of again.
     """
-    outcome = "too_many_workflows" if refused is errors.TooManyWorkflows else "rate_limited"
-    metrics.SUBMISSIONS.labels(outcome=outcome).inc()
+    metrics.SUBMISSIONS.labels(outcome=REFUSED_OUTCOMES[refused]).inc()
 
 
 @dataclass(slots=True)

@@ -428,8 +428,8 @@ class Node:
         started = time.perf_counter()
         try:
             persisted = await _in_child(self.settings, job)
-        except errors.TooManyWorkflows:
-            limits.count_refusal(errors.TooManyWorkflows)  # the child's count died with it
+        except (errors.TooManyWorkflows, errors.StorageQuotaExceeded) as refused:
+            limits.count_refusal(type(refused))  # the child's count died with it
             raise
         return await self.workflows.adopt(persisted, rerun_of=job.rerun_of, started=started)
 

@@ -425,6 +425,7 @@ def _limits(values: UserLimits | limits.EffectiveLimits) -> models.Limits:
         max_workflows=values.max_workflows,
         max_in_flight_actions=values.max_in_flight_actions,
         submissions_per_minute=values.submissions_per_minute,
+        max_storage_bytes=values.max_storage_bytes,
     )
 
 

@@ -343,6 +343,17 @@ class Storage(Model, kw_only=True):
     capacity_bytes: int | None
     used_bytes: int
     bytes_by_state: dict[str, int]
+    own_bytes: Annotated[
+        int,
+        msgspec.Meta(
+            description="bytes of STORED and LEAF datasets the caller's workflows produced: "
+            "what their storage quota counts"
+        ),
+    ]
+    quota_bytes: Annotated[
+        int | None,
+        msgspec.Meta(description="the caller's storage quota (null: unlimited)"),
+    ]
     policy: str
     decisions: list[RetentionDecision]
 
@@ -370,6 +381,7 @@ class Limits(Model, kw_only=True):
     max_workflows: int | None
     max_in_flight_actions: int | None
     submissions_per_minute: int | None
+    max_storage_bytes: int | None
 
 
 class User(Model, kw_only=True):
@@ -405,6 +417,15 @@ LimitValue = Annotated[
     ),
 ]
 
+#: A storage quota a request sets: bytes from 1 up, or null for the server's default.
+BytesLimitValue = Annotated[
+    Annotated[int, msgspec.Meta(ge=1, le=limits.MAX_BYTES_LIMIT)] | None,
+    msgspec.Meta(
+        description=f"bytes, from 1 to {limits.MAX_BYTES_LIMIT}, or null for the server's default",
+        extra_json_schema={ISSUE_CODE: "INVALID_LIMIT"},
+    ),
+]
+
 
 class LimitsUpdate(Body, kw_only=True):
     """Limits to change; null resets one to the server's default, an absent one is kept."""
@@ -412,6 +433,7 @@ class LimitsUpdate(Body, kw_only=True):
     max_workflows: LimitValue | UnsetType = UNSET
     max_in_flight_actions: LimitValue | UnsetType = UNSET
     submissions_per_minute: LimitValue | UnsetType = UNSET
+    max_storage_bytes: BytesLimitValue | UnsetType = UNSET
 
 
 class UserUpdate(Body, kw_only=True):

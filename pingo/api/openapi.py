@@ -482,7 +482,8 @@ _NOT_FOUND = _problem("No such resource, or another user's (NOT_FOUND).")
 _SUBMISSION_FORBIDDEN = _problem(
     "Command-line actions of a non-admin user while the sandbox cannot run or the"
     " server runs as root (SANDBOX_UNAVAILABLE), or an action forcing the computation"
-    " of a stored dataset the user may not manage (FORBIDDEN)."
+    " of a stored dataset the user may not manage (FORBIDDEN), or the owner's stored"
+    " datasets at or past their storage quota (STORAGE_QUOTA_EXCEEDED)."
 )
 
 

@@ -978,6 +978,16 @@ class MemoryStore:
             if self._dataset_states.count(state)
         }
 
+    async def bytes_produced_by(self, owner: str) -> int:
+        total = 0
+        for state in states.DATASET_REUSABLE:
+            for key in self._dataset_states.keys(state):
+                record = self._datasets[key]
+                producer = self._workflows.get(record.producer_workflow_id)
+                if producer is not None and producer.owner == owner:
+                    total += record.size_bytes or 0
+        return total
+
     # --------------------------------------------------------------------- events
 
     async def append_event(

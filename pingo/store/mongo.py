@@ -527,6 +527,7 @@ def _limits_doc(limits: UserLimits) -> Doc:
         "max_workflows": limits.max_workflows,
         "max_in_flight_actions": limits.max_in_flight_actions,
         "submissions_per_minute": limits.submissions_per_minute,
+        "max_storage_bytes": limits.max_storage_bytes,
     }
 
 
@@ -541,6 +542,7 @@ def _user(doc: Doc) -> UserRecord:
             max_workflows=doc.get("max_workflows"),
             max_in_flight_actions=doc.get("max_in_flight_actions"),
             submissions_per_minute=doc.get("submissions_per_minute"),
+            max_storage_bytes=doc.get("max_storage_bytes"),
         ),
     )
 
@@ -778,6 +780,10 @@ class MongoStore:
         await datasets.create_index(newest, name="newest")
         # Lineage downwards: the datasets computed from one (a multikey index).
         await datasets.create_index([("parents", asc)], name="parents")
+        # Sums a user's stored bytes (`bytes_produced_by`) from the index alone.
+        await datasets.create_index(
+            [("producer_workflow_id", asc), ("state", asc), ("size_bytes", asc)], name="producer"
+        )
         await datasets.create_index([("state", asc), *newest], name="state_newest")
         await workflows.create_index(newest, name="newest")
         await workflows.create_index([("owner", asc), *newest], name="owner_newest")
@@ -2307,6 +2313,27 @@ class MongoStore:
             {"_id": name}, {"$set": _limits_doc(limits)}, return_document=_AFTER
         )
         return None if doc is None else _user(doc)
+
+    @_translated
+    async def bytes_produced_by(self, owner: str) -> int:
+        produced = [doc["_id"] async for doc in self._workflows.find({"owner": owner}, {"_id": 1})]
+        charged = [s.value for s in states.DATASET_REUSABLE]
+        total = 0
+        for chunk in _chunks(produced):
+            groups = await _aggregate(
+                self._datasets,
+                [
+                    {
+                        "$match": {
+                            "producer_workflow_id": {"$in": list(chunk)},
+                            "state": {"$in": charged},
+                        }
+                    },
+                    {"$group": {"_id": None, "bytes": {"$sum": "$size_bytes"}}},
+                ],
+            )
+            total += sum(int(g["bytes"] or 0) for g in groups)
+        return total
 
     @_translated
     async def count_running_workflows(self, owner: str) -> int:

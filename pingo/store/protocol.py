@@ -258,6 +258,9 @@ class UserLimits:
     max_in_flight_actions: int | None = None
     #: Workflow submissions a minute (a token bucket, kept per node).
     submissions_per_minute: int | None = None
+    #: Bytes of stored datasets the user's workflows produced (`Store.bytes_produced_by`):
+    #: beyond it new workflows are refused until the user deletes some.
+    max_storage_bytes: int | None = None
 
 
 NO_LIMITS = UserLimits()
@@ -857,6 +860,12 @@ class Store(Protocol):
 
     async def bytes_by_state(self) -> dict[DatasetState, int]:
         """Total `size_bytes` per dataset state (states with no dataset omitted)."""
+        ...
+
+    async def bytes_produced_by(self, owner: str) -> int:
+        """Total `size_bytes` of the STORED and LEAF datasets (`DATASET_REUSABLE`: one
+        marked for deletion no longer counts) whose producing workflow is `owner`'s: what
+        a storage quota counts."""
         ...
 
     # ---- events

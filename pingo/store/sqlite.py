@@ -406,6 +406,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "(workflow_id, updated_at, action_id, not_before, action_type, state) "
         "WHERE state = 'READY'",
     ),
+    # Storage quotas: a user's own, and the index that sums the bytes their workflows
+    # produced (`bytes_produced_by`) from their workflows, not from every dataset.
+    (
+        "ALTER TABLE users ADD COLUMN max_storage_bytes INTEGER",
+        "CREATE INDEX datasets_producer ON datasets (producer_workflow_id, state, size_bytes)",
+    ),
 )
 
 _WORKFLOW_COLUMNS = (
@@ -976,8 +982,12 @@ def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
     )
 
 
-def _limit_values(limits: UserLimits) -> tuple[int | None, int | None, int | None]:
-    return (limits.max_workflows, limits.max_in_flight_actions, limits.submissions_per_minute)
+#: The columns of a user's own limits, one per field of `UserLimits`.
+_LIMIT_FIELDS = tuple(f.name for f in fields(UserLimits))
+
+
+def _limit_values(limits: UserLimits) -> tuple[int | None, ...]:
+    return tuple(getattr(limits, name) for name in _LIMIT_FIELDS)
 
 
 def _column_value(name: str, value: Any) -> Any:
@@ -2911,10 +2921,23 @@ class SQLiteStore:
         return await self._run_write(
             self._one,
             _USERS.record,
-            "UPDATE users SET max_workflows = ?, max_in_flight_actions = ?, "
-            f"submissions_per_minute = ? WHERE name = ? RETURNING {_USERS.columns}",
+            f"UPDATE users SET {', '.join(f'{n} = ?' for n in _LIMIT_FIELDS)} "
+            f"WHERE name = ? RETURNING {_USERS.columns}",
             (*_limit_values(limits), name),
         )
+
+    async def bytes_produced_by(self, owner: str) -> int:
+        charged = tuple(s.value for s in states.DATASET_REUSABLE)
+        row = await self._run(
+            self._one,
+            tuple,
+            "SELECT TOTAL(d.size_bytes) FROM workflows w "
+            "JOIN datasets d ON d.producer_workflow_id = w.id "
+            f"WHERE w.owner = ? AND d.state IN ({', '.join('?' * len(charged))})",
+            (owner, *charged),
+        )
+        assert row is not None
+        return int(row[0])
 
     async def count_running_workflows(self, owner: str) -> int:
         row = await self._run(

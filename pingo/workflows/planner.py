@@ -335,8 +335,9 @@ class WorkflowManager:
     ) -> protocol.WorkflowRecord:
         """Plan and persist a workflow; return its record (an existing one for a repeated key).
 
-        `cap`: the owner's limits, when their workflow cap applies (the API's submissions
-        and re-runs): checked once the document is known valid (`_persist`).
+        `cap`: the owner's limits, when their workflow cap and storage quota apply (the
+        API's submissions and re-runs): checked once the document is known valid
+        (`_persist`).
         """
         record, _ = await self.submit_once(
             document,
@@ -428,7 +429,8 @@ class WorkflowManager:
         The order of the refusals is this one, in-process and in a child alike: a
         repeated key replays (never capped: it makes no new workflow) or is
         `IDEMPOTENCY_KEY_REUSED`; then an invalid document is 422 whatever the owner's
-        `cap` (retrying it later could not help); then the cap is 429.
+        `cap` (retrying it later could not help); then the cap is 429, then the storage
+        quota 403.
         """
         if idempotency_key is not None:
             existing = await self.store.find_workflow_by_idempotency_key(owner, idempotency_key)
@@ -439,6 +441,7 @@ class WorkflowManager:
         forced, records = await self._resolve(identified, force, owner, live=True)
         if cap is not None:
             await limits.check_workflow_cap(self.store, owner, cap, self.settings)
+            await limits.check_storage_quota(self.store, owner, cap, self.settings)
         now = self.store.clock()
         workflow_id = protocol.new_workflow_id(now)
         planning = identified.planning(workflow_id, records)

@@ -185,7 +185,8 @@ async def test_owners_see_kill_and_rerun_their_own_workflows(api: Api) -> None:
 async def test_users_create_list_revoke(api: Api) -> None:
     token = await api.add_user("erin")
     me = await api.client.get("/api/v1/me", headers=bearer(token))
-    default_limits = {"maxWorkflows": 100, "maxInFlightActions": 1000, "submissionsPerMinute": 600}
+    default_limits = {"maxWorkflows": 100, "maxInFlightActions": 1000,
+                      "submissionsPerMinute": 600, "maxStorageBytes": None}  # fmt: skip
     assert await me.json() == {
         "name": "erin",
         "admin": False,

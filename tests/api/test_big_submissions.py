@@ -304,6 +304,28 @@ async def test_a_user_at_their_cap_gets_the_same_answers_for_any_size(
     assert not list(_children())
 
 
+async def test_a_user_over_their_storage_quota_is_refused_by_a_child_too(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workflow_routes, "_DETACHED_BYTES", 4096)
+    monkeypatch.setattr(untrusted, "BIG_ACTIONS", SMALL_BIG // 2)
+    detached = _Calls(api.node)
+    seeded = await api.submit(command_workflow({1: SEED}, name="seed"))
+    assert (await api.wait(seeded["id"]))["state"] == "SUCCEEDED"
+    response = await api.client.patch(
+        "/api/v1/users/admin", json={"limits": {"maxStorageBytes": 1}}, headers=api.auth("admin")
+    )
+    assert response.status == 200
+    refused = 'pingo_workflow_submissions_total{outcome="storage_quota_exceeded"}'
+    before = await api.metric(refused)
+    status, raw, _ = await _post(api, json.dumps(_big(actions=SMALL_BIG)).encode())
+    assert (status, json.loads(raw)["code"]) == (403, "STORAGE_QUOTA_EXCEEDED"), raw[:500]
+    assert detached.count == 1
+    # Counted by the server, though the child refused it.
+    assert await api.metric(refused) == before + 1
+    assert [w.id for w in (await api.node.store.list_workflows()).items] == [seeded["id"]]
+
+
 async def test_claims_of_a_child_killed_mid_planning_are_swept_after_its_deadline(
     aiohttp_client: AiohttpClient, tmp_path: Path
 ) -> None:

@@ -71,8 +71,8 @@ def test_literal_paths_win_over_templates() -> None:
     check = ResponseCheck()
     user = (
         b'{"name":"me","admin":false,"createdAt":"2026-01-01T00:00:00Z",'
-        b'"limits":{"maxWorkflows":null,"maxInFlightActions":null,"submissionsPerMinute":null},'
-        b'"ownLimits":{"maxWorkflows":null,"maxInFlightActions":null,"submissionsPerMinute":null}}'
+        b'"limits":{"maxWorkflows":null,"maxInFlightActions":null,"submissionsPerMinute":null,"maxStorageBytes":null},'
+        b'"ownLimits":{"maxWorkflows":null,"maxInFlightActions":null,"submissionsPerMinute":null,"maxStorageBytes":null}}'
     )
     check.check("get", "/api/v1/me", 200, "application/json", user)
     # Read as `/api/v1/users/{name}` it would document a 403; `/api/v1/me` has none.

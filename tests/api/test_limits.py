@@ -51,9 +51,9 @@ async def test_users_read_their_own_limits_and_nobody_elses(users_api: Api) -> N
     await _set_limits(api, "alice", maxWorkflows=7)
     me = await (await api.client.get("/api/v1/me", headers=api.auth("alice"))).json()
     assert me["limits"] == {"maxWorkflows": 7, "maxInFlightActions": 1000,
-                            "submissionsPerMinute": 600}  # fmt: skip
+                            "submissionsPerMinute": 600, "maxStorageBytes": None}  # fmt: skip
     assert me["ownLimits"] == {"maxWorkflows": 7, "maxInFlightActions": None,
-                               "submissionsPerMinute": None}  # fmt: skip
+                               "submissionsPerMinute": None, "maxStorageBytes": None}  # fmt: skip
     own = await api.client.get(f"{USERS}/alice", headers=api.auth("alice"))
     assert own.status == 200 and await own.json() == me
     for name in ("bob", "admin", "nobody"):
@@ -93,6 +93,9 @@ async def test_a_user_cannot_raise_their_own_or_anothers_limits(users_api: Api) 
         ({"limits": {"submissionsPerMinute": 1.5}}, "/limits/submissionsPerMinute"),
         ({"limits": {"submissionsPerMinute": 2**31}}, "/limits/submissionsPerMinute"),
         ({"limits": {"submissionsPerMinute": 2**64}}, "/limits/submissionsPerMinute"),
+        ({"limits": {"maxStorageBytes": 0}}, "/limits/maxStorageBytes"),
+        ({"limits": {"maxStorageBytes": 2**53}}, "/limits/maxStorageBytes"),
+        ({"limits": {"maxStorageBytes": "10GiB"}}, "/limits/maxStorageBytes"),
         ({"limits": {"maxWorkflows": [1]}}, "/limits/maxWorkflows"),
         ({"limits": {"max/workflows~": 3}}, "/limits/max~1workflows~0"),
         ({"limits": {"\u00e9\u0000": 3}}, "/limits/\u00e9\u0000"),
@@ -119,11 +122,12 @@ async def test_admins_set_and_reset_limits(users_api: Api) -> None:
     api = users_api
     changed = await _set_limits(api, "alice", maxWorkflows=3, maxInFlightActions=2**31 - 1)
     assert changed["ownLimits"] == {"maxWorkflows": 3, "maxInFlightActions": 2**31 - 1,
-                                    "submissionsPerMinute": None}  # fmt: skip
+                                    "submissionsPerMinute": None,
+                                    "maxStorageBytes": None}  # fmt: skip
     # An absent limit is kept; null resets to the server's default.
     changed = await _set_limits(api, "alice", maxWorkflows=None, submissionsPerMinute=4)
     assert changed["ownLimits"] == {"maxWorkflows": None, "maxInFlightActions": 2**31 - 1,
-                                    "submissionsPerMinute": 4}  # fmt: skip
+                                    "submissionsPerMinute": 4, "maxStorageBytes": None}  # fmt: skip
     assert changed["limits"]["maxWorkflows"] == 100
     missing = await _patch(api, "nobody", {"limits": {"maxWorkflows": 1}})
     assert missing.status == 404
@@ -263,3 +267,87 @@ async def test_bad_bytes_in_a_user_name_are_404_not_500(users_api: Api, name: st
             method, f"{USERS}/{name}", json=body, headers=api.auth("alice")
         )
         assert other.status == 403, (method, name)
+
+
+def _writes(tag: str, size: int) -> dict[str, Any]:
+    """Two actions, an intermediate and a leaf, each writing `size` bytes."""
+    write = f'head -c {size} /dev/zero > "$PINGO_OUTPUT"; echo {tag} >/dev/null'
+    return command_workflow(
+        {1: ["sh", "-c", write], 2: ["sh", "-c", write + " 2"]}, {2: [1]}, name=tag
+    )
+
+
+async def _storage(api: Api, user: str) -> dict[str, Any]:
+    response = await api.client.get("/api/v1/storage", headers=api.auth(user))
+    assert response.status == 200, await response.text()
+    document: dict[str, Any] = await response.json()
+    return document
+
+
+async def _expect_over_quota(response: Any) -> dict[str, Any]:
+    assert response.status == 403, await response.text()
+    problem: dict[str, Any] = await response.json()
+    assert problem["code"] == "STORAGE_QUOTA_EXCEEDED"
+    return problem
+
+
+async def test_the_storage_quota_refuses_new_work_until_the_owner_deletes(users_api: Api) -> None:
+    """A user who filled their quota may not submit, nor re-run, until they delete
+    datasets; others, even reusing what the user stored, are charged nothing."""
+    api = users_api
+    await _set_limits(api, "alice", maxStorageBytes=3000)
+    first = await api.submit(_writes("quota", 2000), user="alice")
+    assert (await api.wait(first["id"]))["state"] == "SUCCEEDED"
+    mine = await _storage(api, "alice")
+    assert (mine["ownBytes"], mine["quotaBytes"]) == (4000, 3000)
+
+    problem = await _expect_over_quota(await _post(api, _writes("more", 10), "alice"))
+    assert "4000" in problem["detail"] and "3000" in problem["detail"]
+    rerun = await api.client.post(
+        f"/api/v1/workflows/{first['id']}/rerun", headers=api.auth("alice")
+    )
+    await _expect_over_quota(rerun)
+    # Another user reusing alice's datasets stores nothing of theirs: not charged, not
+    # refused (and alice stays charged: the producer is).
+    reused = await api.submit(_writes("quota", 2000), user="bob")
+    assert (await api.wait(reused["id"]))["state"] == "SUCCEEDED"
+    assert all(a["reused"] for a in (await api.workflow(reused["id"]))["actions"])
+    assert (await _storage(api, "bob"))["ownBytes"] == 0
+    assert (await _storage(api, "bob"))["quotaBytes"] is None
+    # Bob may not free alice's quota by deleting her datasets.
+    document = await api.workflow(first["id"])
+    leaf = next(a["datasetId"] for a in document["actions"] if a["actionId"] == 2)
+    theirs = await api.client.delete(
+        f"/api/v1/datasets/{leaf}", params={"force": "true"}, headers=api.auth("bob")
+    )
+    assert theirs.status in (403, 404)
+    assert (await _storage(api, "alice"))["ownBytes"] == 4000
+
+    deleted = await api.client.delete(
+        f"/api/v1/datasets/{leaf}", params={"force": "true"}, headers=api.auth("alice")
+    )
+    assert deleted.status == 202, await deleted.text()
+    assert (await _storage(api, "alice"))["ownBytes"] == 2000
+    assert (await _post(api, _writes("after", 10), "alice")).status == 201
+    exposed = await (await api.client.get("/metrics")).text()
+    assert 'pingo_workflow_submissions_total{outcome="storage_quota_exceeded"}' in exposed
+
+
+async def test_the_servers_storage_quota_applies_unless_a_user_has_their_own(
+    aiohttp_client: AiohttpClient, tmp_path: Any
+) -> None:
+    from pingo.api.app import create_app
+
+    from .conftest import ADMIN_TOKEN
+
+    app = create_app(make_settings(tmp_path, user_max_storage_bytes=100))
+    api = Api(client=await aiohttp_client(app), app=app, tokens={"admin": ADMIN_TOKEN})
+    await api.add_user("alice")
+    await api.add_user("bob")
+    await _set_limits(api, "bob", maxStorageBytes=10**6)
+    for user in ("alice", "bob"):
+        done = await api.submit(_writes(user, 500), user=user)
+        assert (await api.wait(done["id"]))["state"] == "SUCCEEDED"
+    await _expect_over_quota(await _post(api, _writes("again", 1), "alice"))
+    assert (await _post(api, _writes("again", 1), "bob")).status == 201
+    assert (await _storage(api, "alice"))["quotaBytes"] == 100

@@ -91,4 +91,5 @@ async def test_an_integral_float_is_an_integer_as_json_schema_says(users_api: Ap
     )
     assert response.status == 200, await response.text()
     own = (await response.json())["ownLimits"]
-    assert own == {"maxWorkflows": 3, "maxInFlightActions": None, "submissionsPerMinute": None}
+    assert own == {"maxWorkflows": 3, "maxInFlightActions": None, "submissionsPerMinute": None,
+                   "maxStorageBytes": None}  # fmt: skip

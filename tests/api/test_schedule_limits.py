@@ -108,6 +108,29 @@ async def test_ticks_beyond_max_workflows_are_skipped(users_api: Api) -> None:
     assert skipped - skipped_before >= len(capped)
 
 
+async def test_ticks_of_a_user_over_their_storage_quota_fail_with_the_reason(
+    users_api: Api,
+) -> None:
+    api = users_api
+    response = await api.client.patch(
+        "/api/v1/users/bob", json={"limits": {"maxStorageBytes": 1}}, headers=api.auth("admin")
+    )
+    assert response.status == 200, await response.text()
+    schedule = await create(api, every_second(tiny("quota")), user="bob")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        found = await runs(api, schedule["id"], user="bob")
+        if any(r["outcome"] == "failed" for r in found):
+            break
+        assert loop.time() < deadline, found
+        await asyncio.sleep(0.2)
+    # The first tick stored a dataset, which took bob to his quota; the next are refused.
+    assert found[-1]["outcome"] == "submitted", found
+    failed = [r for r in found if r["outcome"] == "failed"]
+    assert "quota" in failed[0]["reason"], failed
+
+
 @pytest.mark.parametrize("page", [None, 7])
 async def test_never_firing_triggers_do_not_starve_another_users_cron(
     tmp_path: Path, aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch, page: int | None

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from pingo.states import ActionState as A
+from pingo.states import DatasetState as D
 from pingo.states import WorkflowState as W
-from pingo.store.protocol import NO_LIMITS, Store, UserLimits, WorkflowPlan
+from pingo.store.protocol import NO_LIMITS, DatasetChanges, Store, UserLimits, WorkflowPlan
 from tests.contract.conftest import SHARED_BACKENDS, Backend, Factory, FakeClock, make_store
 
 
 async def test_user_limits_round_trip(store: Store, make: Factory) -> None:
     plain = await store.create_user(make.user(name="plain"))
     assert plain.limits == NO_LIMITS
-    own = UserLimits(max_workflows=3, max_in_flight_actions=7, submissions_per_minute=2**31 - 1)
+    own = UserLimits(
+        max_workflows=3,
+        max_in_flight_actions=7,
+        submissions_per_minute=2**31 - 1,
+        max_storage_bytes=2**53 - 1,
+    )
     capped = await store.create_user(make.user(name="capped", limits=own))
     assert await store.get_user("capped") == capped
     assert await store.get_user_by_token_hash(capped.token_hash) == capped
@@ -46,6 +53,40 @@ async def test_count_running_workflows_per_owner(store: Store, make: Factory) ->
     assert await store.count_running_workflows("alice") == 2
     assert await store.count_running_workflows("bob") == 1
     assert await store.count_running_workflows("carol") == 0
+
+
+async def test_bytes_produced_by_counts_an_owners_stored_and_leaf_datasets(
+    store: Store, make: Factory
+) -> None:
+    """What a storage quota counts: sizes of STORED and LEAF datasets, by the owner of
+    the workflow that produced each; one marked for deletion, or still computing, not."""
+    sizes = {
+        ("alice", D.STORED): 100,
+        ("alice", D.LEAF): 20,
+        ("alice", D.STORED_TO_DELETE): 4000,
+        ("alice", D.DELETED): 50_000,
+        ("alice", D.TO_STORE): None,
+        ("bob", D.STORED): 3,
+        ("bob", D.LEAF): 2**40,
+    }
+    for (owner, state), size in sizes.items():
+        plan = make.plan({0: ()}, actions={0: {"state": A.FINISHED}}, owner=owner)
+        dataset = replace(plan.datasets[0], state=state)
+        await store.create_workflow(replace(plan, datasets=(dataset,)))
+        if size is not None:
+            changed = await store.transition_dataset(
+                dataset.id, {state}, state, DatasetChanges(size_bytes=size)
+            )
+            assert changed is not None
+    assert await store.bytes_produced_by("alice") == 120
+    assert await store.bytes_produced_by("bob") == 2**40 + 3
+    assert await store.bytes_produced_by("carol") == 0
+    # Marking one for deletion stops its counting at once (the files go later).
+    alice_stored = (await store.list_datasets(state=D.STORED)).items
+    for dataset in alice_stored:
+        if dataset.size_bytes == 100:
+            await store.transition_dataset(dataset.id, {D.STORED}, D.STORED_TO_DELETE)
+    assert await store.bytes_produced_by("alice") == 20
 
 
 async def _ready(store: Store, make: Factory, owner: str, count: int) -> WorkflowPlan:

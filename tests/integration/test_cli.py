@@ -170,22 +170,28 @@ def test_users_limits_shows_and_changes_limits(server: Server) -> None:
     token = server.run("users", "add", "carol").stdout.strip().splitlines()[-1]
     shown = server.run("users", "limits", "carol", token=token)
     assert shown.returncode == 0, shown.stderr
-    assert "maxWorkflows           100        (server default)" in shown.stdout
+    assert "maxWorkflows           100                (server default)" in shown.stdout
+    assert "maxStorageBytes        unlimited          (server default)" in shown.stdout
     # Carol may read hers, but not change them.
     raised = server.run("users", "limits", "carol", "--max-workflows", "1000", token=token)
     assert raised.returncode == 1
     assert "FORBIDDEN" in raised.stderr
     changed = server.run(
         "users", "limits", "carol", "--max-workflows", "2", "--submissions-per-minute", "30",
-        "--json",
+        "--max-storage-bytes", "2GiB", "--json",
     )  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     document = json.loads(changed.stdout)
     assert document["ownLimits"] == {"maxWorkflows": 2, "maxInFlightActions": None,
-                                     "submissionsPerMinute": 30}  # fmt: skip
+                                     "submissionsPerMinute": 30,
+                                     "maxStorageBytes": 2 * 2**30}  # fmt: skip
     reset = server.run("users", "limits", "carol", "--max-workflows", "default")
-    assert "maxWorkflows           100        (server default)" in reset.stdout
-    assert "submissionsPerMinute   30         (own)" in reset.stdout
+    assert "maxWorkflows           100                (server default)" in reset.stdout
+    assert "submissionsPerMinute   30                 (own)" in reset.stdout
+    assert "maxStorageBytes        2,147,483,648      (own)" in reset.stdout
+    size = server.run("users", "limits", "carol", "--max-storage-bytes", "lots")
+    assert size.returncode == 2 and "Traceback" not in size.stderr
+    assert "neither a size" in size.stderr
     zero = server.run("users", "limits", "carol", "--max-in-flight-actions", "0")
     assert zero.returncode == 1
     assert "VALIDATION_FAILED (422)" in zero.stderr and "/limits/maxInFlightActions" in zero.stderr

@@ -200,6 +200,7 @@ async def test_storage_and_users_pages(users_api: Api) -> None:
     await sign_in(users_api, "alice")
     storage = await (await users_api.client.get("/storage")).text()
     assert 'id="used"' in storage
+    assert '<dd id="yours">0</dd>' in storage
     # As the API's user list: for admins only.
     users = await users_api.client.get("/users")
     assert users.status == 403

@@ -72,11 +72,13 @@ def test_retry_after_is_whole_seconds_and_at_least_one() -> None:
 
 def test_own_limits_beat_the_server_defaults() -> None:
     settings = Settings(user_max_workflows=10, user_max_in_flight_actions=None)
-    assert limits.effective(NO_LIMITS, settings) == limits.EffectiveLimits(10, None, 600)
-    own = UserLimits(max_workflows=2, max_in_flight_actions=5)
-    assert limits.effective(own, settings) == limits.EffectiveLimits(2, 5, 600)
+    assert limits.effective(NO_LIMITS, settings) == limits.EffectiveLimits(10, None, 600, None)
+    own = UserLimits(max_workflows=2, max_in_flight_actions=5, max_storage_bytes=9)
+    assert limits.effective(own, settings) == limits.EffectiveLimits(2, 5, 600, 9)
+    quota = Settings(user_max_storage_bytes=2**40)
+    assert limits.effective(NO_LIMITS, quota).max_storage_bytes == 2**40
     assert limits.merge(own, {"max_workflows": None, "submissions_per_minute": 7}) == UserLimits(
-        max_workflows=None, max_in_flight_actions=5, submissions_per_minute=7
+        max_workflows=None, max_in_flight_actions=5, submissions_per_minute=7, max_storage_bytes=9
     )
 
 
@@ -86,7 +88,13 @@ def test_settings_from_the_environment() -> None:
         "PINGO_USER_MAX_IN_FLIGHT_ACTIONS": "12",
         "PINGO_USER_SUBMISSIONS_PER_MINUTE": "Unlimited",
         "PINGO_USER_SUBMISSION_BURST": "4",
+        "PINGO_USER_MAX_STORAGE_BYTES": "1.5TiB",
     })  # fmt: skip
+    assert settings.user_max_storage_bytes == 3 * 2**39
+    assert (
+        Settings.from_env({"PINGO_USER_MAX_STORAGE_BYTES": "unlimited"}).user_max_storage_bytes
+        is None
+    )
     assert settings.user_max_workflows is None
     assert settings.user_max_in_flight_actions == 12
     assert settings.user_submissions_per_minute is None
@@ -94,6 +102,7 @@ def test_settings_from_the_environment() -> None:
     defaults = Settings.from_env({})
     assert (defaults.user_max_workflows, defaults.user_max_in_flight_actions) == (100, 1000)
     assert (defaults.user_submissions_per_minute, defaults.user_submission_burst) == (600, 60)
+    assert defaults.user_max_storage_bytes is None
 
 
 @pytest.mark.parametrize(
@@ -104,6 +113,9 @@ def test_settings_from_the_environment() -> None:
         ("PINGO_USER_SUBMISSIONS_PER_MINUTE", "many"),
         ("PINGO_USER_SUBMISSION_BURST", "unlimited"),
         ("PINGO_USER_SUBMISSION_BURST", "0"),
+        ("PINGO_USER_MAX_STORAGE_BYTES", "0"),
+        ("PINGO_USER_MAX_STORAGE_BYTES", "lots"),
+        ("PINGO_ACTION_MAX_MEMORY", "2 pages"),
     ],
 )
 def test_bad_limit_settings_are_refused(name: str, value: str) -> None:

@@ -81,10 +81,11 @@ def test_a_record_survives_its_row(rows: _rows.Rows[object], record: object) -> 
 
 
 def test_a_nested_record_spreads_over_its_fields_columns() -> None:
-    user = UserRecord("ann", "h", False, AT, UserLimits(1, 2, 3))
-    assert sqlite._USERS.names[-3:] == (
+    user = UserRecord("ann", "h", False, AT, UserLimits(1, 2, 3, 4))
+    assert sqlite._USERS.names[-4:] == (
         "max_workflows",
         "max_in_flight_actions",
         "submissions_per_minute",
+        "max_storage_bytes",
     )
-    assert sqlite._USERS.row(user)[2:] == (0, 1_795_489_200_123_456, 1, 2, 3)
+    assert sqlite._USERS.row(user)[2:] == (0, 1_795_489_200_123_456, 1, 2, 3, 4)

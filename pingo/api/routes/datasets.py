@@ -244,11 +244,15 @@ async def retention_decisions(request: web.Request) -> list[dict[str, Any]]:
 async def storage_document(request: web.Request) -> models.Storage:
     """Capacity, usage by dataset state, the retention policy and its recent decisions."""
     settings = runtime.settings(request)
-    summary = await runtime.node(request).datasets.storage_summary()
+    node = runtime.node(request)
+    user = auth.current_user(request)
+    summary = await node.datasets.storage_summary()
     return models.Storage(
         capacity_bytes=settings.storage_capacity_bytes,
         used_bytes=summary["usedBytes"],
         bytes_by_state=summary["bytesByState"],
+        own_bytes=await node.store.bytes_produced_by(user.name),
+        quota_bytes=limits.effective(user.limits, settings).max_storage_bytes,
         policy=settings.retention_policy,
         decisions=msgspec.convert(
             await retention_decisions(request), list[models.RetentionDecision]
