@@ -145,8 +145,9 @@ class Settings:
     user_submissions_per_minute: int | None = 600
     #: Submissions a user may make at once before the rate applies (the bucket's size).
     user_submission_burst: int = 60
-    #: Bytes of STORED and LEAF datasets a user's workflows may have produced; beyond it
-    #: new workflows are refused (507 STORAGE_QUOTA_EXCEEDED) until the user deletes some.
+    #: Bytes of datasets on disk a user's workflows may have produced; at or past it new
+    #: workflows are refused (403 STORAGE_QUOTA_EXCEEDED) and their actions fail to
+    #: start, until the user deletes some.
     #: None (env: `unlimited`, the default) lifts it; the env takes sizes such as 200GiB.
     user_max_storage_bytes: int | None = None
     #: Schedules one user may have (403 TOO_MANY_SCHEDULES beyond; admins exempt):

@@ -9,8 +9,9 @@ Four limits keep one user from taking the server (docs/limits.md):
   claim, so extra work waits READY and nothing is refused (as in a YARN queue);
 - submissions a minute: a token bucket per user, kept in this node's memory,
   so with N nodes a user may submit up to N times the rate;
-- bytes of stored datasets their workflows produced: summed in the store at each
-  submission; at or past the quota a submission is refused (403) until the user
+- bytes of datasets on disk their workflows produced: summed in the store at each
+  submission and (cached for a second) before each action starts; at or past the
+  quota a submission is refused (403) and an action fails to start, until the user
   deletes datasets, since waiting would not help.
 
 Beside them, `Slots` caps what a user holds open at once on this node (event
@@ -101,13 +102,12 @@ async def check_workflow_cap(store: Store, owner: str, own: UserLimits, settings
 async def check_storage_quota(
     store: Store, owner: str, own: UserLimits, settings: Settings
 ) -> None:
-    """Refuse (403) a new workflow of `owner` when the STORED and LEAF datasets their
-    workflows produced hold their quota or more (`Store.bytes_produced_by`).
+    """Refuse (403) a new workflow of `owner` when the datasets on disk their workflows
+    produced hold their quota or more (`Store.bytes_produced_by`).
 
-    Checked at submission only: the work of workflows already running may take the
-    user past the quota (each file is bounded by PINGO_ACTION_MAX_FILE_SIZE), and then
-    the next submission is refused. Datasets marked for deletion no longer count, so a
-    user gets back under it by deleting theirs (`pingo datasets delete`).
+    A workflow admitted under the quota may go past it; then its next actions fail to
+    start (`StorageQuotas`, before each spawn). A user gets back under it by deleting
+    their datasets (`pingo datasets delete`), once the deletor has removed the files.
     """
     quota = effective(own, settings).max_storage_bytes
     if quota is None:
@@ -135,6 +135,76 @@ REFUSED_OUTCOMES: dict[type[errors.PingoError], str] = {
     errors.TooManyWorkflows: "too_many_workflows",
     errors.StorageQuotaExceeded: "storage_quota_exceeded",
 }
+
+
+class StorageQuotas:
+    """Whether an owner's next action may start under their storage quota: the last gate,
+    before each spawn (`Submitter`), since one workflow admitted under the quota may
+    store far past it (`check_storage_quota` sees only what is stored at submission).
+
+    Cached in this node's memory, so a workflow of many short actions does not sum its
+    owner's datasets at each spawn: whether any quota is in force at all (the server's
+    default, or a user's own, from the user list) for `refresh_s`, and each owner's
+    verdict for `verdict_s`. With no quota in force, a spawn costs no store read.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        refresh_s: float = 5.0,
+        verdict_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.refresh_s = refresh_s
+        self.verdict_s = verdict_s
+        self.clock = clock
+        #: Users' own quotas, and when they were listed.
+        self._own: dict[str, int] = {}
+        self._listed_at: float | None = None
+        #: Owner → (until when, the refusal or None).
+        self._verdicts: dict[str, tuple[float, str | None]] = {}
+
+    async def refusal(self, workflow_id: str) -> str | None:
+        """Why the owner of `workflow_id` may start nothing more now, or None."""
+        if not await self._any_in_force():
+            return None
+        workflow = await self.store.get_workflow(workflow_id)
+        if workflow is None:
+            return None
+        owner = workflow.owner
+        quota = self._own.get(owner, self.settings.user_max_storage_bytes)
+        if quota is None:
+            return None
+        now = self.clock()
+        cached = self._verdicts.get(owner)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        used = await self.store.bytes_produced_by(owner)
+        refusal = (
+            None
+            if used < quota
+            else f"{owner}'s workflows produced {used} bytes of stored datasets, at or past "
+            f"their quota of {quota} bytes: delete some of them (pingo datasets delete)"
+        )
+        self._verdicts[owner] = (now + self.verdict_s, refusal)
+        return refusal
+
+    async def _any_in_force(self) -> bool:
+        now = self.clock()
+        if self._listed_at is None or now - self._listed_at >= self.refresh_s:
+            users = await self.store.list_users()
+            self._own = {
+                u.name: u.limits.max_storage_bytes
+                for u in users
+                if u.limits.max_storage_bytes is not None
+            }
+            self._listed_at = now
+            self._verdicts.clear()
+        return self.settings.user_max_storage_bytes is not None or bool(self._own)
 
 
 def count_refusal(refused: type[errors.PingoError]) -> None:

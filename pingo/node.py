@@ -167,6 +167,7 @@ class Node:
         self.held.on_release = self.scraper.capacity_freed
         self.ready_watch = ReadyWatch(store, self.scraper, settings)
         extra = {} if observe_dispatch is None else {"observe_dispatch": observe_dispatch}
+        self.quotas = limits.StorageQuotas(store, settings)
         self.submitters = [
             Submitter(
                 i,
@@ -180,6 +181,7 @@ class Node:
                 submit_failed=self.outcomes.submit_failed,
                 secret=self.secret,
                 command_line_refusal=self.command_line_refusal,
+                quotas=self.quotas,
                 **extra,
             )
             for i in range(max(1, settings.submitters))

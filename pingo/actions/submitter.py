@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from pingo import errors, loops, metrics, states
+from pingo import errors, limits, loops, metrics, states
 from pingo.actions.executors import base, cluster, sandbox
 from pingo.actions.leases import HeldActions
 from pingo.actions.scraper import ActionQueue, Claimed, InputPaths, Scraper
@@ -61,6 +61,7 @@ class Submitter(loops.Loop):
         secret: bytes,
         observe_dispatch: Callable[[float], None] = metrics.DISPATCH_SECONDS.observe,
         command_line_refusal: str | None = None,
+        quotas: limits.StorageQuotas | None = None,
     ) -> None:
         super().__init__(interval_s=settings.poll_interval_s)
         self.name = f"submitter-{index}"
@@ -79,6 +80,8 @@ class Submitter(loops.Loop):
         #: run unsandboxed although the sandbox was not turned off (`auto` without user
         #: namespaces), or as root (`Node.command_line_refusal`).
         self.command_line_refusal = command_line_refusal
+        #: The storage quotas' last gate (None: not checked before a spawn).
+        self.quotas = quotas
         self.finished = asyncio.Event()
         #: The home as text, for the log paths (`base.log_path`).
         self._home = str(settings.home)
@@ -136,6 +139,7 @@ class Submitter(loops.Loop):
                 submission = await self._submission(record, item.input_paths)
                 await self._ensure_sandbox(record)
                 await self._ensure_allowed_here(record, submission)
+                await self._ensure_under_quota(record)
                 external_id = await executor.submit(submission)
             except Exception as exc:
                 if self.stopping:
@@ -252,6 +256,16 @@ class Submitter(loops.Loop):
         owner = await self._owner(action)
         if owner is None or not owner.is_admin:
             raise errors.SandboxUnavailable(refusal)
+
+    async def _ensure_under_quota(self, action: ActionRecord) -> None:
+        """Raise StorageQuotaExceeded when the owner's stored datasets are at or past their
+        quota: the attempt fails (and is retried after its backoff, by when the owner
+        may have deleted some), so one admitted workflow cannot store without end."""
+        if self.quotas is None:
+            return
+        refusal = await self.quotas.refusal(action.workflow_id)
+        if refusal is not None:
+            raise errors.StorageQuotaExceeded(refusal)
 
     async def _ensure_allowed_here(self, action: ActionRecord, submission: base.Submission) -> None:
         """Raise Forbidden for a non-admin's local unmanaged output outside their own

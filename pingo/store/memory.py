@@ -980,7 +980,7 @@ class MemoryStore:
 
     async def bytes_produced_by(self, owner: str) -> int:
         total = 0
-        for state in states.DATASET_REUSABLE:
+        for state in states.DATASET_USING_STORAGE:
             for key in self._dataset_states.keys(state):
                 record = self._datasets[key]
                 producer = self._workflows.get(record.producer_workflow_id)

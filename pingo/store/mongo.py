@@ -2317,7 +2317,7 @@ class MongoStore:
     @_translated
     async def bytes_produced_by(self, owner: str) -> int:
         produced = [doc["_id"] async for doc in self._workflows.find({"owner": owner}, {"_id": 1})]
-        charged = [s.value for s in states.DATASET_REUSABLE]
+        charged = [s.value for s in states.DATASET_USING_STORAGE]
         total = 0
         for chunk in _chunks(produced):
             groups = await _aggregate(

@@ -258,8 +258,9 @@ class UserLimits:
     max_in_flight_actions: int | None = None
     #: Workflow submissions a minute (a token bucket, kept per node).
     submissions_per_minute: int | None = None
-    #: Bytes of stored datasets the user's workflows produced (`Store.bytes_produced_by`):
-    #: beyond it new workflows are refused until the user deletes some.
+    #: Bytes of datasets on disk the user's workflows produced (`Store.bytes_produced_by`):
+    #: at or past it new workflows are refused, and actions fail to start, until the user
+    #: deletes some.
     max_storage_bytes: int | None = None
 
 
@@ -863,9 +864,9 @@ class Store(Protocol):
         ...
 
     async def bytes_produced_by(self, owner: str) -> int:
-        """Total `size_bytes` of the STORED and LEAF datasets (`DATASET_REUSABLE`: one
-        marked for deletion no longer counts) whose producing workflow is `owner`'s: what
-        a storage quota counts."""
+        """Total `size_bytes` of the datasets whose files take storage
+        (`DATASET_USING_STORAGE`: until the deletor removed them) and whose producing
+        workflow is `owner`'s: what a storage quota counts."""
         ...
 
     # ---- events

@@ -2927,7 +2927,7 @@ class SQLiteStore:
         )
 
     async def bytes_produced_by(self, owner: str) -> int:
-        charged = tuple(s.value for s in states.DATASET_REUSABLE)
+        charged = tuple(s.value for s in states.DATASET_USING_STORAGE)
         row = await self._run(
             self._one,
             tuple,

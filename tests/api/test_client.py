@@ -61,6 +61,10 @@ async def test_submit_wait_and_browse(api: Api, monkeypatch: pytest.MonkeyPatch)
         DECLINE_EVENT, dataset_id=dataset["id"], payload={"policy": "p", "reason": "why"}
     )
     lines = cli.storage_lines(await asyncio.to_thread(client.storage))
+    assert f"yours     {storage['ownBytes']:,} B (no quota)" in lines
+    assert cli.storage_lines({"ownBytes": 250, "quotaBytes": 1000})[3] == (
+        "yours     250 B of a 1,000 B quota (25.0%)"
+    )
     assert lines[-2:] == [
         "recent decisions (1):",
         f"  {lines[-1].split()[0]}  decline  {dataset['id']}  0 B  p: why",

@@ -284,6 +284,14 @@ async def _storage(api: Api, user: str) -> dict[str, Any]:
     return document
 
 
+async def _wait_own_bytes(api: Api, user: str, expected: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while (own := (await _storage(api, user))["ownBytes"]) != expected:
+        assert loop.time() < deadline, own
+        await asyncio.sleep(0.1)
+
+
 async def _expect_over_quota(response: Any) -> dict[str, Any]:
     assert response.status == 403, await response.text()
     problem: dict[str, Any] = await response.json()
@@ -327,10 +335,33 @@ async def test_the_storage_quota_refuses_new_work_until_the_owner_deletes(users_
         f"/api/v1/datasets/{leaf}", params={"force": "true"}, headers=api.auth("alice")
     )
     assert deleted.status == 202, await deleted.text()
-    assert (await _storage(api, "alice"))["ownBytes"] == 2000
+    # Charged until the deletor removed the files (within its interval: no reader).
+    await _wait_own_bytes(api, "alice", 2000)
     assert (await _post(api, _writes("after", 10), "alice")).status == 201
     exposed = await (await api.client.get("/metrics")).text()
     assert 'pingo_workflow_submissions_total{outcome="storage_quota_exceeded"}' in exposed
+
+
+async def test_an_admitted_workflow_stops_starting_actions_past_the_quota(users_api: Api) -> None:
+    """Under the quota at submission, past it once its first action stored: the next
+    actions fail to start (the check before each spawn), and others' work goes on."""
+    api = users_api
+    await _set_limits(api, "alice", maxStorageBytes=1000)
+    # The first action sleeps past the gate's one-second memory of its "under" verdict.
+    first = 'head -c 2000 /dev/zero > "$PINGO_OUTPUT"; sleep 1.5'
+    document = command_workflow(
+        {1: ["sh", "-c", first], 2: ["sh", "-c", 'echo two > "$PINGO_OUTPUT"']},
+        {2: [1]},
+        name="past-quota",
+        extra={2: {"maxAttempts": 1}},
+    )
+    workflow = await api.submit(document, user="alice")
+    done = await api.wait(workflow["id"])
+    assert done["state"] == "FAILED"
+    second = next(a for a in done["actions"] if a["actionId"] == 2)
+    assert second["state"] == "FAILED" and "quota" in second["error"], second
+    bob = await api.submit(_writes("bob-goes-on", 2000), user="bob")
+    assert (await api.wait(bob["id"]))["state"] == "SUCCEEDED"
 
 
 async def test_the_servers_storage_quota_applies_unless_a_user_has_their_own(

@@ -338,8 +338,11 @@ async def test_datasets_storage_and_lineage(api: Api) -> None:
     ).json()
     assert {d["id"] for d in listing["items"]} == {a["datasetId"] for a in done["actions"][:2]}
     storage = await (await api.client.get("/api/v1/storage", headers=api.auth("admin"))).json()
-    assert set(storage) == {"capacityBytes", "usedBytes", "bytesByState", "policy", "decisions"}
+    assert set(storage) == {"capacityBytes", "usedBytes", "bytesByState", "ownBytes",
+                            "quotaBytes", "policy", "decisions"}  # fmt: skip
     assert storage["usedBytes"] == sum(storage["bytesByState"].values())
+    # The admin produced every dataset there is, and has no quota.
+    assert (storage["ownBytes"], storage["quotaBytes"]) == (storage["usedBytes"], None)
     assert storage["decisions"] == []
 
     pinned = await api.client.post(f"/api/v1/datasets/{end}/pin", headers=api.auth("admin"))

@@ -58,8 +58,9 @@ async def test_count_running_workflows_per_owner(store: Store, make: Factory) ->
 async def test_bytes_produced_by_counts_an_owners_stored_and_leaf_datasets(
     store: Store, make: Factory
 ) -> None:
-    """What a storage quota counts: sizes of STORED and LEAF datasets, by the owner of
-    the workflow that produced each; one marked for deletion, or still computing, not."""
+    """What a storage quota counts: sizes of datasets whose files are on disk, by the owner
+    of the workflow that produced each, until the deletor removed them; one still
+    computing, or DELETED, not."""
     sizes = {
         ("alice", D.STORED): 100,
         ("alice", D.LEAF): 20,
@@ -78,15 +79,17 @@ async def test_bytes_produced_by_counts_an_owners_stored_and_leaf_datasets(
                 dataset.id, {state}, state, DatasetChanges(size_bytes=size)
             )
             assert changed is not None
-    assert await store.bytes_produced_by("alice") == 120
+    assert await store.bytes_produced_by("alice") == 4120
     assert await store.bytes_produced_by("bob") == 2**40 + 3
     assert await store.bytes_produced_by("carol") == 0
-    # Marking one for deletion stops its counting at once (the files go later).
-    alice_stored = (await store.list_datasets(state=D.STORED)).items
-    for dataset in alice_stored:
-        if dataset.size_bytes == 100:
-            await store.transition_dataset(dataset.id, {D.STORED}, D.STORED_TO_DELETE)
-    assert await store.bytes_produced_by("alice") == 20
+    # Marked for deletion, it counts until its files are gone.
+    [stored] = [d for d in (await store.list_datasets(state=D.STORED)).items if d.size_bytes == 100]
+    for old, new in ((D.STORED, D.STORED_TO_DELETE), (D.STORED_TO_DELETE, D.PROCESSING)):
+        assert await store.transition_dataset(stored.id, {old}, new) is not None
+        assert await store.bytes_produced_by("alice") == 4120
+    for old, new in ((D.PROCESSING, D.DELETING), (D.DELETING, D.DELETED)):
+        assert await store.transition_dataset(stored.id, {old}, new) is not None
+    assert await store.bytes_produced_by("alice") == 4020
 
 
 async def _ready(store: Store, make: Factory, owner: str, count: int) -> WorkflowPlan:
