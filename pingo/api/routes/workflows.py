@@ -19,7 +19,7 @@ from pingo.actions.executors import cluster, sandbox
 from pingo.api import auth, bodies, documents, models, problems, runtime
 from pingo.config import Settings
 from pingo.node import BigSubmission
-from pingo.store import lookup
+from pingo.store import _cursor, lookup
 from pingo.store.protocol import (
     NO_LIMITS,
     ActionRecord,
@@ -472,18 +472,18 @@ async def list_workflows(request: web.Request) -> web.Response:
     wanted_state = bodies.query_enum(request, "state", states.WorkflowState)
     name = request.query.get("name") or None
     owner = request.query.get("owner") or None
-    if not user.is_admin:
-        if owner is not None and owner != user.name:
-            # Another user's workflows are invisible, not forbidden.
-            return bodies.json_response(models.WorkflowPage(items=[], next=None))
-        owner = user.name
+    cursor = request.query.get("cursor") or None
     try:
+        if cursor is not None:
+            # Checked before anything is answered: a bad cursor is a 400 for every caller.
+            _cursor.decode_cursor(cursor)
+        if not user.is_admin:
+            if owner is not None and owner != user.name:
+                # Another user's workflows are invisible, not forbidden.
+                return bodies.json_response(models.WorkflowPage(items=[], next=None))
+            owner = user.name
         found = await runtime.node(request).store.list_workflows(
-            owner=owner,
-            state=wanted_state,
-            name=name,
-            limit=limit or 100,
-            cursor=request.query.get("cursor") or None,
+            owner=owner, state=wanted_state, name=name, limit=limit or 100, cursor=cursor
         )
     except errors.ValidationFailed as exc:
         raise problems.InvalidParameter(exc.message, exc.issues) from exc
