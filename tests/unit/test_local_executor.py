@@ -16,7 +16,13 @@ import pytest
 
 from pingo import errors
 from pingo.actions.executors import base, sandbox
-from pingo.actions.executors.local import ExecutorClosed, LocalExecutor, create, server_environment
+from pingo.actions.executors.local import (
+    ExecutorClosed,
+    KilledBeforeStart,
+    LocalExecutor,
+    create,
+    server_environment,
+)
 from pingo.config import Settings
 from pingo.datasets import trees
 from pingo.datasets.storage import (
@@ -348,6 +354,31 @@ async def test_slots_bound_concurrency(tmp_path: Path, recorder: Recorder) -> No
     await asyncio.gather(*tasks)
     await recorder.wait_for(5)
     assert [r[0] for r in recorder.reports] == ["success"] * 5
+    await ex.close()
+
+
+async def test_work_killed_while_it_waits_for_a_slot_never_starts(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    """A red-team review saw a killed action start once a slot freed, and write."""
+    ex = LocalExecutor(recorder, slots=1, node_id="n")
+    await ex.start()
+    busy = await ex.submit(submission(tmp_path, ["sleep", "60"]))
+    marker = tmp_path / "started"
+    queued = submission(tmp_path, ["touch", str(marker)])
+    waiting = asyncio.create_task(ex.submit(queued))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await ex.kill(ex.external_id_for(queued.callback_id, queued.attempt))
+    await ex.kill(busy)
+    with pytest.raises(KilledBeforeStart):
+        await waiting
+    await recorder.wait_for(1)
+    assert [r[0] for r in recorder.reports] == ["killed"]
+    assert not marker.exists()
+    # Its slot was given back: work still runs.
+    await ex.submit(submission(tmp_path, ["true"]))
+    await recorder.wait_for(2)
     await ex.close()
 
 

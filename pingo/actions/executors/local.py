@@ -89,6 +89,12 @@ class ExecutorClosed(errors.PingoError):
     code = "EXECUTOR_CLOSED"
 
 
+class KilledBeforeStart(errors.PingoError):
+    """The work was killed while it waited for a slot: it never starts."""
+
+    code = "KILLED_BEFORE_START"
+
+
 @dataclass(slots=True, eq=False)
 class _Process:
     pid: int
@@ -137,6 +143,9 @@ class LocalExecutor:
         self._procs: dict[str, _Process] = {}
         #: How work ended whose report failed, until reconciliation asks.
         self._unreported: dict[str, ExecutorStatus] = {}
+        #: Work waiting for a slot, and whether it was killed meanwhile (then it never
+        #: starts: `kill` finds no process to stop).
+        self._waiting: dict[str, bool] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dirs: set[str] = set()
         self._executables: dict[tuple[str, str], str] = {}
@@ -195,11 +204,18 @@ class LocalExecutor:
         # before the slot wait, so a freed slot is refilled by a bare spawn.
         log, status = await asyncio.to_thread(self._open_files, submission)
         args = None if env_args is None else _args_file(env_args)
+        waiting = self.external_id_for(submission.callback_id, submission.attempt)
+        self._waiting[waiting] = False
         try:
-            await self._slots.acquire()
+            try:
+                await self._slots.acquire()
+            finally:
+                killed = self._waiting.pop(waiting)
             try:
                 if self._closing:
                     raise ExecutorClosed()
+                if killed:
+                    raise KilledBeforeStart(f"{waiting} was killed before a slot freed")
                 if self.sandbox is not None and _is_local(submission.output_path):
                     sandbox.ensure_plain_box(_local(submission.output_path))
                 proc = self._spawn(submission, argv, env, log, status, args)
@@ -232,6 +248,9 @@ class LocalExecutor:
 
     async def kill(self, external_id: str) -> None:
         """Stop the process group (SIGTERM, SIGKILL after a grace); it reports `killed`."""
+        if external_id in self._waiting:
+            self._waiting[external_id] = True
+            return
         proc = self._procs.get(external_id)
         if proc is None or proc.returncode is not None:
             return
