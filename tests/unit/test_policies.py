@@ -802,6 +802,36 @@ def test_lineage_learns_that_a_superseded_step_came_back_and_stops_trusting_it()
     assert chosen(evictions) == ["other"]
 
 
+def test_lineage_does_not_take_another_workflows_step_of_the_same_id_for_a_version() -> None:
+    # WfCommons ids and names recur across workflows: both Montage traces have an
+    # action 1 named mProject_ID0000001. Neither is a version of the other.
+    def step_of(workflow: str, dataset_id: str) -> policy_api.NewDatasetInfo:
+        action = {"id": 1, "name": "mProject_ID0000001", "type": "command-line", "command": ["m"]}
+        document = {"name": workflow, "startActionId": 1, "endActionId": 1, "actions": [action]}
+        definition = language.parse(document)
+        return policy_api.NewDatasetInfo(
+            dataset_id, dataset_id, "ann", "server", definition.actions[1], (), None, definition
+        )
+
+    policy = builtin.Lineage()
+    assert policy.keep_new(step_of("montage-01d", "small"), at(0))
+    assert policy.keep_new(step_of("montage-05d", "big"), at(10))
+    dear = cand("small", recompute_cost_s=1000.0, size_bytes=10)
+    cheap = cand("other", recompute_cost_s=1.0, size_bytes=100)
+    # The 05d run superseded nothing: the dear 01d dataset is ranked by its value.
+    assert chosen(policy.select_evictions([dear, cheap], 50, at(20))) == ["other"]
+    # Its next run reuses it: no superseded dataset came back, the tier stays trusted.
+    reused = cand("small", recompute_cost_s=1000.0, size_bytes=10, use_count=1, last_used_at=at(30))
+    policy.select_evictions([reused, cheap], 0, at(40))
+    assert policy.superseded_reused == 0
+    assert policy.reuse_rate() <= policy.max_reuse_rate
+    # An edit of the 01d step itself does supersede it.
+    assert policy.keep_new(step_of("montage-01d", "small2"), at(50))
+    evictions = policy.select_evictions([reused, cheap], 5, at(60))
+    assert chosen(evictions) == ["small"]
+    assert "'mProject_ID0000001' has a newer version (small2)" in evictions[0].reason
+
+
 def test_lineage_refreshes_h_when_ancestors_go_missing() -> None:
     child = cand("child", recompute_cost_s=10.0)
     other = cand("other", recompute_cost_s=15.0)
