@@ -780,10 +780,9 @@ class MongoStore:
         await datasets.create_index(newest, name="newest")
         # Lineage downwards: the datasets computed from one (a multikey index).
         await datasets.create_index([("parents", asc)], name="parents")
-        # Sums a user's stored bytes (`bytes_produced_by`) from the index alone.
-        await datasets.create_index(
-            [("producer_workflow_id", asc), ("state", asc), ("size_bytes", asc)], name="producer"
-        )
+        # Finds a user's datasets for `bytes_produced_by`; on the producer alone, which a
+        # state change leaves alone, so the hot path never writes it.
+        await datasets.create_index([("producer_workflow_id", asc)], name="producer")
         await datasets.create_index([("state", asc), *newest], name="state_newest")
         await workflows.create_index(newest, name="newest")
         await workflows.create_index([("owner", asc), *newest], name="owner_newest")
