@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
@@ -498,6 +499,9 @@ def logs(
     workflow_id: str = typer.Argument(..., metavar="ID"),
     action: str = typer.Argument(..., metavar="ACTION", help="The action's id or name."),
     attempt: int | None = typer.Option(None, "--attempt", min=1, help="Default: the latest."),
+    tail: str | None = typer.Option(
+        None, "--tail", metavar="SIZE", help="Only the log's last SIZE bytes (64KiB, 1000, …)."
+    ),
     cluster: bool = typer.Option(
         True,
         "--cluster/--no-cluster",
@@ -522,12 +526,43 @@ def logs(
                 typer.echo(f"error: {found} named {action!r}; give the action id", err=True)
                 raise typer.Exit(1)
             action_id = matches[0]
-        typer.echo(client.logs(workflow_id, action_id, attempt), nl=False)
+        _print_log(client.log_chunks(workflow_id, action_id, attempt, tail_bytes=_tail(tail)))
         if cluster:
             _cluster_logs(client.cluster_jobs(workflow_id, action_id, attempt))
 
 
 _APPLICATION_ID = re.compile(r"application_[0-9]+_[0-9]+")
+
+
+def _tail(text: str | None) -> int | None:
+    """`--tail`'s size in bytes."""
+    if text is None:
+        return None
+    from pingo import errors as pingo_errors
+    from pingo.config import parse_size
+
+    try:
+        size = parse_size(text)
+    except pingo_errors.ConfigurationError as exc:
+        raise typer.BadParameter(f"{text!r} is not a size", param_hint="--tail") from exc
+    if size < 1:
+        raise typer.BadParameter("must be at least one byte", param_hint="--tail")
+    return size
+
+
+def _print_log(chunks: Iterator[bytes]) -> None:
+    """Write a log as it arrives, never whole in memory: an action may write far more
+    than this process can hold. A suffix range past an empty log (416) prints nothing."""
+    from pingo import client as pingo_client
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        for chunk in chunks:
+            typer.echo(decoder.decode(chunk), nl=False)
+    except pingo_client.ApiError as exc:
+        if exc.status != 416:
+            raise
+    typer.echo(decoder.decode(b"", final=True), nl=False)
 
 
 def _cluster_logs(jobs: Mapping[str, Any]) -> None:

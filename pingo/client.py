@@ -14,6 +14,7 @@ one is reported as an `ApiError` (code `REDIRECT`) naming its target.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -246,6 +247,50 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Response:
         """Send one request; raise `ApiError` for an error answer, `Unreachable` for none."""
+        with self._open(method, path, body, raw_body, query, headers) as answer:
+            try:
+                return Response(answer.status, dict(answer.headers.items()), answer.read())
+            except OSError as exc:
+                raise self._unreachable(exc) from exc
+
+    def stream(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        chunk_bytes: int = 1 << 20,
+    ) -> Iterator[bytes]:
+        """GET `path` and yield its body a chunk at a time, never holding it whole (an
+        action's log may be far larger than this process's memory)."""
+        with self._open("GET", path, None, None, query, headers) as answer:
+            while True:
+                try:
+                    chunk = answer.read(chunk_bytes)
+                except OSError as exc:
+                    raise self._unreachable(exc) from exc
+                if not chunk:
+                    return
+                yield chunk
+
+    def _unreachable(self, exc: BaseException) -> Unreachable:
+        reason = getattr(exc, "reason", exc)
+        return Unreachable(
+            f"cannot reach Pingo at {self.base_url} ({reason}); is `pingo server` running? "
+            "Set PINGO_URL to point elsewhere."
+        )
+
+    @contextlib.contextmanager
+    def _open(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        raw_body: bytes | None,
+        query: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+    ) -> Iterator[Any]:
+        """The open answer to one request (errors raised as `request` says)."""
         url = self.base_url.rstrip("/") + path
         params = {k: v for k, v in (query or {}).items() if v is not None}
         if params:
@@ -261,8 +306,7 @@ class Client:
             # Unredirected as well: even a redirect followed by mistake would not carry it.
             request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
-            with _OPENER.open(request, timeout=self.timeout_s) as answer:
-                return Response(answer.status, dict(answer.headers.items()), answer.read())
+            answer = _OPENER.open(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
             with exc:
                 if 300 <= exc.code < 400:
@@ -272,11 +316,9 @@ class Client:
                 error = error.with_hint(_no_token_hint(self.token_file))
             raise error from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unreachable(
-                f"cannot reach Pingo at {self.base_url} ({reason}); is `pingo server` running? "
-                "Set PINGO_URL to point elsewhere."
-            ) from exc
+            raise self._unreachable(exc) from exc
+        with answer:
+            yield answer
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
@@ -362,6 +404,22 @@ class Client:
             query={"attempt": attempt},
         )
         return answer.body.decode("utf-8", "replace")
+
+    def log_chunks(
+        self,
+        workflow_id: str,
+        action_id: int,
+        attempt: int | None = None,
+        *,
+        tail_bytes: int | None = None,
+    ) -> Iterator[bytes]:
+        """The log of one attempt as it arrives, a chunk at a time; only its last
+        `tail_bytes` when given (an HTTP suffix range)."""
+        return self.stream(
+            f"/api/v1/workflows/{_q(workflow_id)}/actions/{action_id}/logs",
+            query={"attempt": attempt},
+            headers=None if tail_bytes is None else {"Range": f"bytes=-{tail_bytes}"},
+        )
 
     def cluster_jobs(
         self, workflow_id: str, action_id: int, attempt: int | None = None

@@ -628,12 +628,23 @@ def _paths() -> dict[str, Any]:
                         "description": "stdout and stderr of the attempt (local executor).",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
+                    "206": {
+                        "description": "The part of the log a `Range` header asked for.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
                     "404": _problem("No such action, no attempt yet, or no log on this node."),
+                    "416": {"description": "A `Range` outside the log (an empty one's end)."},
                 },
                 parameters=[
                     _WORKFLOW_ID,
                     _ACTION_ID,
                     _param("attempt", "query", _ATTEMPT, "default: latest"),
+                    _param(
+                        "Range",
+                        "header",
+                        {"type": "string"},
+                        "bytes=-N for the log's last N bytes (RFC 9110 byte ranges)",
+                    ),
                 ],
             )
         },

@@ -130,6 +130,34 @@ def test_submit_wait_exits_1_when_the_workflow_fails(server: Server, tmp_path: P
     assert by_id.stdout == logs.stdout
 
 
+def test_logs_stream_and_tail_a_log_larger_than_memory(server: Server, tmp_path: Path) -> None:
+    """A red-team review made its log a 1 TiB sparse file, and the log reader died
+    holding it: `pingo logs` streams, and `--tail` asks only for the end."""
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({
+        "name": "huge-log", "startActionId": 1, "endActionId": 2,
+        "actions": [
+            {"id": 1, "name": "sparse", "type": "command-line",
+             "command": ["sh", "-c", "echo head; truncate -s 64G /proc/self/fd/1;"
+                         ' echo the end; echo > "$PINGO_OUTPUT"']},
+            {"id": 2, "name": "quiet", "type": "command-line", "parentActions": [{"id": 1}],
+             "command": ["sh", "-c", 'echo > "$PINGO_OUTPUT"']},
+        ],
+    }))  # fmt: skip
+    result = server.run("submit", str(huge), "--wait")
+    assert result.returncode == 0, result.stderr
+    workflow_id = result.stdout.splitlines()[0]
+    tail = server.run("logs", workflow_id, "sparse", "--tail", "8", "--no-cluster")
+    assert (tail.returncode, tail.stdout) == (0, "the end\n"), tail.stderr
+    kib = server.run("logs", workflow_id, "1", "--tail", "1KiB", "--no-cluster")
+    assert len(kib.stdout) == 1024 and kib.stdout.endswith("\0the end\n")
+    # An empty log has no last bytes: nothing printed, no error.
+    empty = server.run("logs", workflow_id, "quiet", "--tail", "10", "--no-cluster")
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+    bad = server.run("logs", workflow_id, "quiet", "--tail", "lots")
+    assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
 def test_invalid_documents_get_clear_errors(server: Server, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": 3, "actions": []}')
