@@ -122,11 +122,15 @@ async def check_storage_quota(
             quota,
             extra={"event": "storage_quota_exceeded", "owner": owner, "bytes": used},
         )
-        raise errors.StorageQuotaExceeded(
-            f"{owner}'s workflows produced {used} bytes of stored datasets, at or past "
-            f"their quota of {quota} bytes; delete some of them (pingo datasets delete) "
-            "and submit again"
-        )
+        raise errors.StorageQuotaExceeded(f"{_over_quota(owner, used, quota)} and submit again")
+
+
+def _over_quota(owner: str, used: int, quota: int) -> str:
+    """What a refusal by the storage quota says, at submission and before a spawn."""
+    return (
+        f"{owner}'s workflows produced {used} bytes of stored datasets, at or past their "
+        f"quota of {quota} bytes; delete some of them (pingo datasets delete)"
+    )
 
 
 #: The `outcome` label of each refusal by a limit in `pingo_workflow_submissions_total`.
@@ -184,12 +188,7 @@ class StorageQuotas:
         if cached is not None and cached[0] > now:
             return cached[1]
         used = await self.store.bytes_produced_by(owner)
-        refusal = (
-            None
-            if used < quota
-            else f"{owner}'s workflows produced {used} bytes of stored datasets, at or past "
-            f"their quota of {quota} bytes: delete some of them (pingo datasets delete)"
-        )
+        refusal = None if used < quota else _over_quota(owner, used, quota)
         self._verdicts[owner] = (now + self.verdict_s, refusal)
         return refusal
 
