@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from pingo import limits
+from pingo.config import Settings
 from pingo.states import ActionState as A
 from pingo.states import DatasetState as D
 from pingo.states import WorkflowState as W
@@ -90,6 +92,71 @@ async def test_bytes_produced_by_counts_an_owners_stored_and_leaf_datasets(
     for old, new in ((D.PROCESSING, D.DELETING), (D.DELETING, D.DELETED)):
         assert await store.transition_dataset(stored.id, {old}, new) is not None
     assert await store.bytes_produced_by("alice") == 4020
+
+
+class _Counted:
+    """The store, with its reads of what a quota needs counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reads: list[str] = []
+
+    async def list_users(self) -> Any:
+        self.reads.append("users")
+        return await self.store.list_users()
+
+    async def get_workflow(self, workflow_id: str) -> Any:
+        self.reads.append("workflow")
+        return await self.store.get_workflow(workflow_id)
+
+    async def bytes_produced_by(self, owner: str) -> int:
+        self.reads.append("bytes")
+        return await self.store.bytes_produced_by(owner)
+
+
+async def test_the_spawn_gate_reads_nothing_per_spawn_without_a_quota_and_caches_verdicts(
+    store: Store, make: Factory
+) -> None:
+    clock = FakeSeconds()
+    counted = _Counted(store)
+    quotas = limits.StorageQuotas(counted, Settings(), clock=clock)  # type: ignore[arg-type]
+    await store.create_user(make.user(name="alice"))
+    plan = make.plan({0: ()}, actions={0: {"state": A.FINISHED}}, owner="alice")
+    await store.create_workflow(plan)
+    await store.transition_dataset(
+        plan.datasets[0].id, {D.TO_LEAF}, D.LEAF, DatasetChanges(size_bytes=10)
+    )
+    workflow_id = plan.workflow.id
+    # No quota anywhere: one listing of the users for a while, nothing per spawn.
+    for _ in range(50):
+        assert await quotas.refusal(workflow_id) is None
+    assert counted.reads == ["users"]
+    # An admin gives alice a quota she is past: seen once the listing is refreshed.
+    await store.set_user_limits("alice", UserLimits(max_storage_bytes=10))
+    assert await quotas.refusal(workflow_id) is None
+    clock.now += quotas.refresh_s
+    refusal = await quotas.refusal(workflow_id)
+    assert refusal is not None and "10 bytes" in refusal
+    # The verdict is remembered for a second: no sum per spawn meanwhile.
+    counted.reads.clear()
+    for _ in range(20):
+        assert await quotas.refusal(workflow_id) == refusal
+    assert "bytes" not in counted.reads
+    clock.now += quotas.verdict_s
+    assert await quotas.refusal(workflow_id) == refusal
+    assert counted.reads.count("bytes") == 1
+    # A quota above what she stored lets her actions start again.
+    await store.set_user_limits("alice", UserLimits(max_storage_bytes=11))
+    clock.now += quotas.refresh_s
+    assert await quotas.refusal(workflow_id) is None
+
+
+class FakeSeconds:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def _ready(store: Store, make: Factory, owner: str, count: int) -> WorkflowPlan:
