@@ -534,17 +534,23 @@ def logs(
 _APPLICATION_ID = re.compile(r"application_[0-9]+_[0-9]+")
 
 
-def _tail(text: str | None) -> int | None:
-    """`--tail`'s size in bytes."""
-    if text is None:
-        return None
+def _size(option: str, text: str, otherwise: str) -> int:
+    """A size option's bytes (`500GB`, `2TiB`, `1000000`), or a usage error: `text` is
+    `otherwise`."""
     from pingo import errors as pingo_errors
     from pingo.config import parse_size
 
     try:
-        size = parse_size(text)
+        return parse_size(text)
     except pingo_errors.ConfigurationError as exc:
-        raise typer.BadParameter(f"{text!r} is not a size", param_hint="--tail") from exc
+        raise typer.BadParameter(f"{text!r} is {otherwise}", param_hint=option) from exc
+
+
+def _tail(text: str | None) -> int | None:
+    """`--tail`'s size in bytes."""
+    if text is None:
+        return None
+    size = _size("--tail", text, "not a size")
     if size < 1:
         raise typer.BadParameter("must be at least one byte", param_hint="--tail")
     return size
@@ -855,16 +861,7 @@ def _limit_value(option: str, text: str) -> int | None:
     if text.strip().lower() == "default":
         return None
     if option == "--max-storage-bytes":
-        from pingo import errors as pingo_errors
-        from pingo.config import parse_size
-
-        try:
-            return parse_size(text)
-        except pingo_errors.ConfigurationError as exc:
-            raise typer.BadParameter(
-                f"{text!r} is neither a size (200GiB, 5TB, 1000000) nor 'default'",
-                param_hint=option,
-            ) from exc
+        return _size(option, text, "neither a size (200GiB, 5TB, 1000000) nor 'default'")
     try:
         return int(text)
     except ValueError as exc:

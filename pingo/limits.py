@@ -180,7 +180,7 @@ class StorageQuotas:
         if workflow is None:
             return None
         owner = workflow.owner
-        quota = self._own.get(owner, self.settings.user_max_storage_bytes)
+        quota = _either(self._own.get(owner), self.settings.user_max_storage_bytes)
         if quota is None:
             return None
         now = self.clock()
