@@ -1,8 +1,11 @@
 """Benchmark workloads from ../shared/bench, and small helpers the benchmarks share.
 
-layered_1000()            the committed 1,000-action layered DAG (layered-1000.json)
+layered_1000()            the committed 1,000-action layered DAG (layered-1000.json),
+                          every action computing (`computing`)
 layered(layers=..., ...)  a new seeded layered DAG (make_workloads.py layered)
-montage()                 the Montage trace workflow (make_workloads.py wfcommons ...)
+montage()                 the Montage trace workflow (make_workloads.py wfcommons ...),
+                          every action computing
+computing(document)       the document with each command ending in its action's id
 wfcommons(trace)          any WfCommons trace under ../shared/traces, or a path
 parents(document)         action id -> parent action ids (the DAG's edges)
 small_workflow(n)         a distinct one-action workflow running `true n`
@@ -58,8 +61,23 @@ def _make_workloads() -> ModuleType:
 
 
 def layered_1000() -> Document:
-    """The 1,000-action layered DAG (20 layers of 50, fan-in 2, seed 1), a fresh copy."""
-    return copy.deepcopy(_load_json(LAYERED_1000))
+    """The 1,000-action layered DAG (20 layers of 50, fan-in 2, seed 1), a fresh copy,
+    every action computing (`computing`)."""
+    return computing(copy.deepcopy(_load_json(LAYERED_1000)))
+
+
+def computing(document: Document) -> Document:
+    """`document` with each action's command ending in its id: 1,000 actions, 1,000
+    computations, as Luigi's 1,000 tasks and the spawn floor's 1,000 spawns.
+
+    The shared workloads run the same command (`true`) everywhere, so which of their
+    actions compute depends on Pingo's identity rules, not on the benchmark: the 50
+    roots of layered-1000 are one provenance, and before a dataset's identity held its
+    parents' action ids (cfb7fe7) its 1,000 actions were 20 datasets, 980 of them
+    shared rather than computed. A figure per action must count computations.
+    """
+    actions = [{**a, "command": [*a["command"], f"a{a['id']}"]} for a in document["actions"]]
+    return {**document, "actions": actions}
 
 
 def layered(
@@ -84,8 +102,9 @@ def wfcommons(trace: str | Path, command: Sequence[str] = ("true",)) -> Document
 
 
 def montage(command: Sequence[str] = ("true",)) -> Document:
-    """The Montage trace workflow (montage-chameleon-2mass-05d-001)."""
-    return wfcommons(MONTAGE_TRACE, command)
+    """The Montage trace workflow (montage-chameleon-2mass-05d-001), every action
+    computing (`computing`)."""
+    return computing(wfcommons(MONTAGE_TRACE, command))
 
 
 def parents(document: Document) -> dict[int, tuple[int, ...]]:
