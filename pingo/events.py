@@ -15,7 +15,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pingo import errors, metrics
-from pingo.store.protocol import ActionRecord, DatasetRecord, EventRecord, Store, WorkflowRecord
+from pingo.states import DatasetState
+from pingo.store import _common
+from pingo.store.protocol import (
+    ActionRecord,
+    DatasetRecord,
+    EventRecord,
+    NewEvent,
+    Store,
+    WorkflowRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +57,23 @@ async def record(
     payload: Mapping[str, Any] | None = None,
 ) -> None:
     """Append an event to `owner`'s feed; a store error is logged, not raised."""
+    await append(store, NewEvent(kind, owner, workflow_id, dataset_id, payload))
+
+
+async def append(store: Store, event: NewEvent) -> None:
+    """Append `event`; a store error is logged, not raised."""
     try:
         await store.append_event(
-            kind, owner=owner, workflow_id=workflow_id, dataset_id=dataset_id, payload=payload
+            event.kind,
+            owner=event.owner,
+            workflow_id=event.workflow_id,
+            dataset_id=event.dataset_id,
+            payload=event.payload,
         )
-        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="recorded").inc()
+        count_recorded(event.kind)
     except errors.PingoError as exc:
-        metrics.EVENTS_RECORDED.labels(kind=kind, outcome="lost").inc()
-        logger.warning(
-            "feed event %s of %s not recorded: %s",
-            kind,
-            workflow_id,
-            exc.message,
-            extra={"event": "feed_event_lost", "kind": kind, "workflow_id": workflow_id},
-        )
+        metrics.EVENTS_RECORDED.labels(kind=event.kind, outcome="lost").inc()
+        _common.log_event_lost(event.kind, event.workflow_id, exc.message)
 
 
 async def record_end(store: Store, workflow: WorkflowRecord) -> None:
@@ -86,20 +98,45 @@ async def record_stored(
 ) -> None:
     """Append `dataset.stored` to `owner`'s feed: their `action` has `dataset` on disk
     (what data triggers follow, `pingo.schedules.service`)."""
-    await record(
+    await append(
         store,
-        DATASET_STORED,
-        owner=owner,
-        workflow_id=workflow_id,
-        dataset_id=dataset.id,
-        payload={
-            "workflowName": workflow_name,
-            "actionId": action.action_id,
-            "actionName": action.name,
-            "state": dataset.state.value,
-            "sizeBytes": dataset.size_bytes,
-        },
+        stored_event(
+            owner=owner,
+            workflow_id=workflow_id,
+            workflow_name=workflow_name,
+            action=action,
+            dataset_id=dataset.id,
+            state=dataset.state,
+            size_bytes=dataset.size_bytes,
+        ),
     )
+
+
+def stored_event(
+    *,
+    owner: str,
+    workflow_id: str,
+    workflow_name: str,
+    action: ActionRecord,
+    dataset_id: str,
+    state: DatasetState,
+    size_bytes: int | None,
+) -> NewEvent:
+    """`dataset.stored` for `owner`'s feed, to append with the dataset's own move
+    (`Store.transition_dataset`'s `event`) or alone (`record_stored`)."""
+    payload = {
+        "workflowName": workflow_name,
+        "actionId": action.action_id,
+        "actionName": action.name,
+        "state": state.value,
+        "sizeBytes": size_bytes,
+    }
+    return NewEvent(DATASET_STORED, owner, workflow_id, dataset_id, payload)
+
+
+def count_recorded(kind: str) -> None:
+    """Count an event appended with another write (`stored_event`)."""
+    metrics.EVENTS_RECORDED.labels(kind=kind, outcome="recorded").inc()
 
 
 async def audit(

@@ -603,11 +603,15 @@ class OutcomeService:
                 producer_workflow_id=producer_workflow_id,
                 producer_action_id=producer_action_id,
             )
+            # Its owner's feed hears of it in the same write: a node dying in between
+            # would leave it stored, found kept by the retry, and never announced.
+            event = await self._stored_event(action, dataset.id, target, size)
             moved = await self.store.transition_dataset(
-                dataset.id, {dataset.state}, target, changes
+                dataset.id, {dataset.state}, target, changes, event=event
             )
             if moved is not None:
-                await self._dataset_stored(action, moved)
+                if event is not None:
+                    events.count_recorded(event.kind)
                 if replace and dataset.digest not in (None, digest):
                     logger.info(
                         "dataset %s replaced (%s): digest %s -> %s",
@@ -667,19 +671,32 @@ class OutcomeService:
         self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
     ) -> None:
         """Tell the owner's feed (and the data triggers that read it) of a stored dataset."""
+        event = await self._stored_event(action, dataset.id, dataset.state, dataset.size_bytes)
+        if event is not None:
+            await events.append(self.store, event)
+
+    async def _stored_event(
+        self,
+        action: protocol.ActionRecord,
+        dataset_id: str,
+        state: D,
+        size_bytes: int | None,
+    ) -> protocol.NewEvent | None:
+        """`dataset.stored` for the owner's feed (None without a feed or an owner)."""
         if not self.feed:
-            return
+            return None
         known = await self._owner(action.workflow_id)
         if known is None:
-            return
+            return None
         owner, workflow_name = known
-        await events.record_stored(
-            self.store,
+        return events.stored_event(
             owner=owner,
             workflow_id=action.workflow_id,
             workflow_name=workflow_name,
             action=action,
-            dataset=dataset,
+            dataset_id=dataset_id,
+            state=state,
+            size_bytes=size_bytes,
         )
 
     async def _computed_for_another(

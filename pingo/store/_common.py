@@ -53,3 +53,15 @@ def log_action_cas_lost(workflow_id: str, action_id: int, new: Enum) -> None:
     log_cas_lost(
         f"action {workflow_id}/{action_id}", new, workflow_id=workflow_id, action_id=action_id
     )
+
+
+def log_event_lost(kind: str, workflow_id: str | None, message: str) -> None:
+    """Log that a feed event was not recorded (a store error): the change it reports
+    happened, and stays; only the feed misses it."""
+    logger.warning(
+        "feed event %s of %s not recorded: %s",
+        kind,
+        workflow_id,
+        message,
+        extra={"event": "feed_event_lost", "kind": kind, "workflow_id": workflow_id},
+    )

@@ -36,6 +36,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Finished,
+    NewEvent,
     Page,
     Persisted,
     PlannedAction,
@@ -902,6 +903,7 @@ class MemoryStore:
         changes: DatasetChanges = _NO_DATASET_CHANGES,
         *,
         if_unclaimed: bool = False,
+        event: NewEvent | None = None,
     ) -> DatasetRecord | None:
         old = self._datasets.get(dataset_id)
         if old is None or old.state not in expected or (if_unclaimed and old.claims):
@@ -914,7 +916,10 @@ class MemoryStore:
             version=old.version + 1,
             **_settable(changes),
         )
-        return self._put_dataset(old, record)
+        moved = self._put_dataset(old, record)
+        if event is not None:
+            self._append_event(event)
+        return moved
 
     def _update_dataset(self, old: DatasetRecord, **fields: Any) -> DatasetRecord:
         record = replace(old, updated_at=self.clock(), version=old.version + 1, **fields)
@@ -999,14 +1004,17 @@ class MemoryStore:
         payload: Mapping[str, Any] | None = None,
         owner: str | None = None,
     ) -> EventRecord:
+        return self._append_event(NewEvent(kind, owner, workflow_id, dataset_id, payload))
+
+    def _append_event(self, new: NewEvent) -> EventRecord:
         event = EventRecord(
             seq=len(self._events) + 1,
-            kind=kind,
+            kind=new.kind,
             at=self.clock(),
-            dataset_id=dataset_id,
-            workflow_id=workflow_id,
-            payload=payload,
-            owner=owner,
+            dataset_id=new.dataset_id,
+            workflow_id=new.workflow_id,
+            payload=new.payload,
+            owner=new.owner,
         )
         self._events.append(event)
         return event

@@ -88,6 +88,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Finished,
+    NewEvent,
     Page,
     Persisted,
     PlannedAction,
@@ -2098,6 +2099,7 @@ class MongoStore:
         changes: DatasetChanges = _NO_DATASET_CHANGES,
         *,
         if_unclaimed: bool = False,
+        event: NewEvent | None = None,
     ) -> DatasetRecord | None:
         query: Doc = {"_id": dataset_id, "state": {"$in": _values(expected)}}
         if if_unclaimed:
@@ -2110,7 +2112,23 @@ class MongoStore:
         if doc is None:
             _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
             return None
+        if event is not None:
+            await self._append_after(event)
         return _dataset(doc)
+
+    async def _append_after(self, event: NewEvent) -> None:
+        """Append `event` after the write it goes with: no transaction holds both here,
+        and that write is done, so a failure is logged rather than raised."""
+        try:
+            await self.append_event(
+                event.kind,
+                owner=event.owner,
+                workflow_id=event.workflow_id,
+                dataset_id=event.dataset_id,
+                payload=event.payload,
+            )
+        except errors.PingoError as exc:
+            _common.log_event_lost(event.kind, event.workflow_id, exc.message)
 
     async def _update_dataset(self, query: Doc, update: Doc) -> DatasetRecord | None:
         _, now_us = self._now()

@@ -249,6 +249,18 @@ class EventRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append with a write (`Store.transition_dataset`'s `event`): the
+    arguments of `Store.append_event`."""
+
+    kind: str
+    owner: str | None = None
+    workflow_id: str | None = None
+    dataset_id: str | None = None
+    payload: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UserLimits:
     """A user's own limits; None means "the server's default" (`Settings.user_*`)."""
 
@@ -818,8 +830,15 @@ class Store(Protocol):
         changes: DatasetChanges = DatasetChanges(),
         *,
         if_unclaimed: bool = False,
+        event: NewEvent | None = None,
     ) -> DatasetRecord | None:
-        """Compare-and-set on state (and on having no claims, if asked)."""
+        """Compare-and-set on state (and on having no claims, if asked).
+
+        `event` is appended only if the dataset moved: in the same transaction where the
+        store has them (SQLite, memory), so a node that dies between the two never leaves
+        a dataset stored with no `dataset.stored` in its owner's feed; on MongoDB right
+        after, and a failure to append it is logged, not raised (the dataset moved).
+        """
         ...
 
     async def add_dataset_claim(

@@ -76,6 +76,7 @@ from pingo.store.protocol import (
     DeliveryChanges,
     EventRecord,
     Finished,
+    NewEvent,
     Page,
     Persisted,
     PlannedAction,
@@ -955,6 +956,17 @@ def _new_dataset_params(plan: DatasetPlan, now: int) -> tuple[Any, ...]:
         0,
         None,
     )
+
+
+_EVENT_INSERT = (
+    "INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def _event_params(event: NewEvent, at: int) -> tuple[Any, ...]:
+    payload = None if event.payload is None else _dumps(event.payload)
+    return (event.kind, at, event.dataset_id, event.workflow_id, payload, event.owner)
 
 
 def _dataset(row: Sequence[Any], fixed: _DatasetFixed) -> DatasetRecord:
@@ -2698,6 +2710,7 @@ class SQLiteStore:
         changes: DatasetChanges = _NO_DATASET_CHANGES,
         *,
         if_unclaimed: bool = False,
+        event: NewEvent | None = None,
     ) -> DatasetRecord | None:
         if not expected:
             return None
@@ -2709,8 +2722,19 @@ class SQLiteStore:
         if if_unclaimed:
             sql += " AND claims = '[]'"
         sql += f" RETURNING {_DATASET_COLUMNS}"
-        args = [new.value, _us(self.clock()), *params, dataset_id, *(s.value for s in expected)]
-        record = await self._run_statement(self._dataset, sql, args)
+        now = _us(self.clock())
+        args = [new.value, now, *params, dataset_id, *(s.value for s in expected)]
+        if event is None:
+            record = await self._run_statement(self._dataset, sql, args)
+        else:
+
+            def move_and_record(conn: sqlite3.Connection) -> DatasetRecord | None:
+                moved = self._one(self._dataset, sql, args)
+                if moved is not None:
+                    conn.execute(_EVENT_INSERT, _event_params(event, now))
+                return moved
+
+            record = await self._run_write(self._with_db, move_and_record)
         if record is None:
             _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
         return record
@@ -2834,19 +2858,11 @@ class SQLiteStore:
         payload: Mapping[str, Any] | None = None,
         owner: str | None = None,
     ) -> EventRecord:
-        at = _us(self.clock())
+        params = _event_params(
+            NewEvent(kind, owner, workflow_id, dataset_id, payload), _us(self.clock())
+        )
         event: EventRecord | None = await self._run_statement(
-            _EVENTS.record,
-            f"INSERT INTO events (kind, at, dataset_id, workflow_id, payload, owner) "
-            f"VALUES (?, ?, ?, ?, ?, ?) RETURNING {_EVENTS.columns}",
-            (
-                kind,
-                at,
-                dataset_id,
-                workflow_id,
-                None if payload is None else _dumps(payload),
-                owner,
-            ),
+            _EVENTS.record, f"{_EVENT_INSERT} RETURNING {_EVENTS.columns}", params
         )
         assert event is not None  # an INSERT … RETURNING returns its row
         return event

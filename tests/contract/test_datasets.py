@@ -8,8 +8,8 @@ from datetime import datetime
 import pytest
 
 from pingo.states import ActionState, DatasetState
-from pingo.store.protocol import DatasetChanges, Store, claim_key
-from tests.contract.conftest import Factory, FakeClock, seed_dataset
+from pingo.store.protocol import DatasetChanges, NewEvent, Store, claim_key
+from tests.contract.conftest import Backend, Factory, FakeClock, seed_dataset
 
 D = DatasetState
 
@@ -216,6 +216,36 @@ async def test_transition_dataset_compare_and_set(
         "wf-x",
         9,
     )
+
+
+async def test_transition_dataset_appends_its_event_only_when_it_moves(
+    store: Store, make: Factory, backend: Backend
+) -> None:
+    dataset_id = await seed_dataset(store, make, D.TO_STORE)
+    event = NewEvent("dataset.stored", "alice", "wf-1", dataset_id, {"sizeBytes": 7})
+
+    lost = await store.transition_dataset(dataset_id, {D.DELETED}, D.STORED, event=event)
+    assert lost is None
+    assert await store.list_events(dataset_id=dataset_id) == []
+
+    moved = await store.transition_dataset(dataset_id, {D.TO_STORE}, D.STORED, event=event)
+    assert moved is not None and moved.state is D.STORED
+    [recorded] = await store.list_events(dataset_id=dataset_id)
+    assert (recorded.kind, recorded.owner, recorded.workflow_id, recorded.payload) == (
+        "dataset.stored",
+        "alice",
+        "wf-1",
+        {"sizeBytes": 7},
+    )
+    assert await store.list_events(owner="alice") == [recorded]
+
+    if backend.name == "sqlite":
+        # One transaction: an event that cannot be written takes the move back with it.
+        unwritable = replace(event, payload={"sizeBytes": object()})
+        with pytest.raises(TypeError):
+            await store.transition_dataset(dataset_id, {D.STORED}, D.LEAF, event=unwritable)
+        again = await store.get_dataset(dataset_id)
+        assert again is not None and again.state is D.STORED
 
 
 async def test_transition_dataset_if_unclaimed(store: Store, make: Factory) -> None:
