@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -51,7 +52,18 @@ _EXECUTING: frozenset[states.ActionState] = frozenset({A.SUBMITTED, A.RUNNING})
 _KILLED_BY_CLUSTER = "killed by the cluster (not by Pingo): no attempt is retried"
 #: States in which an action has not started and can simply be killed.
 _NOT_STARTED: frozenset[states.ActionState] = frozenset({A.WAITING, A.READY, A.PROCESSING})
+
+
 #: Where a computed dataset goes once its files are stored.
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A success's dataset move, prepared for its finish to make (`_store_dataset`)."""
+
+    move: protocol.DatasetMove
+    managed: bool
+    runtime_s: float | None
+
+
 _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
     D.TO_STORE: D.STORED,
     D.TO_LEAF: D.LEAF,
@@ -177,15 +189,16 @@ class OutcomeService:
         now = self.store.clock()
         if runtime_s is None and action.started_at is not None:
             runtime_s = max(0.0, (now - action.started_at).total_seconds())
-        await self._store_dataset(action, runtime_s, dataset)
         changes = protocol.ActionChanges(
             finished_at=now, runtime_s=runtime_s, error=None, lease_expires_at=None
         )
         # One store call: FINISHED by compare-and-set, then (only for the winner) its
         # input claims dropped, its children released and the actions sharing its
-        # computation read, to be settled below.
+        # computation read, to be settled below; with the dataset's own move to its
+        # stored state first when this success stores it (`pending`).
         states.ensure_transition(action.state, A.FINISHED, T.CALLBACK)
-        outcome = await self.store.finish_action(
+        finish = functools.partial(
+            self.store.finish_action,
             action.workflow_id,
             action.action_id,
             _EXECUTING,
@@ -193,6 +206,10 @@ class OutcomeService:
             if_attempt=action.attempts,
             attached_limit=_SETTLE_BATCH,
         )
+        pending = await self._store_dataset(action, runtime_s, dataset)
+        outcome = None if pending is None else await self._finish_storing(action, pending, finish)
+        if outcome is None:
+            outcome = await finish()
         if outcome is None:
             _log_cas_lost(action, A.FINISHED)
             return await self._reread(action)
@@ -456,12 +473,15 @@ class OutcomeService:
         action: protocol.ActionRecord,
         runtime_s: float | None,
         read: protocol.DatasetRecord | None = None,
-    ) -> None:
+    ) -> _Pending | None:
         """Promote the attempt's output onto the dataset path and mark the dataset stored.
 
         A managed local output is measured and hashed (`integrity`) once promoted,
         when this success writes the record: the record's size and digest describe
         exactly the files now at its path. `read`: the dataset as the caller read it.
+
+        The common case, a first store of the dataset, leaves its move to the stored
+        state to the action's finish (`_Pending`), so both are one store call.
         """
         dataset = await self._settled_dataset(action.dataset_id, read)
         managed = bool(action.definition.get("isManaged", True))
@@ -491,20 +511,52 @@ class OutcomeService:
                 )
                 if await self.storage.exists(staging):
                     await self.storage.promote(staging, dataset.path)
-            return
+            return None
         if replace or dataset.id in self._storing:
             await self._store_files(action, runtime_s, dataset, managed, replace)
-            return
+            return None
         done: asyncio.Future[protocol.DatasetRecord | None] = (
             asyncio.get_running_loop().create_future()
         )
         self._storing[dataset.id] = done
-        stored: protocol.DatasetRecord | None = None
         try:
-            stored = await self._store_files(action, runtime_s, dataset, managed, replace)
+            stored = await self._store_files(
+                action, runtime_s, dataset, managed, replace, defer=True
+            )
+        except BaseException:
+            self._stored(dataset.id, None)
+            raise
+        if isinstance(stored, protocol.DatasetMove):
+            return _Pending(stored, managed, runtime_s)
+        self._stored(dataset.id, stored)
+        return None
+
+    def _stored(self, dataset_id: str, stored: protocol.DatasetRecord | None) -> None:
+        """Tell the twins waiting for this node's store of `dataset_id` how it ended."""
+        self._storing.pop(dataset_id).set_result(stored)
+
+    async def _finish_storing(
+        self,
+        action: protocol.ActionRecord,
+        pending: _Pending,
+        finish: Callable[..., Awaitable[protocol.Finished | None]],
+    ) -> protocol.Finished | None:
+        """Store the dataset and finish the action in one store call (`finish_action`'s
+        `stored`); None if a compare-and-set lost, once the dataset is stored the way of
+        two calls (reread, and moved again from what it is now) for `finish` to follow.
+        """
+        try:
+            outcome = await finish(stored=pending.move)
+            if outcome is not None:
+                if pending.move.event is not None:
+                    events.count_recorded(pending.move.event.kind)
+                return outcome
+            dataset = await self._settled_dataset(action.dataset_id)
+            await self._store_files(action, pending.runtime_s, dataset, pending.managed, False)
+            return None
         finally:
-            del self._storing[dataset.id]
-            done.set_result(stored)
+            # Twins read what it became: the store call does not return the dataset.
+            self._stored(pending.move.dataset_id, None)
 
     async def _may_replace(
         self, action: protocol.ActionRecord, dataset: protocol.DatasetRecord
@@ -544,11 +596,15 @@ class OutcomeService:
         dataset: protocol.DatasetRecord,
         managed: bool,
         replace: bool,
-    ) -> protocol.DatasetRecord | None:
+        *,
+        defer: bool = False,
+    ) -> protocol.DatasetRecord | protocol.DatasetMove | None:
         """Promote the output and move the dataset to its stored state (compare-and-set).
 
         Returns the dataset as this left it: stored by this success, or found stored by
         another writer; None if it stored nothing (an intermediate marked for deletion).
+        With `defer`, a first store (from a `_STORED_TARGET` state) returns the move
+        instead of making it, for `finish_action` to make.
         """
         digest: str | None = None
         # Hashed only when this success stores the record: most successes of a
@@ -606,6 +662,10 @@ class OutcomeService:
             # Its owner's feed hears of it in the same write: a node dying in between
             # would leave it stored, found kept by the retry, and never announced.
             event = await self._stored_event(action, dataset.id, target, size)
+            if defer and dataset.state in _STORED_TARGET:
+                return protocol.DatasetMove(
+                    dataset.id, frozenset({dataset.state}), target, changes, event
+                )
             moved = await self.store.transition_dataset(
                 dataset.id, {dataset.state}, target, changes, event=event
             )

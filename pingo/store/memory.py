@@ -31,6 +31,7 @@ from pingo.store.protocol import (
     ActionRecord,
     Clock,
     DatasetChanges,
+    DatasetMove,
     DatasetPlan,
     DatasetRecord,
     DeliveryChanges,
@@ -792,13 +793,23 @@ class MemoryStore:
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
         attached_limit: int = 0,
+        stored: DatasetMove | None = None,
     ) -> Finished | None:
-        # No await from here on: the three steps are one atomic step under asyncio.
+        # No await from here on: the steps are one atomic step under asyncio.
         current = self._actions.get((workflow_id, action_id))
         if if_waiting_on is not None and (
             current is None or if_waiting_on not in current.waiting_on
         ):
             return None
+        if stored is not None:
+            # Both compare-and-sets are checked before either is made: all or nothing.
+            if (
+                current is None
+                or current.state not in expected
+                or (if_attempt is not None and current.attempts != if_attempt)
+                or self._move_dataset(stored) is None
+            ):
+                return None
         finished = self._transition_action(
             workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
         )
@@ -905,20 +916,26 @@ class MemoryStore:
         if_unclaimed: bool = False,
         event: NewEvent | None = None,
     ) -> DatasetRecord | None:
-        old = self._datasets.get(dataset_id)
-        if old is None or old.state not in expected or (if_unclaimed and old.claims):
-            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
+        move = DatasetMove(dataset_id, frozenset(expected), new, changes, event)
+        return self._move_dataset(move, if_unclaimed=if_unclaimed)
+
+    def _move_dataset(
+        self, move: DatasetMove, *, if_unclaimed: bool = False
+    ) -> DatasetRecord | None:
+        old = self._datasets.get(move.dataset_id)
+        if old is None or old.state not in move.expected or (if_unclaimed and old.claims):
+            _common.log_cas_lost(f"dataset {move.dataset_id}", move.new, dataset_id=move.dataset_id)
             return None
         record = replace(
             old,
-            state=new,
+            state=move.new,
             updated_at=self.clock(),
             version=old.version + 1,
-            **_settable(changes),
+            **_settable(move.changes),
         )
         moved = self._put_dataset(old, record)
-        if event is not None:
-            self._append_event(event)
+        if move.event is not None:
+            self._append_event(move.event)
         return moved
 
     def _update_dataset(self, old: DatasetRecord, **fields: Any) -> DatasetRecord:

@@ -83,6 +83,7 @@ from pingo.store.protocol import (
     ActionRecord,
     Clock,
     DatasetChanges,
+    DatasetMove,
     DatasetPlan,
     DatasetRecord,
     DeliveryChanges,
@@ -1940,8 +1941,10 @@ class MongoStore:
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
         attached_limit: int = 0,
+        stored: DatasetMove | None = None,
     ) -> Finished | None:
-        """Not atomic on MongoDB: ordered single-document steps, the CAS first.
+        """Not atomic on MongoDB: ordered single-document steps, the CAS first (the
+        dataset's, with `stored`, before the action's: it stays if the action's loses).
 
         Without multi-document transactions, the steps the other backends take in one
         transaction are taken one by one here. That is safe because the compare-and-set
@@ -1953,6 +1956,8 @@ class MongoStore:
         deletor's `release_orphan_claims` drops ended actions' claims on the datasets it
         could delete. Until then a claim only delays a deletion, and a child only waits.
         """
+        if stored is not None and await self._move_dataset(stored) is None:
+            return None
         finished = await self._transition_action(
             workflow_id,
             action_id,
@@ -2101,19 +2106,29 @@ class MongoStore:
         if_unclaimed: bool = False,
         event: NewEvent | None = None,
     ) -> DatasetRecord | None:
-        query: Doc = {"_id": dataset_id, "state": {"$in": _values(expected)}}
+        move = DatasetMove(dataset_id, frozenset(expected), new, changes, event)
+        return await self._move_dataset(move, if_unclaimed=if_unclaimed)
+
+    async def _move_dataset(
+        self, move: DatasetMove, *, if_unclaimed: bool = False
+    ) -> DatasetRecord | None:
+        query: Doc = {"_id": move.dataset_id, "state": {"$in": _values(move.expected)}}
         if if_unclaimed:
             query["claims"] = {"$size": 0}
         _, now_us = self._now()
-        fields = {"state": new.value, "updated_at_us": now_us, **_changes_set(changes.items())}
+        fields = {
+            "state": move.new.value,
+            "updated_at_us": now_us,
+            **_changes_set(move.changes.items()),
+        }
         doc = await self._datasets.find_one_and_update(
             query, {"$set": fields, "$inc": {"version": 1}}, return_document=_AFTER
         )
         if doc is None:
-            _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
+            _common.log_cas_lost(f"dataset {move.dataset_id}", move.new, dataset_id=move.dataset_id)
             return None
-        if event is not None:
-            await self._append_after(event)
+        if move.event is not None:
+            await self._append_after(move.event)
         return _dataset(doc)
 
     async def _append_after(self, event: NewEvent) -> None:

@@ -261,6 +261,18 @@ class NewEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetMove:
+    """A dataset's compare-and-set to make with an action's (`Store.finish_action`'s
+    `stored`): the arguments of `Store.transition_dataset`."""
+
+    dataset_id: str
+    expected: frozenset[DatasetState]
+    new: DatasetState
+    changes: DatasetChanges
+    event: NewEvent | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UserLimits:
     """A user's own limits; None means "the server's default" (`Settings.user_*`)."""
 
@@ -743,8 +755,15 @@ class Store(Protocol):
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
         attached_limit: int = 0,
+        stored: DatasetMove | None = None,
     ) -> Finished | None:
         """Compare-and-set the action to FINISHED, then drop its claims and release its children.
+
+        With `stored`, that dataset's compare-and-set (`transition_dataset`, its event
+        included) is made first, in the same transaction: a success stores its output
+        and finishes in one write. If either compare-and-set loses, neither changes
+        anything and None is returned; on MongoDB the dataset's move stays when the
+        action's loses, as two calls would leave it.
 
         With `if_waiting_on`, the compare-and-set also requires that id in its
         `waiting_on` (a shared action finishes only while it still waits for its producer).

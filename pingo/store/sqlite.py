@@ -71,6 +71,7 @@ from pingo.store.protocol import (
     ActionRecord,
     Clock,
     DatasetChanges,
+    DatasetMove,
     DatasetPlan,
     DatasetRecord,
     DeliveryChanges,
@@ -956,6 +957,27 @@ def _new_dataset_params(plan: DatasetPlan, now: int) -> tuple[Any, ...]:
         0,
         None,
     )
+
+
+class _Undone(Exception):
+    """Raised in a write call to take back what it wrote (its savepoint is rolled back),
+    and caught by the method that made the call."""
+
+
+def _dataset_move_statement(
+    move: DatasetMove, now: int, *, if_unclaimed: bool = False
+) -> tuple[str, list[Any]]:
+    """The compare-and-set of `move`, RETURNING the row as `_DATASET_COLUMNS`."""
+    sets, params = _set_clause(move.changes)
+    sql = (
+        f"UPDATE datasets SET state = ?, updated_at = ?, version = version + 1{sets} "
+        f"WHERE id = ? AND state IN ({_placeholders(len(move.expected))})"
+    )
+    if if_unclaimed:
+        sql += " AND claims = '[]'"
+    sql += f" RETURNING {_DATASET_COLUMNS}"
+    args = [move.new.value, now, *params, move.dataset_id, *(s.value for s in move.expected)]
+    return sql, args
 
 
 _EVENT_INSERT = (
@@ -2447,6 +2469,7 @@ class SQLiteStore:
         if_attempt: int | None = None,
         if_waiting_on: int | None = None,
         attached_limit: int = 0,
+        stored: DatasetMove | None = None,
     ) -> Finished | None:
         if not expected:
             return None
@@ -2461,12 +2484,19 @@ class SQLiteStore:
             if_attempt=if_attempt,
             if_waiting_on=if_waiting_on,
         )
-        outcome: Finished | None = await self._run_write(
-            self._with_db,
-            lambda conn: self._finish_action(
-                conn, workflow_id, action_id, sql, args, now, attached_limit
-            ),
-        )
+
+        def finish(conn: sqlite3.Connection) -> Finished | None:
+            if stored is not None and self._move_dataset(conn, stored, now) is None:
+                return None
+            done = self._finish_action(conn, workflow_id, action_id, sql, args, now, attached_limit)
+            if done is None and stored is not None:
+                raise _Undone  # the dataset's move goes back with this call's savepoint
+            return done
+
+        try:
+            outcome: Finished | None = await self._run_write(self._with_db, finish)
+        except _Undone:
+            outcome = None
         if outcome is None:
             _common.log_cas_lost(
                 f"action {workflow_id}/{action_id}",
@@ -2714,30 +2744,30 @@ class SQLiteStore:
     ) -> DatasetRecord | None:
         if not expected:
             return None
-        sets, params = _set_clause(changes)
-        sql = (
-            f"UPDATE datasets SET state = ?, updated_at = ?, version = version + 1{sets} "
-            f"WHERE id = ? AND state IN ({_placeholders(len(expected))})"
-        )
-        if if_unclaimed:
-            sql += " AND claims = '[]'"
-        sql += f" RETURNING {_DATASET_COLUMNS}"
         now = _us(self.clock())
-        args = [new.value, now, *params, dataset_id, *(s.value for s in expected)]
+        move = DatasetMove(dataset_id, frozenset(expected), new, changes, event)
         if event is None:
+            sql, args = _dataset_move_statement(move, now, if_unclaimed=if_unclaimed)
             record = await self._run_statement(self._dataset, sql, args)
         else:
-
-            def move_and_record(conn: sqlite3.Connection) -> DatasetRecord | None:
-                moved = self._one(self._dataset, sql, args)
-                if moved is not None:
-                    conn.execute(_EVENT_INSERT, _event_params(event, now))
-                return moved
-
-            record = await self._run_write(self._with_db, move_and_record)
+            record = await self._run_write(
+                self._with_db,
+                lambda conn: self._move_dataset(conn, move, now, if_unclaimed=if_unclaimed),
+            )
         if record is None:
             _common.log_cas_lost(f"dataset {dataset_id}", new, dataset_id=dataset_id)
         return record
+
+    def _move_dataset(
+        self, conn: sqlite3.Connection, move: DatasetMove, now: int, *, if_unclaimed: bool = False
+    ) -> DatasetRecord | None:
+        """`transition_dataset` in the caller's write transaction: the compare-and-set,
+        then its event if it moved."""
+        sql, args = _dataset_move_statement(move, now, if_unclaimed=if_unclaimed)
+        moved = self._one(self._dataset, sql, args)
+        if moved is not None and move.event is not None:
+            conn.execute(_EVENT_INSERT, _event_params(move.event, now))
+        return moved
 
     async def add_dataset_claim(
         self, dataset_id: str, claim: str, allowed: Collection[DatasetState]

@@ -6,8 +6,17 @@ from dataclasses import replace
 from datetime import timedelta
 
 from pingo.states import ActionState, DatasetState
-from pingo.store.protocol import ActionChanges, StateEntry, Store, WorkflowPlan, claim_key
-from tests.contract.conftest import Factory, FakeClock
+from pingo.store.protocol import (
+    ActionChanges,
+    DatasetChanges,
+    DatasetMove,
+    NewEvent,
+    StateEntry,
+    Store,
+    WorkflowPlan,
+    claim_key,
+)
+from tests.contract.conftest import Backend, Factory, FakeClock
 
 A = ActionState
 EXECUTING = {A.SUBMITTED, A.RUNNING}
@@ -103,6 +112,84 @@ async def test_a_lost_finish_changes_nothing(store: Store, make: Factory, clock:
     assert await store.finish_action("missing", 2, EXECUTING, changes) is None
 
     assert await _snapshot(store, plan) == before
+
+
+def _stored_move(plan: WorkflowPlan, expected: DatasetState) -> DatasetMove:
+    """Action 2's dataset to STORED from `expected`, with its event."""
+    two = next(a for a in plan.actions if a.action_id == 2)
+    event = NewEvent("dataset.stored", "alice", plan.workflow.id, two.dataset_id, {"size": 5})
+    changes = DatasetChanges(size_bytes=5)
+    return DatasetMove(two.dataset_id, frozenset({expected}), DatasetState.STORED, changes, event)
+
+
+async def test_finish_action_stores_its_dataset_in_the_same_call(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    plan = _plan(make)
+    await store.create_workflow(plan)
+    wid = plan.workflow.id
+    move = _stored_move(plan, DatasetState.TO_STORE)
+    now = clock.advance(3)
+    changes = ActionChanges(finished_at=now, runtime_s=2.5, error=None, lease_expires_at=None)
+
+    outcome = await store.finish_action(wid, 2, EXECUTING, changes, if_attempt=1, stored=move)
+
+    assert outcome is not None and outcome.action.state is A.FINISHED
+    assert [a.action_id for a in outcome.released] == [3]
+    dataset = await store.get_dataset(move.dataset_id)
+    assert dataset is not None
+    assert (dataset.state, dataset.size_bytes, dataset.updated_at) == (
+        DatasetState.STORED,
+        5,
+        now,
+    )
+    [event] = await store.list_events(dataset_id=move.dataset_id)
+    assert (event.kind, event.owner, event.payload) == ("dataset.stored", "alice", {"size": 5})
+
+
+async def test_a_finish_whose_dataset_moved_on_changes_nothing(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    plan = _plan(make)
+    await store.create_workflow(plan)
+    before = await _snapshot(store, plan)
+    clock.advance(1)
+    changes = ActionChanges(finished_at=clock.now, error=None)
+    moved_on = _stored_move(plan, DatasetState.DELETED)
+
+    lost = await store.finish_action(
+        plan.workflow.id, 2, EXECUTING, changes, if_attempt=1, stored=moved_on
+    )
+
+    assert lost is None
+    assert await _snapshot(store, plan) == before
+    assert await store.list_events(dataset_id=moved_on.dataset_id) == []
+
+
+async def test_a_lost_finish_takes_its_dataset_move_back(
+    store: Store, make: Factory, clock: FakeClock, backend: Backend
+) -> None:
+    plan = _plan(make)
+    await store.create_workflow(plan)
+    before = await _snapshot(store, plan)
+    clock.advance(1)
+    changes = ActionChanges(finished_at=clock.now, error=None)
+    move = _stored_move(plan, DatasetState.TO_STORE)
+
+    stale = await store.finish_action(
+        plan.workflow.id, 2, EXECUTING, changes, if_attempt=2, stored=move
+    )
+
+    assert stale is None
+    actions, datasets = await _snapshot(store, plan)
+    assert actions == before[0]
+    events = await store.list_events(dataset_id=move.dataset_id)
+    if backend.name in ("mongomock", "wire"):
+        # No transaction across documents: the dataset's move stays, as two calls leave it.
+        assert [e.kind for e in events] == ["dataset.stored"]
+    else:
+        assert datasets == before[1]
+        assert events == []
 
 
 async def test_finishing_twice_changes_nothing_the_second_time(

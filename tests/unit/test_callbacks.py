@@ -230,13 +230,22 @@ async def test_twins_succeeding_together_store_the_dataset_once(
     write_output(storage, a1, b"first")
     staging2 = write_output(storage, a2, b"second!")
     writes: list[str] = []
-    transition_dataset = store.transition_dataset
+    transition_dataset, finish_action = store.transition_dataset, store.finish_action
 
     async def counted(dataset_id: str, *args: Any, **kwargs: Any) -> Any:
         writes.append(dataset_id)
         return await transition_dataset(dataset_id, *args, **kwargs)
 
+    async def finished(
+        *args: Any, stored: protocol.DatasetMove | None = None, **kwargs: Any
+    ) -> Any:
+        # A first store is made with the action's finish (`stored`).
+        if stored is not None:
+            writes.append(stored.dataset_id)
+        return await finish_action(*args, stored=stored, **kwargs)
+
     store.transition_dataset = counted  # type: ignore[method-assign]
+    store.finish_action = finished  # type: ignore[method-assign]
 
     done = await asyncio.gather(
         callbacks.success(a1.callback_id, 1), callbacks.success(a2.callback_id, 1)
@@ -289,6 +298,43 @@ async def test_a_twin_that_wrote_nothing_keeps_the_stored_dataset(
     finished = await store.get_action(w.id, 2)
     assert finished is not None and finished.state is A.FINISHED
     assert await wf_state(store, w.id) is W.SUCCEEDED
+
+
+async def test_a_success_whose_dataset_another_node_stores_first_keeps_theirs(
+    store: protocol.Store,
+    storage: DatasetStorage,
+    callbacks: OutcomeService,
+    manager: planner.WorkflowManager,
+) -> None:
+    # The success prepares its dataset's move for its finish (one store call); another
+    # node's twin stores the dataset just before that call, so the call changes nothing
+    # and the success falls back to the two calls: the dataset kept, the action finished.
+    record = await manager.submit(workflow({1: []}, tag="raced"), owner="ann")
+    action = await start_attempt(store, record.id, 1)
+    write_output(storage, action, b"mine")
+    finish_action = store.finish_action
+    theirs: list[protocol.DatasetRecord | None] = []
+
+    async def raced(*args: Any, stored: protocol.DatasetMove | None = None, **kwargs: Any) -> Any:
+        if stored is not None and not theirs:
+            theirs.append(
+                await store.transition_dataset(
+                    stored.dataset_id,
+                    stored.expected,
+                    D.LEAF,
+                    protocol.DatasetChanges(size_bytes=3),
+                )
+            )
+        return await finish_action(*args, stored=stored, **kwargs)
+
+    store.finish_action = raced  # type: ignore[method-assign]
+
+    finished = await callbacks.success(action.callback_id, 1)
+
+    assert finished.state is A.FINISHED and theirs[0] is not None
+    d = await dataset(store, action.dataset_id)
+    assert (d.state, d.size_bytes, d.version) == (D.LEAF, 3, theirs[0].version)
+    assert await wf_state(store, record.id) is W.SUCCEEDED
 
 
 async def test_success_after_the_dataset_was_deleted_meanwhile(
