@@ -147,37 +147,40 @@ async def test_finish_action_stores_its_dataset_in_the_same_call(
     assert (event.kind, event.owner, event.payload) == ("dataset.stored", "alice", {"size": 5})
 
 
-async def test_a_finish_whose_dataset_moved_on_changes_nothing(
-    store: Store, make: Factory, clock: FakeClock
-) -> None:
+async def _finish_storing(
+    store: Store, make: Factory, clock: FakeClock, *, dataset_from: DatasetState, attempt: int
+) -> tuple[WorkflowPlan, tuple[object, object], DatasetMove, object]:
+    """Finish action 2 of a new `_plan` (attempt `attempt`) storing its dataset from
+    `dataset_from`: the plan, the snapshot before, the move and what the finish returned."""
     plan = _plan(make)
     await store.create_workflow(plan)
     before = await _snapshot(store, plan)
     clock.advance(1)
     changes = ActionChanges(finished_at=clock.now, error=None)
-    moved_on = _stored_move(plan, DatasetState.DELETED)
+    move = _stored_move(plan, dataset_from)
+    outcome = await store.finish_action(
+        plan.workflow.id, 2, EXECUTING, changes, if_attempt=attempt, stored=move
+    )
+    return plan, before, move, outcome
 
-    lost = await store.finish_action(
-        plan.workflow.id, 2, EXECUTING, changes, if_attempt=1, stored=moved_on
+
+async def test_a_finish_whose_dataset_moved_on_changes_nothing(
+    store: Store, make: Factory, clock: FakeClock
+) -> None:
+    plan, before, move, lost = await _finish_storing(
+        store, make, clock, dataset_from=DatasetState.DELETED, attempt=1
     )
 
     assert lost is None
     assert await _snapshot(store, plan) == before
-    assert await store.list_events(dataset_id=moved_on.dataset_id) == []
+    assert await store.list_events(dataset_id=move.dataset_id) == []
 
 
 async def test_a_lost_finish_takes_its_dataset_move_back(
     store: Store, make: Factory, clock: FakeClock, backend: Backend
 ) -> None:
-    plan = _plan(make)
-    await store.create_workflow(plan)
-    before = await _snapshot(store, plan)
-    clock.advance(1)
-    changes = ActionChanges(finished_at=clock.now, error=None)
-    move = _stored_move(plan, DatasetState.TO_STORE)
-
-    stale = await store.finish_action(
-        plan.workflow.id, 2, EXECUTING, changes, if_attempt=2, stored=move
+    plan, before, move, stale = await _finish_storing(
+        store, make, clock, dataset_from=DatasetState.TO_STORE, attempt=2
     )
 
     assert stale is None
