@@ -54,7 +54,6 @@ _KILLED_BY_CLUSTER = "killed by the cluster (not by Pingo): no attempt is retrie
 _NOT_STARTED: frozenset[states.ActionState] = frozenset({A.WAITING, A.READY, A.PROCESSING})
 
 
-#: Where a computed dataset goes once its files are stored.
 @dataclass(frozen=True, slots=True)
 class _Pending:
     """A success's dataset move, prepared for its finish to make (`_store_dataset`)."""
@@ -64,6 +63,7 @@ class _Pending:
     runtime_s: float | None
 
 
+#: Where a computed dataset goes once its files are stored.
 _STORED_TARGET: Mapping[states.DatasetState, states.DatasetState] = {
     D.TO_STORE: D.STORED,
     D.TO_LEAF: D.LEAF,
