@@ -801,20 +801,15 @@ class MemoryStore:
             current is None or if_waiting_on not in current.waiting_on
         ):
             return None
-        if stored is not None:
-            # Both compare-and-sets are checked before either is made: all or nothing.
-            if (
-                current is None
-                or current.state not in expected
-                or (if_attempt is not None and current.attempts != if_attempt)
-                or self._move_dataset(stored) is None
-            ):
-                return None
+        if stored is not None and self._movable(stored) is None:
+            return None
         finished = self._transition_action(
             workflow_id, action_id, expected, ActionState.FINISHED, changes, if_attempt=if_attempt
         )
         if finished is None:
             return None
+        if stored is not None:
+            self._move_dataset(stored)  # checked movable above, with no await since
         claim = claim_key(workflow_id, action_id)
         for dataset_id in dict.fromkeys(finished.inputs.values()):
             self._remove_dataset_claim(dataset_id, claim)
@@ -919,11 +914,18 @@ class MemoryStore:
         move = DatasetMove(dataset_id, frozenset(expected), new, changes, event)
         return self._move_dataset(move, if_unclaimed=if_unclaimed)
 
+    def _movable(self, move: DatasetMove, *, if_unclaimed: bool = False) -> DatasetRecord | None:
+        """The dataset `move` would move now, or None when its compare-and-set would lose."""
+        old = self._datasets.get(move.dataset_id)
+        if old is None or old.state not in move.expected or (if_unclaimed and old.claims):
+            return None
+        return old
+
     def _move_dataset(
         self, move: DatasetMove, *, if_unclaimed: bool = False
     ) -> DatasetRecord | None:
-        old = self._datasets.get(move.dataset_id)
-        if old is None or old.state not in move.expected or (if_unclaimed and old.claims):
+        old = self._movable(move, if_unclaimed=if_unclaimed)
+        if old is None:
             _common.log_cas_lost(f"dataset {move.dataset_id}", move.new, dataset_id=move.dataset_id)
             return None
         record = replace(
