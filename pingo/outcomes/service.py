@@ -912,7 +912,7 @@ class OutcomeService:
             return None
         finished, released, _ = outcome
         metrics.action_transitions(A.FINISHED.value).inc()
-        await self.store.record_dataset_use(dataset.id)
+        await self.store.record_dataset_uses((dataset.id,))
         if await self._computed_for_another(finished, dataset):
             # Computed during this run, by another user's workflow: new to this owner,
             # whose data triggers must not miss it because someone else ran it first.

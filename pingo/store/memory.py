@@ -963,11 +963,12 @@ class MemoryStore:
             return old
         return self._update_dataset(old, claims=tuple(c for c in old.claims if c != claim))
 
-    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
-        old = self._datasets.get(dataset_id)
-        if old is None:
-            return None
-        return self._update_dataset(old, use_count=old.use_count + 1, last_used_at=self.clock())
+    async def record_dataset_uses(self, dataset_ids: Collection[str]) -> int:
+        now = self.clock()
+        found = [d for d in map(self._datasets.get, sorted(set(dataset_ids))) if d is not None]
+        for old in found:
+            self._update_dataset(old, use_count=old.use_count + 1, last_used_at=now)
+        return len(found)
 
     async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
         old = self._datasets.get(dataset_id)

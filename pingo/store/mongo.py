@@ -2184,12 +2184,19 @@ class MongoStore:
         return None if doc is None else _dataset(doc)
 
     @_translated
-    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+    async def record_dataset_uses(self, dataset_ids: Collection[str]) -> int:
+        wanted = sorted(set(dataset_ids))
+        if not wanted:
+            return 0
         _, now_us = self._now()
-        return await self._update_dataset(
-            {"_id": dataset_id},
-            {"$inc": {"use_count": 1}, "$set": {"last_used_at_us": now_us}},
+        result = await self._datasets.update_many(
+            {"_id": {"$in": wanted}},
+            {
+                "$inc": {"use_count": 1, "version": 1},
+                "$set": {"last_used_at_us": now_us, "updated_at_us": now_us},
+            },
         )
+        return int(result.matched_count)
 
     @_translated
     async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:

@@ -870,8 +870,9 @@ class Store(Protocol):
         """Remove `claim` (idempotent); None when the dataset does not exist."""
         ...
 
-    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
-        """Count one more use of the dataset, now."""
+    async def record_dataset_uses(self, dataset_ids: Collection[str]) -> int:
+        """Count one more use of each dataset named (once however often it is named), now,
+        in one write; return how many of them exist."""
         ...
 
     async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:

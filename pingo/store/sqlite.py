@@ -2817,14 +2817,20 @@ class SQLiteStore:
             self._dataset, f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE id = ?", (dataset_id,)
         )
 
-    async def record_dataset_use(self, dataset_id: str) -> DatasetRecord | None:
+    async def record_dataset_uses(self, dataset_ids: Collection[str]) -> int:
         now = _us(self.clock())
-        return await self._run_statement(
-            self._dataset,
+        sql = (
             "UPDATE datasets SET use_count = use_count + 1, last_used_at = ?, updated_at = ?, "
-            f"version = version + 1 WHERE id = ? RETURNING {_DATASET_COLUMNS}",
-            (now, now, dataset_id),
+            "version = version + 1 WHERE id = ?"
         )
+        params = [(now, now, dataset_id) for dataset_id in sorted(set(dataset_ids))]
+        if not params:
+            return 0
+
+        def count(conn: sqlite3.Connection) -> int:
+            return conn.executemany(sql, params).rowcount
+
+        return await self._run_write(self._with_db, count)
 
     async def set_dataset_pinned(self, dataset_id: str, pinned: bool) -> DatasetRecord | None:
         now = _us(self.clock())

@@ -486,7 +486,7 @@ class WorkflowManager:
             identified.definition.actions.values(),
         )
         if tally.reused:
-            await asyncio.gather(*(self.store.record_dataset_use(ds) for ds in tally.reused))
+            await self.store.record_dataset_uses(tally.reused)
             if self.feed:
                 await self._reused_from_others(record, plan.actions, records)
         return record, plan, tally, persisted.shared

@@ -325,13 +325,21 @@ async def test_list_claimed_datasets_pages_by_id_in_every_state(
 
 async def test_record_use_and_pinning(store: Store, make: Factory, clock: FakeClock) -> None:
     dataset_id = await seed_dataset(store, make, D.STORED)
+    other = await seed_dataset(store, make, D.STORED)
     first_use = clock.advance(1)
-    used = await store.record_dataset_use(dataset_id)
+    # Named twice, counted once; a missing one is not counted.
+    assert await store.record_dataset_uses([dataset_id, "missing", dataset_id, other]) == 2
+    used = await store.get_dataset(dataset_id)
     assert used is not None and (used.use_count, used.last_used_at) == (1, first_use)
+    assert used.updated_at == first_use
     second_use = clock.advance(1)
-    used = await store.record_dataset_use(dataset_id)
+    assert await store.record_dataset_uses([dataset_id]) == 1
+    used = await store.get_dataset(dataset_id)
     assert used is not None and (used.use_count, used.last_used_at) == (2, second_use)
-    assert await store.record_dataset_use("missing") is None
+    untouched = await store.get_dataset(other)
+    assert untouched is not None and (untouched.use_count, untouched.last_used_at) == (1, first_use)
+    assert await store.record_dataset_uses(["missing"]) == 0
+    assert await store.record_dataset_uses([]) == 0
 
     pinned = await store.set_dataset_pinned(dataset_id, True)
     assert pinned is not None and pinned.pinned

@@ -183,8 +183,8 @@ async def _operation(world: World, clock: FakeClock, model: MemoryStore) -> tupl
         did, claim = world.dataset(), claim_key(rng.choice(world.workflows), rng.randint(0, 3))
         return kind, lambda s: s.remove_dataset_claim(did, claim)
     if kind == "use":
-        did = world.dataset()
-        return kind, lambda s: s.record_dataset_use(did)
+        dids = [world.dataset() for _ in range(rng.randint(0, 3))]
+        return kind, lambda s: s.record_dataset_uses(dids)
     if kind == "pin":
         did, pinned = world.dataset(), rng.random() < 0.5
         return kind, lambda s: s.set_dataset_pinned(did, pinned)

@@ -929,7 +929,7 @@ async def test_live_reasons_measure_idle_time_from_the_last_use_or_store(
     clock.advance(200)
     await make_dataset("reused", size=100)
     clock.advance(100)
-    await store.record_dataset_use("reused")  # reused at 300
+    await store.record_dataset_uses(["reused"])  # reused at 300
     clock.advance(900)  # now: 1200
     evicted = await RetentionLoop(store, settings(100, low_water=0.01), builtin.LRU()).enforce()
     reasons = {e.dataset_id: e.reason for e in evicted}
