@@ -237,6 +237,18 @@ class StoredSubmission:
     sharing: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What `WorkflowManager.submit_once` did."""
+
+    record: protocol.WorkflowRecord
+    #: Whether `record` is an earlier workflow submitted with the same idempotency key.
+    replayed: bool
+    #: The workflow's actions as stored, when it ended at submission (every dataset it
+    #: needed was reused): nothing changes them after. None otherwise.
+    actions: Sequence[protocol.ActionRecord] | None = None
+
+
 #: What `_persist` gives for a new workflow: its record, its plan, its tally and the
 #: actions the store made share (`Store.persist_plan`).
 _Stored = tuple[
@@ -339,7 +351,7 @@ class WorkflowManager:
         API's submissions and re-runs): checked once the document is known valid
         (`_persist`).
         """
-        record, _ = await self.submit_once(
+        submitted = await self.submit_once(
             document,
             owner=owner,
             idempotency_key=idempotency_key,
@@ -347,7 +359,7 @@ class WorkflowManager:
             rerun_of=rerun_of,
             cap=cap,
         )
-        return record
+        return submitted.record
 
     async def submit_once(
         self,
@@ -358,8 +370,9 @@ class WorkflowManager:
         force: ForceTargets = (),
         rerun_of: str | None = None,
         cap: protocol.UserLimits | None = None,
-    ) -> tuple[protocol.WorkflowRecord, bool]:
-        """`submit`, and whether the record is a replay of an earlier one with the same key.
+    ) -> Submitted:
+        """`submit`, whether the record is a replay of an earlier one with the same key,
+        and the actions of a workflow that ended at submission.
 
         A key the owner already used for a different document raises
         `IDEMPOTENCY_KEY_REUSED`, on the fast path and on the race path alike
@@ -368,13 +381,16 @@ class WorkflowManager:
         started = time.perf_counter()
         persisted = await self._persist(document, owner, idempotency_key, force, rerun_of, cap)
         if isinstance(persisted, protocol.WorkflowRecord):
-            return persisted, True
+            return Submitted(persisted, replayed=True)
         record, plan, tally, shared = persisted
         # The store's sharers as it wrote them; the planner's own as planned.
         wanted = set(tally.sharing).difference(a.action_id for a in shared)
         sharing = [*shared, *(a for a in plan.actions if a.action_id in wanted)]
         await self._announce(record, tally.counted(), sharing, rerun_of, started)
-        return record, False
+        if record.state not in states.WORKFLOW_TERMINAL:
+            return Submitted(record, replayed=False)
+        # Every action ended as planned (reused or not needed): the store holds these.
+        return Submitted(record, replayed=False, actions=plan.actions)
 
     async def persist_detached(
         self,

@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 
+from pingo.api import runtime
 from pingo.api.runtime import CachedDocument, DocumentCache
 from pingo.states import ActionState
 
@@ -75,6 +76,25 @@ async def test_resubmission_reuses_every_action(api: Api) -> None:
     assert again["id"] != first["id"]
     assert all(a["reused"] and a["attempts"] == 0 for a in again["actions"])
     assert [a["datasetId"] for a in again["actions"]] == [a["datasetId"] for a in first["actions"]]
+
+
+async def test_the_201_of_a_workflow_ended_at_submission_is_what_the_store_holds(
+    api: Api,
+) -> None:
+    """Built from the actions the submission wrote, not read back: the same bytes."""
+    first = await api.submit(chain("written", n=4))
+    assert (await api.wait(first["id"]))["state"] == "SUCCEEDED"
+    await api.add_user("bob")
+    response = await api.client.post(
+        "/api/v1/workflows", json=chain("written", n=4), headers=api.auth("bob")
+    )
+    assert response.status == 201
+    created = await response.read()
+    assert json.loads(created)["state"] == "SUCCEEDED"
+    # Forget the cached body the 201 left, so the GET reads the store.
+    api.app[runtime.STATE_KEY].finished_documents = DocumentCache()
+    stored = await api.client.get(response.headers["Location"], headers=api.auth("bob"))
+    assert await stored.read() == created
 
 
 async def test_dry_run_returns_the_plan_and_stores_nothing(api: Api) -> None:

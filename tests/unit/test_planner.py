@@ -423,8 +423,8 @@ async def test_idempotency_key_returns_the_first_workflow(
     store: protocol.Store, manager: planner.WorkflowManager
 ) -> None:
     first = await manager.submit(workflow(CHAIN), owner="ann", idempotency_key="k1")
-    again, replayed = await manager.submit_once(workflow(CHAIN), owner="ann", idempotency_key="k1")
-    assert again.id == first.id and replayed
+    again = await manager.submit_once(workflow(CHAIN), owner="ann", idempotency_key="k1")
+    assert again.record.id == first.id and again.replayed
     with pytest.raises(errors.ValidationFailed) as reused:
         await manager.submit(workflow(CHAIN, tag="other"), owner="ann", idempotency_key="k1")
     assert reused.value.code == "IDEMPOTENCY_KEY_REUSED"
@@ -486,9 +486,9 @@ async def test_racing_submissions_of_different_documents_with_one_key(
         ),
         return_exceptions=True,
     )
-    created = [r for r in results if isinstance(r, tuple)]
+    created = [r for r in results if isinstance(r, planner.Submitted)]
     refused = [r for r in results if isinstance(r, errors.ValidationFailed)]
-    assert len(created) == 1 and not created[0][1], results
+    assert len(created) == 1 and not created[0].replayed, results
     assert len(refused) == 3 and {r.code for r in refused} == {"IDEMPOTENCY_KEY_REUSED"}
     assert len((await store.list_workflows()).items) == 1
 
