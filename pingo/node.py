@@ -648,12 +648,14 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     async with _open_store(settings) as store:
         node = Node(settings, store)
         await node.start()
+        thresholds = gc.get_threshold()
         freeze_startup_heap()
         heap.keep_big_buffers_mapped()
         try:
             yield node
         finally:
             await node.stop()
+            gc.set_threshold(*thresholds)
 
 
 def freeze_startup_heap() -> None:
@@ -662,10 +664,12 @@ def freeze_startup_heap() -> None:
     Modules, settings, compiled schemas and caches live as long as the process; left in
     the collected generations, every full collection walks them again, and those walks
     were the submission p99 (gen-2 passes of 100-300 ms). Collect first, so garbage of
-    the start-up is freed rather than kept forever.
+    the start-up is freed rather than kept forever. Then space the young collections
+    out (`heap.space_young_collections`).
     """
     gc.collect()
     gc.freeze()
+    heap.space_young_collections()
 
 
 async def run_node(settings: Settings) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from pingo import states
+from pingo import heap, states
 from pingo.actions.executors.local import LocalExecutor
 from pingo.config import Settings
 from pingo.node import Node
@@ -352,14 +352,18 @@ async def test_a_started_server_node_freezes_its_startup_heap(tmp_path: Path) ->
     from pingo.node import running_node
 
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     settings = Settings(home=tmp_path / "home", node_id="freeze", local_slots=1)
     try:
         async with running_node(settings) as node:
             assert node.running
             assert gc.get_freeze_count() > 0
+            # Young collections spaced out, the older ones relative to them as before.
+            assert gc.get_threshold() == (heap.YOUNG_COLLECTIONS_EVERY, *thresholds[1:])
             garbage: list[Any] = []
             garbage.append(garbage)  # a cycle made after start-up is still collectable
             del garbage
             assert gc.collect() >= 1
+        assert gc.get_threshold() == thresholds  # the process as the node found it
     finally:
         gc.unfreeze()
