@@ -1691,6 +1691,8 @@ class SQLiteStore:
             # the workflow has gone (issue 13).
             return tuple(shared.values())
         for a in actions:
+            if a.reused:
+                continue  # it never runs: no claim, submission or outcome reads it
             self._cache_spec(
                 a.key,
                 (
