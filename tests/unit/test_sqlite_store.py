@@ -688,3 +688,15 @@ async def test_a_long_schedule_definition_is_decoded_only_when_read(tmp_path: Pa
         assert not untrusted.is_large(due["sch-small"].spec)
         assert big["workflow"]["actions"][3999] == actions[3999]
         assert dict(big) == spec
+
+
+def test_an_opening_history_is_written_as_the_json_encoder_would() -> None:
+    # Formatted by hand (one encoder call per planned action cost more than the text).
+    history = [
+        StateEntry(state, NOW + timedelta(microseconds=i)) for i, state in enumerate(ActionState)
+    ]
+    text = sqlite._history_text(history)
+    assert text == json.dumps(
+        [[entry.state.value, sqlite._us(entry.at)] for entry in history], separators=(",", ":")
+    )
+    assert sqlite._history_text([]) == "[]"
