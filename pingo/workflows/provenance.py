@@ -22,6 +22,7 @@ parse, so its dataset is never reused or shared, and neither are its descendants
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,10 @@ SERVER_SCOPE = "server"
 _encode = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 ).encode
+
+
+#: `_encode` of an action type's name: a handful of them, each encoded once.
+_encoded_name = functools.lru_cache(maxsize=256)(_encode)
 
 
 def user_scope(user: str) -> str:
@@ -124,11 +129,10 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
     outputPath, parents, run, scope, spec, type); a test holds it equal to the slow path.
     """
     spec_text = _encode(dict(action.spec))
-    inputs = (
-        f'"inputs":{_encode(_inputs(dict(zip(action.parents, parent_ids, strict=True))))},'
-        if action.parents
-        else ""
-    )
+    # `_inputs` as the encoder writes it, keys in text order ("10" before "9"): both the
+    # keys (action ids) and the values (dataset ids, hex digits) need no escaping.
+    pairs = sorted(zip(map(str, action.parents), parent_ids, strict=True))
+    inputs = '"inputs":{' + ",".join(f'"{p}":"{d}"' for p, d in pairs) + "}," if pairs else ""
     unmanaged = (
         ""
         if action.is_managed
@@ -139,6 +143,6 @@ def _hash_fast(action: ActionDefinition, parent_ids: list[str], scope_text: str)
     run = "" if action.run is None else f'"run":{_encode(action.run)},'
     text = (
         f'{{{inputs}{unmanaged}"parents":{parents_text},{run}"scope":{scope_text},'
-        f'"spec":{spec_text},"type":{_encode(action.type)}}}'
+        f'"spec":{spec_text},"type":{_encoded_name(action.type)}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -329,6 +329,29 @@ def test_fast_path_equals_hashing_the_identity_document(document: dict[str, Any]
         assert provenance.hash_identity(doc) == found[aid]
 
 
+def test_fast_path_orders_inputs_as_the_encoder_does_past_nine_parents() -> None:
+    # JSON's sorted keys are text: "10" comes before "9" (the property test stops at 6).
+    roots = [
+        {"id": i, "name": f"r{i}", "type": "command-line", "command": ["r", str(i)]}
+        for i in range(1, 13)
+    ]
+    merge = {
+        "id": 13,
+        "name": "merge",
+        "type": "command-line",
+        "command": ["cat", "{inputs}"],
+        "parentActions": [{"id": i} for i in (12, 3, 10, 1, 9, 11, 2, 4, 5, 6, 7, 8)],
+    }
+    document = {"name": "wide", "startActionId": 1, "endActionId": 13, "actions": [*roots, merge]}
+    definition = language.parse(document)
+    found = provenance.dataset_ids(definition, "server")
+    action = definition.actions[13]
+    slow = provenance.identity(action, [found[p] for p in action.parents], "server")
+    text = provenance.canonical_json(slow["inputs"])
+    assert text.index('"10":') < text.index('"2":')
+    assert provenance.hash_identity(slow) == found[13]
+
+
 @settings(max_examples=50, deadline=None)
 @given(workflows(), st.data())
 def test_an_action_reading_the_world_is_a_new_dataset_at_each_parse_and_so_is_all_below_it(
