@@ -126,6 +126,9 @@ def _compile(schema: Any, root: Mapping[str, Any], refs: tuple[str, ...]) -> Pre
         return _never
     if not isinstance(schema, Mapping) or not set(schema) <= _SUPPORTED:
         raise _Unsupported
+    fused = _fused(schema, root, refs)
+    if fused is not None:
+        return fused
     preds: list[Predicate] = []
     if "$ref" in schema:
         preds.append(_compile_ref(schema["$ref"], root, refs))
@@ -153,6 +156,48 @@ def _compile(schema: Any, root: Mapping[str, Any], refs: tuple[str, ...]) -> Pre
     if "not" in schema:
         preds.append(_negate(_compile(schema["not"], root, refs)))
     return _all(preds)
+
+
+def _fused(
+    schema: Mapping[str, Any], root: Mapping[str, Any], refs: tuple[str, ...]
+) -> Predicate | None:
+    """One closure for the commonest shapes (a typed string, array or object with its own
+    keywords only), where `_all` would chain one per keyword: an action of a 1,000-action
+    workflow is checked by dozens of them. None for any other schema."""
+    kind = schema.get("type")
+    keys = set(schema) - _ANNOTATIONS - {"type"}
+    if kind == "string" and keys <= {"minLength", "maxLength", "pattern"}:
+        return _fused_string(schema)
+    if kind == "array" and keys <= {"items", "minItems", "maxItems"}:
+        item = _compile(schema["items"], root, refs) if "items" in schema else _always
+        return _fused_array(item, schema.get("minItems", 0), schema.get("maxItems"))
+    if kind == "object" and keys <= {"properties", "required", "additionalProperties"}:
+        return _compile_object(schema, root, refs, objects_only=True)
+    return None
+
+
+def _fused_string(schema: Mapping[str, Any]) -> Predicate:
+    low = schema.get("minLength", 0)
+    high = schema.get("maxLength")
+    search = _matches(schema["pattern"]) if "pattern" in schema else _always
+
+    def check(x: Any) -> bool:
+        if not isinstance(x, str):
+            return False
+        size = len(x)
+        return size >= low and (high is None or size <= high) and search(x)
+
+    return check
+
+
+def _fused_array(item: Predicate, low: int, high: int | None) -> Predicate:
+    def check(x: Any) -> bool:
+        if not isinstance(x, list):
+            return False
+        size = len(x)
+        return size >= low and (high is None or size <= high) and all(map(item, x))
+
+    return check
 
 
 def _one_of_strings(allowed: frozenset[str]) -> Predicate:
@@ -268,8 +313,14 @@ def _compile_bounds(schema: Mapping[str, Any]) -> list[Predicate]:
 
 
 def _compile_object(
-    schema: Mapping[str, Any], root: Mapping[str, Any], refs: tuple[str, ...]
+    schema: Mapping[str, Any],
+    root: Mapping[str, Any],
+    refs: tuple[str, ...],
+    *,
+    objects_only: bool = False,
 ) -> Predicate:
+    """The object keywords' check; with `objects_only` (`"type": "object"` too) anything
+    but an object fails it, where the keywords alone let it pass."""
     required = tuple(schema.get("required", ()))
     properties = {k: _compile(v, root, refs) for k, v in schema.get("properties", {}).items()}
     extra_schema = schema.get("additionalProperties", True)
@@ -278,7 +329,7 @@ def _compile_object(
 
     def check(x: Any) -> bool:
         if not isinstance(x, dict):
-            return True
+            return not objects_only
         for key in required:
             if key not in x:
                 return False
