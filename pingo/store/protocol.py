@@ -70,6 +70,22 @@ def new_workflow_id(now: datetime) -> str:
     return f"wf-{digits.rjust(_ID_TIME_DIGITS, '0')}-{secrets.token_hex(5)}"
 
 
+def new_callback_ids(workflow_id: str, count: int) -> list[str]:
+    """Callback ids for a new workflow's `count` actions: 128 random bits each, after the
+    time in the workflow's id (`new_workflow_id`), so that a plan's ids sort together.
+
+    A store indexes callback ids (a callback finds its action by one). Random from the
+    first character, each of a plan's 1,000 ids landed on a page of its own in that
+    index, and the plan's commit wrote every one of them (bench/README.md, "Resubmission,
+    second pass"). Only the planning's time shows, as it does in the workflow's id.
+    """
+    _, _, rest = workflow_id.partition("-")
+    stamp = rest.partition("-")[0] if planning_started_at(workflow_id) is not None else ""
+    # One system call for all of them, not one per action.
+    entropy = secrets.token_bytes(16 * count).hex()
+    return [f"{stamp}{entropy[32 * i : 32 * i + 32]}" for i in range(count)]
+
+
 def planning_started_at(workflow_id: str) -> datetime | None:
     """When the planning of `workflow_id` started (`new_workflow_id`'s `now`, to the
     millisecond); None for an id not made by `new_workflow_id`."""

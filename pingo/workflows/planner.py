@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -944,8 +943,7 @@ class WorkflowManager:
         actions: list[protocol.ActionRecord] = []
         datasets: dict[str, protocol.DatasetPlan] = {}
         order = sorted(definition.actions)
-        # Random callback ids (128 bits each) from one system call, not one per action.
-        entropy = os.urandom(16 * len(order)).hex()
+        callback_ids = protocol.new_callback_ids(wf, len(order))
         for index, aid in enumerate(order):
             action = definition.actions[aid]
             decision = decisions[aid]
@@ -959,7 +957,7 @@ class WorkflowManager:
                 "reason": decision.reason,
                 "definition": dict(action.raw),
                 "inputs": inputs,
-                "callback_id": entropy[32 * index : 32 * index + 32],
+                "callback_id": callback_ids[index],
                 "created_at": now,
                 "updated_at": now,
                 "max_attempts": action.max_attempts or DEFAULT_MAX_ATTEMPTS,

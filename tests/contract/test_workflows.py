@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from pingo.states import WorkflowState
 from pingo.store.protocol import (
     Store,
     WorkflowChanges,
+    new_callback_ids,
     new_workflow_id,
     planning_started_at,
 )
@@ -151,6 +153,21 @@ async def test_planning_started_at_reads_a_new_workflow_id_back(clock: FakeClock
     assert sorted([new_workflow_id(clock.advance(0.001)), workflow_id])[0] == workflow_id
     for other in ("wf-never", "wf-zzzzzzzzz", "x-000000001-ab", "wf-00000000!-ab", "wf"):
         assert planning_started_at(other) is None
+
+
+async def test_a_plans_callback_ids_are_random_and_sort_together(clock: FakeClock) -> None:
+    earlier = new_workflow_id(clock())
+    later = new_workflow_id(clock.advance(0.001))
+    first, second = new_callback_ids(earlier, 1000), new_callback_ids(later, 1000)
+    assert len(set(first) | set(second)) == 2000
+    stamp = earlier.split("-")[1]
+    # 128 random bits after the planning's time, so one plan's ids sit together in an
+    # index, after every earlier plan's.
+    assert all(re.fullmatch(stamp + "[0-9a-f]{32}", c) for c in first)
+    assert max(first) < min(second)
+    assert len({c[len(stamp) :][:8] for c in first}) > 990
+    # An id not made by new_workflow_id gives random ids alone.
+    assert all(re.fullmatch("[0-9a-f]{32}", c) for c in new_callback_ids("wf-never", 3))
 
 
 async def test_duplicate_workflow_id_conflicts(store: Store, make: Factory) -> None:
