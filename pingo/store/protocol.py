@@ -79,8 +79,7 @@ def new_callback_ids(workflow_id: str, count: int) -> list[str]:
     index, and the plan's commit wrote every one of them (bench/README.md, "Resubmission,
     second pass"). Only the planning's time shows, as it does in the workflow's id.
     """
-    _, _, rest = workflow_id.partition("-")
-    stamp = rest.partition("-")[0] if planning_started_at(workflow_id) is not None else ""
+    stamp = _time_stamp(workflow_id) or ""
     # One system call for all of them, not one per action.
     entropy = secrets.token_bytes(16 * count).hex()
     return [f"{stamp}{entropy[32 * i : 32 * i + 32]}" for i in range(count)]
@@ -89,15 +88,21 @@ def new_callback_ids(workflow_id: str, count: int) -> list[str]:
 def planning_started_at(workflow_id: str) -> datetime | None:
     """When the planning of `workflow_id` started (`new_workflow_id`'s `now`, to the
     millisecond); None for an id not made by `new_workflow_id`."""
+    stamp = _time_stamp(workflow_id)
+    return None if stamp is None else datetime.fromtimestamp(int(stamp, 36) / 1000, UTC)
+
+
+def _time_stamp(workflow_id: str) -> str | None:
+    """The base-36 time digits of an id made by `new_workflow_id`; None for any other id."""
     prefix, _, rest = workflow_id.partition("-")
     stamp, _, random = rest.partition("-")
     if prefix != "wf" or len(stamp) != _ID_TIME_DIGITS or not random:
         return None
     try:
-        ms = int(stamp, 36)
+        int(stamp, 36)
     except ValueError:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC)
+    return stamp
 
 
 # --------------------------------------------------------------------------- records
