@@ -50,6 +50,8 @@ async def test_missing_and_forged_tokens_change_nothing(api: Api) -> None:
             secrets.token_hex(32),
             tokens.sign(secrets.token_bytes(32), cid, attempt),  # another server's secret
             tokens.sign(api.node.secret, "another-callback", attempt),
+            # A neighbour's: an id of the same planning time, valid for its own action.
+            tokens.sign(api.node.secret, cid[:-32] + secrets.token_hex(16), attempt),
             good[:-1] + ("0" if good[-1] != "0" else "1"),
         ):
             response = await api.client.post(f"{url}?attempt={attempt}&token={forged}")
