@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
+import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +41,10 @@ COMPLETED_SUFFIX = ".completed"
 #: Beside a sandboxed attempt's staging output: bubblewrap's status as JSON documents,
 #: `{"exit-code": N}` written by bwrap itself the moment the command exits.
 EXIT_STATUS_SUFFIX = ".exit"
+#: How a spare evidence file in a staging directory is named (`SpareFiles`): three
+#: dot-separated parts, never an attempt's four, so the reaper's sweep removes one left
+#: idle for a lease.
+SPARE_PREFIX = "spare."
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +63,91 @@ def record_completion(staging: str, runtime_s: float) -> None:
     finds the note (or, for a sandboxed attempt, bwrap's exit status, written as the
     command exits) and records the success instead of running the work again.
     """
-    with os.fdopen(open_own(staging + COMPLETED_SUFFIX), "w") as f:
+    with os.fdopen(open_evidence(staging + COMPLETED_SUFFIX), "w") as f:
         f.write(f"{runtime_s:.6f}\n")
+
+
+class SpareFiles:
+    """Evidence files (`.completed`, `.exit`) kept for reuse in staging directories.
+
+    Every attempt creates its evidence and removes it once its outcome is stored. On
+    ext4 without a journal, each new inode costs a scan past every inode freed in the
+    last minutes, which at a few hundred attempts a second took a third of a
+    sandboxed node's CPU (bench/README.md, "Issue 15, fourteenth pass"). A file
+    renamed into place allocates no inode. Only the staging directories of the data
+    roots this process uses hold spares (`allow`; beside an unmanaged output the
+    directory is the user's), at most `limit` each. One left idle for a lease is
+    removed by the reaper's sweep, and taking it then falls back to creating the file.
+    Safe to reuse because nothing holds an evidence file once its outcome is stored:
+    the sandboxed command never sees bwrap's status descriptor, and bwrap has exited.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        # Several nodes may share one data root: each names (and takes) only its own.
+        self._prefix = f"{SPARE_PREFIX}{secrets.token_hex(6)}."
+        self._numbers = itertools.count()
+        self._free: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, directory: str) -> None:
+        """Keep spares in `directory`, a data root's staging directory (`DatasetStorage`)."""
+        with self._lock:
+            self._free.setdefault(directory, [])
+
+    def take(self, directory: str) -> str | None:
+        """A spare file's path in `directory`, no longer offered to anyone else; or None."""
+        with self._lock:
+            free = self._free.get(directory)
+            return free.pop() if free else None
+
+    def keep(self, path: str) -> bool:
+        """Move the evidence file at `path` aside as a spare; whether nothing is left at
+        `path` (False: not kept, for the caller to remove)."""
+        directory, _, _ = path.rpartition("/")
+        with self._lock:
+            free = self._free.get(directory)
+            if free is None or len(free) >= self.limit:
+                return False
+            spare = f"{directory}/{self._prefix}{next(self._numbers)}"
+        try:
+            os.rename(path, spare)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        with self._lock:
+            free.append(spare)
+        return True
+
+
+#: This process's spares (`open_evidence`, `forget_completion`).
+SPARES = SpareFiles()
+
+
+def open_evidence(path: str) -> int:
+    """`open_own(path)`, emptied, from a spare file when its directory has one (`SpareFiles`)."""
+    directory, _, _ = path.rpartition("/")
+    spare = SPARES.take(directory)
+    if spare is not None:
+        try:
+            fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            pass  # swept meanwhile
+        else:
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file", spare)
+                # Emptied before it takes the name: an earlier attempt's `{"exit-code": 0}`
+                # must never stand, not even for a node dying in between, as this one's.
+                os.ftruncate(fd, 0)
+                # The descriptor keeps the inode taken here, whatever the path names later.
+                os.rename(spare, path)
+                os.set_blocking(fd, True)
+                return fd
+            except OSError:
+                os.close(fd)
+    return open_own(path)
 
 
 def open_own(path: str) -> int:
@@ -106,10 +196,12 @@ def _read_own(path: str, size: int) -> str:
 
 
 def forget_completion(staging: str) -> None:
-    """Remove an attempt's completion evidence once its outcome is recorded."""
+    """Remove an attempt's completion evidence once its outcome is recorded (into the
+    spares, `SpareFiles`, where it may be reused)."""
     for suffix in (COMPLETED_SUFFIX, EXIT_STATUS_SUFFIX):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staging + suffix)
+        if not SPARES.keep(staging + suffix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging + suffix)
 
 
 def read_completion(staging: str) -> Completion | None:
@@ -204,6 +296,7 @@ class DatasetStorage:
         """
         if self._local and not self._staging_ready:
             os.makedirs(f"{self.root}/{STAGING_DIR}", exist_ok=True)
+            SPARES.allow(f"{self.root}/{STAGING_DIR}")
             self._staging_ready = True
         return f"{self.root}/{STAGING_DIR}/{dataset_id}.{workflow_id}.{action_id}.{attempt}"
 

@@ -217,3 +217,80 @@ def test_a_fifo_beside_an_output_never_holds_the_server(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert (tmp_path / ("out" + dataset_storage.EXIT_STATUS_SUFFIX)).read_bytes() == b"{}\n"
+
+
+def _evidence_storage(tmp_path: Path) -> tuple[DatasetStorage, str, str]:
+    """A local data root whose staging directory keeps spares; two attempts' staging paths."""
+    storage = DatasetStorage(str(tmp_path / "data"))
+    return storage, storage.staging_path(DS, "wf", 1, 1), storage.staging_path(DS, "wf", 2, 1)
+
+
+def test_evidence_is_reused_from_spares_not_created_again(tmp_path: Path) -> None:
+    """An attempt's evidence goes to the spares once its outcome is stored, and the next
+    attempt's evidence is that same inode (no inode allocated: bench/README.md,
+    fourteenth pass), emptied before it takes its name."""
+    _, first, second = _evidence_storage(tmp_path)
+    fd = dataset_storage.open_evidence(first + dataset_storage.EXIT_STATUS_SUFFIX)
+    os.write(fd, b'{"exit-code": 0}\n')
+    os.close(fd)
+    inode = os.stat(first + dataset_storage.EXIT_STATUS_SUFFIX).st_ino
+    assert dataset_storage.read_completion(first) == dataset_storage.Completion(None)
+
+    dataset_storage.forget_completion(first)
+    assert not os.path.lexists(first + dataset_storage.EXIT_STATUS_SUFFIX)
+    spares = [
+        name
+        for name in os.listdir(os.path.dirname(first))
+        if name.startswith(dataset_storage.SPARE_PREFIX)
+    ]
+    assert len(spares) == 1
+
+    fd = dataset_storage.open_evidence(second + dataset_storage.EXIT_STATUS_SUFFIX)
+    os.close(fd)
+    reused = os.stat(second + dataset_storage.EXIT_STATUS_SUFFIX)
+    assert (reused.st_ino, reused.st_size) == (inode, 0)
+    # The first attempt's exit code does not stand for the second's.
+    assert dataset_storage.read_completion(second) is None
+    dataset_storage.record_completion(second, 1.5)
+    assert dataset_storage.read_completion(second) == dataset_storage.Completion(1.5)
+
+
+def test_a_spare_removed_behind_the_pools_back_is_replaced_by_a_new_file(tmp_path: Path) -> None:
+    """The reaper's sweep removes spares left idle for a lease: the next evidence is
+    created as before."""
+    _, first, second = _evidence_storage(tmp_path)
+    dataset_storage.record_completion(first, 1.0)
+    dataset_storage.forget_completion(first)
+    directory = os.path.dirname(first)
+    for name in os.listdir(directory):
+        if name.startswith(dataset_storage.SPARE_PREFIX):
+            os.unlink(os.path.join(directory, name))
+    dataset_storage.record_completion(second, 2.0)
+    assert dataset_storage.read_completion(second) == dataset_storage.Completion(2.0)
+
+
+def test_spares_are_kept_only_in_a_data_roots_staging_directory(tmp_path: Path) -> None:
+    """Beside an unmanaged output the directory is the user's, even one named `.staging`:
+    evidence there is removed, never kept."""
+    users = tmp_path / "home" / dataset_storage.STAGING_DIR
+    users.mkdir(parents=True)
+    staging = str(users / "out")
+    dataset_storage.record_completion(staging, 1.0)
+    dataset_storage.forget_completion(staging)
+    assert os.listdir(users) == []
+
+
+def test_spares_are_bounded(tmp_path: Path) -> None:
+    spares = dataset_storage.SpareFiles(limit=1)
+    directory = tmp_path / dataset_storage.STAGING_DIR
+    directory.mkdir()
+    spares.allow(str(directory))
+    first, second = directory / "a.exit", directory / "b.exit"
+    first.write_text("")
+    second.write_text("")
+    assert spares.keep(str(directory / "gone.exit"))  # nothing there: nothing left
+    assert spares.keep(str(first)) and not first.exists()
+    assert not spares.keep(str(second)) and second.exists()
+    taken = spares.take(str(directory))
+    assert taken is not None and os.path.exists(taken)
+    assert spares.take(str(directory)) is None

@@ -13,7 +13,12 @@ from pingo.actions.executors import sandbox
 from pingo.actions.leases import HeldActions
 from pingo.actions.reaper import Reaper
 from pingo.config import Settings
-from pingo.datasets.storage import COMPLETED_SUFFIX, DatasetStorage, record_completion
+from pingo.datasets.storage import (
+    COMPLETED_SUFFIX,
+    SPARE_PREFIX,
+    DatasetStorage,
+    record_completion,
+)
 from pingo.outcomes.service import OutcomeService, no_news
 from pingo.store import protocol
 from pingo.workflows import planner
@@ -70,16 +75,18 @@ async def test_sweep_removes_staging_of_attempts_without_a_lease(
     stale_attempt = _staging(storage, running, 0)
     not_started = _staging(storage, waiting, 1)
     stray = os.path.join(os.path.dirname(live), "not-a-staging-name")
+    # An evidence file kept for reuse and left idle since (`storage.SpareFiles`).
+    spare = os.path.join(os.path.dirname(live), f"{SPARE_PREFIX}0123456789ab.7")
     young = _staging(storage, waiting, 2)
-    old = {live: "file", stale_attempt: "dir", not_started: "box", stray: "link"}
+    old = {live: "file", stale_attempt: "dir", not_started: "box", stray: "link", spare: "file"}
     _plant(old, [young], settings.lease_s + 5)
     _plant({live: "box"}, [], settings.lease_s + 5)
 
     reaper = Reaper(store, settings, {}, callbacks, HeldActions({}), storage=storage)
-    assert await reaper.sweep_staging(storage) == 3
+    assert await reaper.sweep_staging(storage) == 4
     watched = [live, sandbox.box_for(live), young, stale_attempt, sandbox.box_for(not_started)]
     assert _present(watched) == [True, True, True, False, False]
-    assert _present([stray]) == [False]
+    assert _present([stray, spare]) == [False, False]
 
     # A lapsed lease alone does not make a submitted attempt's staging a leftover: the
     # reaper has still to resolve the attempt, perhaps from its completion note.

@@ -614,8 +614,8 @@ _ARGS_FD = 4
 
 
 def _status_file(path: str) -> int:
-    """Open (truncate) the exit status file, never through a link (`storage.open_own`)."""
-    return _above_child_fds(storage.open_own(path))
+    """Open (truncate) the exit status file, never through a link (`storage.open_evidence`)."""
+    return _above_child_fds(storage.open_evidence(path))
 
 
 def _args_file(data: bytes) -> int:
