@@ -479,6 +479,16 @@ class LocalExecutor:
         """Whether the attempt completed here: its exit alone says it succeeded."""
         return self.notes_completion and proc.stopped_for is None and returncode == 0
 
+    def _checked_settle(self, proc: _Process, returncode: int, runtime_s: float) -> str | None:
+        """In a worker thread: why the server must not move the sandboxed output
+        (`_refused_move`), else `_settle_output`."""
+        if self.sandbox is not None:
+            refusal = _refused_move(self.sandbox, proc.submission)
+            if refusal is not None:
+                return refusal
+        self._settle_output(proc, returncode, runtime_s)
+        return None
+
     def _settle_output(self, proc: _Process, returncode: int, runtime_s: float) -> None:
         """In a worker thread: the sandbox's output onto the staging path, then, for a
         completed attempt, the note that it completed (`storage.record_completion`).
@@ -505,11 +515,10 @@ class LocalExecutor:
         attempt that failed or was killed keeps its own outcome."""
         sub = proc.submission
         try:
-            if self.sandbox is not None:
-                refusal = await asyncio.to_thread(_refused_move, self.sandbox, sub)
-                if refusal is not None:
-                    return refusal
-            await asyncio.to_thread(self._settle_output, proc, returncode, runtime_s)
+            # One worker-thread hop: the check and the move it guards run together.
+            refusal = await asyncio.to_thread(self._checked_settle, proc, returncode, runtime_s)
+            if refusal is not None:
+                return refusal
         except (OSError, trees.UnstorableOutput) as exc:
             logger.warning(
                 "output %s of attempt %d could not be collected: %s",
