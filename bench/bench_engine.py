@@ -27,6 +27,11 @@ true_makespan_s             layered-1000 running the real command `true` on 2 lo
                             run it)
 true_makespan_bare_s        the same with the sandbox off (`PINGO_SANDBOX=off`): like
                             for like with Luigi, which runs `true` bare
+true_cpu_ms_per_action,     the server process's CPU time (every thread, kernel time
+true_bare_cpu_ms_per_action included; not the spawned processes') per action over those
+                            two runs: on 2 cores the sandboxed spawns keep both busy, so
+                            every millisecond here lengthens the makespan (bench/README.md,
+                            "Issue 15, fourteenth pass")
 sandbox_spawn_overhead_ms   median time of one `true` run in the local executor's
                             sandbox (the same bwrap command line) minus the median of
                             plain `true`, spawned one at a time, alternating, in one run
@@ -289,9 +294,13 @@ async def _measure() -> dict[str, float]:
     _log("noop montage", t)
     dispatch = await _dispatch_ms()
     _log("dispatch", t)
-    true_s = await _makespan(layered, executors=None, local_slots=2, sandbox="on")
+    true_s, true_cpu_s = await _makespan_and_cpu(
+        layered, executors=None, local_slots=2, sandbox="on"
+    )
     _log("true layered-1000", t)
-    bare_s = await _makespan(layered, executors=None, local_slots=2, sandbox="off")
+    bare_s, bare_cpu_s = await _makespan_and_cpu(
+        layered, executors=None, local_slots=2, sandbox="off"
+    )
     _log("true layered-1000, no sandbox", t)
     return {
         "noop_actions_per_s": len(layered["actions"]) / noop_s,
@@ -304,6 +313,8 @@ async def _measure() -> dict[str, float]:
         "dispatch_p99_ms": _workloads.percentile(dispatch, 99),
         "true_makespan_s": true_s,
         "true_makespan_bare_s": bare_s,
+        "true_cpu_ms_per_action": true_cpu_s * 1000 / len(layered["actions"]),
+        "true_bare_cpu_ms_per_action": bare_cpu_s * 1000 / len(layered["actions"]),
     }
 
 
