@@ -29,9 +29,9 @@ true_makespan_bare_s        the same with the sandbox off (`PINGO_SANDBOX=off`):
                             for like with Luigi, which runs `true` bare
 true_cpu_ms_per_action,     the server process's CPU time (every thread, kernel time
 true_bare_cpu_ms_per_action included; not the spawned processes') per action over those
-                            two runs: on 2 cores the sandboxed spawns keep both busy, so
-                            every millisecond here lengthens the makespan (bench/README.md,
-                            "Issue 15, fourteenth pass")
+                            two runs: on 2 cores the sandboxed spawns alone keep about
+                            1.5 busy, so each millisecond here lengthens the makespan
+                            (bench/README.md, "Issue 15, fourteenth pass")
 sandbox_spawn_overhead_ms   median time of one `true` run in the local executor's
                             sandbox (the same bwrap command line) minus the median of
                             plain `true`, spawned one at a time, alternating, in one run
