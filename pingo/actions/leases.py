@@ -11,10 +11,11 @@ only `capacity - held` of each (claim by capacity), so work it could not start
 now stays READY for other nodes.
 
 Where a type's actions are short, one claim per action ending would cost more
-than the actions: the node then also holds a few ahead, as many as its slots
-finish within `Settings.claim_ahead_s` (at most `capacity` more), and claims them
-in batches once a whole batch's worth ended (`HeldActions.quotas`). Long
-actions (a cluster job, anything past that time per slot) are claimed by
+than the actions: the node then also holds some ahead, as many as its slots
+finish within `Settings.claim_ahead_s` (at most `_AHEAD_PER_SLOT` per slot), and
+claims them in batches once half of them ended, so that the other half keeps the
+slots busy while the claim and its submissions are under way (`HeldActions.quotas`).
+Long actions (a cluster job, anything past that time per slot) are claimed by
 capacity alone: holding one ahead would keep it from an idle node for a whole run.
 
 A renewal that finds an action gone from this node also stops the work this
@@ -48,6 +49,8 @@ Key = tuple[str, int]
 _RUNTIME_WEIGHT = 0.2
 #: Runtimes below this count as this (a runtime of 0 would ask for unbounded ahead).
 _SHORTEST_RUNTIME_S = 0.001
+#: The most actions held ahead per slot, however short (`HeldActions.ahead`).
+_AHEAD_PER_SLOT = 8
 
 
 @dataclass(slots=True)
@@ -105,25 +108,31 @@ class HeldActions:
     def quotas(self, capacities: Mapping[str, int]) -> dict[str, int]:
         """Per type, how many more actions this node claims now (never negative).
 
-        Up to `capacity + ahead` held, but nothing while fewer than `ahead` are
-        missing: with the held ones at `capacity` or more every slot is busy, so
-        waiting for a batch's worth to end costs no slot time and saves claims.
+        Up to `capacity + ahead` held, but nothing while fewer than half of `ahead`
+        are missing: the rest keeps every slot busy meanwhile, so waiting for a
+        batch's worth to end costs no slot time and saves claims. Claiming only once
+        all of `ahead` ended would leave the slots idle for the claim, the
+        submissions and their files (measured: bench/README.md, "Issue 15,
+        fourteenth pass").
         """
         quotas = {}
         for action_type, capacity in capacities.items():
             ahead = self.ahead(action_type, capacity)
             missing = capacity + ahead - self._by_type[action_type]
-            quotas[action_type] = missing if missing >= max(1, ahead) else 0
+            quotas[action_type] = missing if missing >= max(1, ahead // 2) else 0
         return quotas
 
     def ahead(self, action_type: str, capacity: int) -> int:
         """How many actions of `action_type` to hold beyond `capacity`: as many as its
-        slots finish within `ahead_s`, by their mean runtime here, at most `capacity`;
-        none until one ran here."""
+        slots finish within `ahead_s`, by their mean runtime here, at most
+        `_AHEAD_PER_SLOT` per slot; none until one ran here."""
         runtime_s = self._runtime_s.get(action_type)
         if runtime_s is None or self.ahead_s <= 0:
             return 0
-        return min(capacity, int(capacity * self.ahead_s / max(runtime_s, _SHORTEST_RUNTIME_S)))
+        return min(
+            _AHEAD_PER_SLOT * capacity,
+            int(capacity * self.ahead_s / max(runtime_s, _SHORTEST_RUNTIME_S)),
+        )
 
     def add(self, action: ActionRecord) -> None:
         """Hold `action` (claimed by this node); a newer claim of a held action replaces

@@ -227,23 +227,32 @@ async def test_short_actions_are_claimed_ahead_in_batches(
     settings = settings_for(tmp_path, queue_size=100, claim_batch=64)
     workflow = await submit(store, settings, independent(12, "ahead"))
     scraper, queue, held = make_scraper(
-        store, settings, {"command-line": 2}, HeldActions(ahead_s=0.25)
+        store, settings, {"command-line": 2}, HeldActions(ahead_s=0.026)
     )
 
     await scraper.run_once()
     assert held.count("command-line") == 2  # no runtime known yet: by capacity only
-    _ran(held, queue.get_nowait(), 0.01)  # 2 slots finish 50 such within 0.25 s
-    assert held.ahead("command-line", 2) == 2
+    _ran(held, queue.get_nowait(), 0.01)  # 2 slots finish 5 such within 0.026 s
+    assert held.ahead("command-line", 2) == 5
     await scraper.run_once()
-    assert held.count("command-line") == 4  # 2 running, 2 ahead
+    assert held.count("command-line") == 7  # 2 running, 5 ahead
     _ran(held, queue.get_nowait(), 0.01)
     await scraper.run_once()
-    assert held.count("command-line") == 3  # one missing: every slot is still busy
+    assert held.count("command-line") == 6  # one missing: 4 ahead keep the slots busy
     _ran(held, queue.get_nowait(), 0.01)
     await scraper.run_once()
-    assert held.count("command-line") == 4  # a batch's worth missing: one claim of 2
-    # Claims of 2, 3 and 2 (the ended ones stay PROCESSING here: nothing reported).
-    assert await store.count_actions(workflow.id) == {A.PROCESSING: 7, A.READY: 5}
+    # Half the ahead missing: claimed now, while 3 ahead still cover the claim's time.
+    assert held.count("command-line") == 7
+    # Claims of 2, 6 and 2 (the ended ones stay PROCESSING here: nothing reported).
+    assert await store.count_actions(workflow.id) == {A.PROCESSING: 10, A.READY: 2}
+
+
+def test_the_actions_held_ahead_are_bounded_per_slot() -> None:
+    """However short a type's actions, a node holds at most 8 per slot ahead."""
+    held = HeldActions(ahead_s=0.25)
+    held._ran("command-line", 0.0)  # 2 slots would finish 500 such within 0.25 s
+    assert held.ahead("command-line", 2) == 16
+    assert held.quotas({"command-line": 2}) == {"command-line": 18}
 
 
 async def test_long_actions_are_claimed_by_capacity_only(
