@@ -72,7 +72,7 @@ class SpareFiles:
 
     Every attempt creates its evidence and removes it once its outcome is stored. On
     ext4 without a journal, each new inode costs a scan past every inode freed in the
-    last minutes, which at a few hundred attempts a second took a third of a
+    last minutes, which at a hundred attempts a second took a third of a
     sandboxed node's CPU (bench/README.md, "Issue 15, fourteenth pass"). A file
     renamed into place allocates no inode. Only the staging directories of the data
     roots this process uses hold spares (`allow`; beside an unmanaged output the
