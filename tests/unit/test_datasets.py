@@ -219,17 +219,18 @@ def test_a_fifo_beside_an_output_never_holds_the_server(tmp_path: Path) -> None:
     assert (tmp_path / ("out" + dataset_storage.EXIT_STATUS_SUFFIX)).read_bytes() == b"{}\n"
 
 
-def _evidence_storage(tmp_path: Path) -> tuple[DatasetStorage, str, str]:
-    """A local data root whose staging directory keeps spares; two attempts' staging paths."""
+def _evidence_paths(tmp_path: Path) -> tuple[str, str]:
+    """Two attempts' staging paths in a local data root whose staging directory keeps
+    spares (the storage allows it on its first staging path)."""
     storage = DatasetStorage(str(tmp_path / "data"))
-    return storage, storage.staging_path(DS, "wf", 1, 1), storage.staging_path(DS, "wf", 2, 1)
+    return storage.staging_path(DS, "wf", 1, 1), storage.staging_path(DS, "wf", 2, 1)
 
 
 def test_evidence_is_reused_from_spares_not_created_again(tmp_path: Path) -> None:
     """An attempt's evidence goes to the spares once its outcome is stored, and the next
     attempt's evidence is that same inode (no inode allocated: bench/README.md,
     fourteenth pass), emptied before it takes its name."""
-    _, first, second = _evidence_storage(tmp_path)
+    first, second = _evidence_paths(tmp_path)
     fd = dataset_storage.open_evidence(first + dataset_storage.EXIT_STATUS_SUFFIX)
     os.write(fd, b'{"exit-code": 0}\n')
     os.close(fd)
@@ -258,7 +259,7 @@ def test_evidence_is_reused_from_spares_not_created_again(tmp_path: Path) -> Non
 def test_a_spare_removed_behind_the_pools_back_is_replaced_by_a_new_file(tmp_path: Path) -> None:
     """The reaper's sweep removes spares left idle for a lease: the next evidence is
     created as before."""
-    _, first, second = _evidence_storage(tmp_path)
+    first, second = _evidence_paths(tmp_path)
     dataset_storage.record_completion(first, 1.0)
     dataset_storage.forget_completion(first)
     directory = os.path.dirname(first)
